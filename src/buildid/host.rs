@@ -1,0 +1,113 @@
+//! The machine pdinject runs on, and whether a recording was made on it: only then may
+//! local files, the kernel's notes, module notes and the vdso speak for the recording.
+
+use super::elf::{build_id_from_notes, build_id_of_image};
+use crate::format::feature::BuildId;
+
+/// Facts about the running host.
+#[derive(Clone, Debug, Default)]
+pub struct HostInfo {
+    /// `uname -n`.
+    pub hostname: String,
+    /// `uname -r`.
+    pub release: String,
+}
+
+impl HostInfo {
+    /// Reads hostname and release.
+    pub fn detect() -> HostInfo {
+        // SAFETY: uname fills the struct on success.
+        let mut u: libc::utsname = unsafe { std::mem::zeroed() };
+        if unsafe { libc::uname(&mut u) } != 0 {
+            return HostInfo::default();
+        }
+        let s = |f: &[libc::c_char]| {
+            let b: Vec<u8> = f
+                .iter()
+                .take_while(|&&c| c != 0)
+                .map(|&c| c as u8)
+                .collect();
+            String::from_utf8_lossy(&b).into_owned()
+        };
+        HostInfo {
+            hostname: s(&u.nodename),
+            release: s(&u.release),
+        }
+    }
+}
+
+/// Address of `sym` in this boot's kernel (needs privileges: 0 reads as unknown).
+pub fn kernel_symbol(sym: &str) -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/kallsyms").ok()?;
+    for line in text.lines() {
+        let mut it = line.split_whitespace();
+        let (Some(addr), Some(_), Some(name)) = (it.next(), it.next(), it.next()) else {
+            continue;
+        };
+        if name == sym {
+            let a = u64::from_str_radix(addr, 16).ok()?;
+            return (a != 0).then_some(a);
+        }
+    }
+    None
+}
+
+/// The running kernel's build ID.
+pub fn kernel_build_id() -> Option<BuildId> {
+    build_id_from_notes(&std::fs::read("/sys/kernel/notes").ok()?)
+}
+
+/// A loaded module's build ID.
+pub fn module_build_id(name: &str) -> Option<BuildId> {
+    let p = format!("/sys/module/{name}/notes/.note.gnu.build-id");
+    build_id_from_notes(&std::fs::read(p).ok()?)
+}
+
+/// The module name perf's path or `[name]` stands for (dashes become underscores).
+pub fn module_name(dso_name: &str) -> Option<String> {
+    let base = if let Some(n) = dso_name.strip_prefix('[').and_then(|n| n.strip_suffix(']')) {
+        n
+    } else {
+        let b = dso_name.rsplit('/').next()?;
+
+        [".ko.zst", ".ko.xz", ".ko.gz", ".ko"]
+            .iter()
+            .find_map(|s| b.strip_suffix(s))?
+    };
+    (!base.is_empty()).then(|| base.replace('-', "_"))
+}
+
+/// The build ID of this process's own vdso (the running kernel's).
+pub fn vdso_build_id() -> Option<BuildId> {
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    let line = maps.lines().find(|l| l.ends_with("[vdso]"))?;
+    let range = line.split_whitespace().next()?;
+    let (a, b) = range.split_once('-')?;
+    let (a, b) = (
+        u64::from_str_radix(a, 16).ok()?,
+        u64::from_str_radix(b, 16).ok()?,
+    );
+    if b <= a || b - a > 1 << 20 {
+        return None;
+    }
+    // SAFETY: the kernel maps the vdso readable into every process for its lifetime;
+    // the range comes from our own /proc/self/maps.
+    let image = unsafe { std::slice::from_raw_parts(a as *const u8, (b - a) as usize) };
+    let raw = build_id_of_image(image).ok()??;
+    BuildId::new(&raw, raw.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn module_names() {
+        assert_eq!(
+            module_name("/lib/modules/6.1/kernel/drivers/x/nf-tables.ko.xz").as_deref(),
+            Some("nf_tables")
+        );
+        assert_eq!(module_name("[ext4]").as_deref(), Some("ext4"));
+        assert_eq!(module_name("/usr/lib/libc.so.6"), None);
+    }
+}

@@ -1,0 +1,140 @@
+//! The command line: flags as perf inject spells them, a progress bar on terminals,
+//! the summary, the JSON report, and exit codes (0 done, 1 error, 2 usage).
+
+use crate::inject::{Mode, Options, parse_known, run};
+use crate::{Error, Result};
+use clap::Parser;
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// Writes the build IDs of every DSO a perf.data file's samples touch into the file's
+/// build-ID table, never a wrong one.
+#[derive(Parser, Debug)]
+#[command(name = "pdinject", version, about, long_about = None)]
+pub struct Args {
+    /// Table entries for every DSO a sample touches (the default).
+    #[arg(short = 'b', long = "buildids", visible_alias = "build-ids")]
+    pub buildids: bool,
+    /// Table entries for every mapped DSO, hit or not.
+    #[arg(long = "buildid-all")]
+    pub buildid_all: bool,
+    /// Build IDs to use for paths: 'HEX PATH,HEX PATH' (as perf inject).
+    #[arg(long = "known-build-ids", value_name = "LIST")]
+    pub known_build_ids: Option<String>,
+    /// Input perf.data (file or directory); perf's spelling of the first argument.
+    #[arg(short = 'i', long = "input", value_name = "FILE")]
+    pub input_flag: Option<PathBuf>,
+    /// Output perf.data; perf's spelling of the second argument.
+    #[arg(short = 'o', long = "output", value_name = "FILE")]
+    pub output_flag: Option<PathBuf>,
+    /// Worker threads (default: all cores).
+    #[arg(short = 'j', long = "jobs", value_name = "N")]
+    pub jobs: Option<usize>,
+    /// Also write the summary as JSON to FILE.
+    #[arg(long = "report", value_name = "FILE")]
+    pub report: Option<PathBuf>,
+    /// No summary on stderr.
+    #[arg(short = 'q', long = "quiet")]
+    pub quiet: bool,
+    /// Input and output.
+    #[arg(value_name = "IN OUT", num_args = 0..=2)]
+    pub paths: Vec<PathBuf>,
+}
+
+/// Runs the binary; returns the exit code.
+pub fn main() -> i32 {
+    let args = match Args::try_parse() {
+        Ok(a) => a,
+        Err(e) => {
+            let code = if e.use_stderr() { 2 } else { 0 };
+            let _ = e.print();
+            return code;
+        }
+    };
+    match execute(&args) {
+        Ok(()) => 0,
+        Err(Error::Usage(m)) => {
+            eprintln!("pdinject: {m}");
+            2
+        }
+        Err(e) => {
+            eprintln!("pdinject: {e}");
+            1
+        }
+    }
+}
+
+fn execute(args: &Args) -> Result<()> {
+    let mut paths = args.paths.iter();
+    let input = args.input_flag.clone().or_else(|| paths.next().cloned());
+    let output = args.output_flag.clone().or_else(|| paths.next().cloned());
+    if paths.next().is_some() {
+        return Err(Error::Usage("too many paths: give IN and OUT".into()));
+    }
+    let (Some(input), Some(output)) = (input, output) else {
+        return Err(Error::Usage(
+            "give an input and an output: pdinject --buildids IN OUT".into(),
+        ));
+    };
+    if input.as_os_str() == "-" || output.as_os_str() == "-" {
+        return Err(Error::unsupported(
+            "pipe mode ('-') is not supported yet; give file paths",
+        ));
+    }
+    if args.jobs == Some(0) {
+        return Err(Error::Usage("--jobs must be at least 1".into()));
+    }
+    let known = match &args.known_build_ids {
+        Some(s) => parse_known(s)?,
+        None => Vec::new(),
+    };
+    let mode = if args.buildid_all {
+        Mode::All
+    } else {
+        Mode::Hit
+    };
+    let bar = (!args.quiet && std::io::stderr().is_terminal()).then(|| {
+        let b = indicatif::ProgressBar::with_draw_target(
+            Some(0),
+            indicatif::ProgressDrawTarget::stderr(),
+        );
+        b.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{msg:8} [{bar:40}] {bytes}/{total_bytes} ({bytes_per_sec})",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+            .progress_chars("=> "),
+        );
+        b
+    });
+    let progress = bar.clone().map(|b| {
+        Arc::new(move |stage: &str, done: u64, total: u64| {
+            b.set_length(total);
+            if b.message() != stage {
+                b.set_message(stage.to_string());
+            }
+            b.set_position(done);
+        }) as crate::inject::ProgressFn
+    });
+    let opts = Options {
+        mode,
+        known,
+        jobs: args.jobs,
+        progress,
+    };
+    let result = run(&input, &output, &opts);
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    let report = result?;
+    if let Some(path) = &args.report {
+        let json = serde_json::to_string_pretty(&report)
+            .map_err(|e| Error::unsupported(format!("report: {e}")))?;
+        std::fs::write(path, json + "\n").map_err(|e| Error::io(path, e))?;
+    }
+    if !args.quiet {
+        let _ = report.print_human(&mut std::io::stderr().lock());
+    }
+    Ok(())
+}

@@ -1,0 +1,238 @@
+//! `struct perf_file_header` (perf-format.md §1.2) and the feature bitmap.
+
+use super::Endian;
+use crate::{Error, Result};
+
+/// Size of the modern file header.
+pub const FILE_HEADER_SIZE: u64 = 104;
+/// Header size of files written before the feature bitmap existed.
+pub const OLD_FILE_HEADER_SIZE: u64 = 72;
+/// Header size that marks the pipe format.
+pub const PIPE_HEADER_SIZE: u64 = 16;
+
+/// `{offset, size}` of a region of the file.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Section {
+    /// Byte offset from the start of the file.
+    pub offset: u64,
+    /// Length in bytes.
+    pub size: u64,
+}
+
+impl Section {
+    /// One past the last byte, `None` on overflow.
+    pub fn end(&self) -> Option<u64> {
+        self.offset.checked_add(self.size)
+    }
+}
+
+/// How the 256-bit feature bitmap is stored; needed to write it back the same way.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BitmapWords {
+    /// Four u64 words (every little-endian writer and 64-bit big-endian ones).
+    U64,
+    /// Eight u32 words (32-bit big-endian writers; perf's fallback in `perf_file_header__read`).
+    U32,
+}
+
+/// The parsed file header.
+#[derive(Clone, Debug)]
+pub struct FileHeader {
+    /// Byte order of every scalar in the file.
+    pub endian: Endian,
+    /// The `size` field: 104, or 72 for files without a feature bitmap.
+    pub header_size: u64,
+    /// Size of one entry of the attrs section (perf_event_attr + ids section).
+    pub attr_size: u64,
+    /// The attrs section.
+    pub attrs: Section,
+    /// The data section (record stream). Repaired to run to the end of the file when
+    /// the recorder was killed and left `size == 0`, as perf itself does.
+    pub data: Section,
+    /// True when `data.size` was 0 on disk and has been repaired.
+    pub data_size_repaired: bool,
+    /// Feature bits, normalized to bit n = bit n%64 of word n/64.
+    pub features: [u64; 4],
+    /// How the bitmap is stored on disk.
+    pub bitmap_words: BitmapWords,
+}
+
+/// Feature bit of the build-ID table.
+pub const FEAT_BUILD_ID: u32 = 2;
+/// Feature bit of the recording host's name.
+pub const FEAT_HOSTNAME: u32 = 3;
+/// Feature bit of the recording host's kernel release.
+pub const FEAT_OSRELEASE: u32 = 4;
+/// Feature bit of the CPU architecture string.
+pub const FEAT_ARCH: u32 = 6;
+/// Feature bit of the directory format marker.
+pub const FEAT_DIR_FORMAT: u32 = 24;
+/// Feature bit of the clock conversion data.
+pub const FEAT_CLOCK_DATA: u32 = 29;
+
+impl FileHeader {
+    /// Parses the header from the first bytes of a file of length `file_len`.
+    pub fn parse(buf: &[u8], file_len: u64) -> Result<Self> {
+        let magic = buf
+            .get(0..8)
+            .ok_or_else(|| Error::format(0, "file is shorter than a perf.data magic"))?;
+        let endian = match magic {
+            b"PERFILE2" => Endian::Little,
+            b"2ELIFREP" => Endian::Big,
+            b"PERFFILE" => {
+                return Err(Error::unsupported(
+                    "legacy perf.data version 1 (magic PERFFILE) is not supported",
+                ));
+            }
+            _ => return Err(Error::format(0, "not a perf.data file (bad magic)")),
+        };
+        let e = endian;
+        let rd = |off: usize| {
+            e.u64(buf, off)
+                .ok_or_else(|| Error::format(off as u64, "file header is truncated"))
+        };
+        let header_size = rd(8)?;
+        if header_size == PIPE_HEADER_SIZE {
+            return Err(Error::unsupported(
+                "pipe-format perf.data (perf record -o -) is not supported yet; \
+                 record to a file or convert with `perf inject -i IN -o OUT`",
+            ));
+        }
+        if header_size != FILE_HEADER_SIZE && header_size != OLD_FILE_HEADER_SIZE {
+            return Err(Error::format(
+                8,
+                format!("unexpected file header size {header_size} (expected 104 or 72)"),
+            ));
+        }
+        let attr_size = rd(16)?;
+        let attrs = Section {
+            offset: rd(24)?,
+            size: rd(32)?,
+        };
+        let mut data = Section {
+            offset: rd(40)?,
+            size: rd(48)?,
+        };
+        let (features, bitmap_words) = if header_size == FILE_HEADER_SIZE {
+            read_bitmap(buf, e)?
+        } else {
+            ([0; 4], BitmapWords::U64)
+        };
+        if !(16 + 64..=4096).contains(&attr_size) {
+            return Err(Error::format(
+                16,
+                format!("attr entry size {attr_size} is outside 80..=4096"),
+            ));
+        }
+        let check = |s: &Section, name: &str, off: u64| -> Result<()> {
+            match s.end() {
+                Some(end) if end <= file_len => Ok(()),
+                _ => Err(Error::format(
+                    off,
+                    format!(
+                        "{name} section [{:#x}, +{:#x}) extends past the end of the file ({file_len:#x} bytes)",
+                        s.offset, s.size
+                    ),
+                )),
+            }
+        };
+        let mut data_size_repaired = false;
+        if data.size == 0 && data.offset >= header_size && data.offset <= file_len {
+            // perf: "The file's data size field is 0 which is unexpected. Was the
+            // 'perf record' command properly terminated?" — it reads to the end.
+            data.size = file_len - data.offset;
+            data_size_repaired = data.size != 0;
+        }
+        check(&attrs, "attrs", 24)?;
+        check(&data, "data", 40)?;
+        if data.offset < header_size || (attrs.size != 0 && attrs.offset < header_size) {
+            return Err(Error::format(8, "sections overlap the file header"));
+        }
+        if !attrs.size.is_multiple_of(attr_size) {
+            return Err(Error::format(
+                32,
+                format!(
+                    "attrs section size {} is not a multiple of the attr entry size {attr_size}",
+                    attrs.size
+                ),
+            ));
+        }
+        let (a0, a1, d0, d1) = (
+            attrs.offset,
+            attrs.offset + attrs.size,
+            data.offset,
+            data.offset + data.size,
+        );
+        if attrs.size != 0 && data.size != 0 && a0 < d1 && d0 < a1 {
+            return Err(Error::format(24, "attrs and data sections overlap"));
+        }
+        Ok(FileHeader {
+            endian,
+            header_size,
+            attr_size,
+            attrs,
+            data,
+            data_size_repaired,
+            features,
+            bitmap_words,
+        })
+    }
+
+    /// Whether feature bit `bit` is set.
+    pub fn has_feature(&self, bit: u32) -> bool {
+        bit < 256 && self.features[(bit / 64) as usize] & (1 << (bit % 64)) != 0
+    }
+
+    /// The set feature bits in ascending order (the order of the feature table).
+    pub fn feature_bits(&self) -> impl Iterator<Item = u32> + '_ {
+        (0..256u32).filter(|&b| self.has_feature(b))
+    }
+
+    /// Where the feature table starts: right after the data section (perf's rule).
+    pub fn feature_table_offset(&self) -> u64 {
+        self.data.offset + self.data.size
+    }
+
+    /// Encodes a feature bitmap in this file's byte order and word layout.
+    pub fn encode_bitmap(&self, features: &[u64; 4]) -> [u8; 32] {
+        let mut out = [0u8; 32];
+        match self.bitmap_words {
+            BitmapWords::U64 => {
+                for (i, w) in features.iter().enumerate() {
+                    out[i * 8..i * 8 + 8].copy_from_slice(&self.endian.put_u64(*w));
+                }
+            }
+            BitmapWords::U32 => {
+                for i in 0..8 {
+                    let w = (features[i / 2] >> ((i % 2) * 32)) as u32;
+                    out[i * 4..i * 4 + 4].copy_from_slice(&self.endian.put_u32(w));
+                }
+            }
+        }
+        out
+    }
+}
+
+fn read_bitmap(buf: &[u8], e: Endian) -> Result<([u64; 4], BitmapWords)> {
+    let bytes = buf
+        .get(72..104)
+        .ok_or_else(|| Error::format(72, "file header is truncated (feature bitmap)"))?;
+    let mut w64 = [0u64; 4];
+    for (i, w) in w64.iter_mut().enumerate() {
+        *w = e.u64(bytes, i * 8).unwrap_or(0);
+    }
+    if e == Endian::Little || w64[0] & (1 << FEAT_HOSTNAME) != 0 {
+        return Ok((w64, BitmapWords::U64));
+    }
+    // A 32-bit big-endian writer stored the bitmap as unsigned longs of 32 bits.
+    let mut w32 = [0u64; 4];
+    for i in 0..8 {
+        let w = e.u32(bytes, i * 4).unwrap_or(0) as u64;
+        w32[i / 2] |= w << ((i % 2) * 32);
+    }
+    if w32[0] & (1 << FEAT_HOSTNAME) != 0 {
+        Ok((w32, BitmapWords::U32))
+    } else {
+        Ok((w64, BitmapWords::U64))
+    }
+}

@@ -1,0 +1,85 @@
+//! The perf.data on-disk format: zero-copy, endian-aware views over bytes.
+//!
+//! Nothing here allocates per record or assumes alignment: perf-tool records need not
+//! be 8-byte aligned (perf 6.1 writes 100-byte HEADER_BUILD_ID records), so every read
+//! is an unaligned, bounds-checked copy of a few bytes in the writer's byte order.
+
+pub mod attr;
+pub mod compressed;
+pub mod feature;
+pub mod header;
+pub mod record;
+pub mod sample;
+
+/// Byte order of the writer of a perf.data file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Endian {
+    /// Written by a little-endian host (magic bytes `PERFILE2`).
+    Little,
+    /// Written by a big-endian host (magic bytes `2ELIFREP`).
+    Big,
+}
+
+impl Endian {
+    /// Reads a `u16` at `off`, `None` if out of bounds.
+    #[inline]
+    pub fn u16(self, data: &[u8], off: usize) -> Option<u16> {
+        let b: [u8; 2] = data.get(off..off.checked_add(2)?)?.try_into().ok()?;
+        Some(match self {
+            Endian::Little => u16::from_le_bytes(b),
+            Endian::Big => u16::from_be_bytes(b),
+        })
+    }
+
+    /// Reads a `u32` at `off`, `None` if out of bounds.
+    #[inline]
+    pub fn u32(self, data: &[u8], off: usize) -> Option<u32> {
+        let b: [u8; 4] = data.get(off..off.checked_add(4)?)?.try_into().ok()?;
+        Some(match self {
+            Endian::Little => u32::from_le_bytes(b),
+            Endian::Big => u32::from_be_bytes(b),
+        })
+    }
+
+    /// Reads a `u64` at `off`, `None` if out of bounds.
+    #[inline]
+    pub fn u64(self, data: &[u8], off: usize) -> Option<u64> {
+        let b: [u8; 8] = data.get(off..off.checked_add(8)?)?.try_into().ok()?;
+        Some(match self {
+            Endian::Little => u64::from_le_bytes(b),
+            Endian::Big => u64::from_be_bytes(b),
+        })
+    }
+
+    /// Encodes a `u16` in this byte order.
+    pub fn put_u16(self, v: u16) -> [u8; 2] {
+        match self {
+            Endian::Little => v.to_le_bytes(),
+            Endian::Big => v.to_be_bytes(),
+        }
+    }
+
+    /// Encodes a `u32` in this byte order.
+    pub fn put_u32(self, v: u32) -> [u8; 4] {
+        match self {
+            Endian::Little => v.to_le_bytes(),
+            Endian::Big => v.to_be_bytes(),
+        }
+    }
+
+    /// Encodes a `u64` in this byte order.
+    pub fn put_u64(self, v: u64) -> [u8; 8] {
+        match self {
+            Endian::Little => v.to_le_bytes(),
+            Endian::Big => v.to_be_bytes(),
+        }
+    }
+}
+
+/// A NUL-terminated string inside `data` (the whole slice if no NUL), lossily decoded.
+pub fn c_str(data: &[u8]) -> &[u8] {
+    match data.iter().position(|&b| b == 0) {
+        Some(n) => &data[..n],
+        None => data,
+    }
+}

@@ -1,0 +1,280 @@
+//! Record framing (`struct perf_event_header`) and the few record bodies the model
+//! needs: MMAP, MMAP2, COMM, FORK/EXIT, HEADER_BUILD_ID (perf-format.md §1.4, §3).
+
+use super::{Endian, c_str};
+
+/// Record types (kernel: < 64, perf tool: >= 64).
+pub mod rt {
+    pub const MMAP: u32 = 1;
+    pub const COMM: u32 = 3;
+    pub const EXIT: u32 = 4;
+    pub const FORK: u32 = 7;
+    pub const SAMPLE: u32 = 9;
+    pub const MMAP2: u32 = 10;
+    pub const AUX: u32 = 11;
+    pub const HEADER_ATTR: u32 = 64;
+    pub const HEADER_TRACING_DATA: u32 = 66;
+    pub const HEADER_BUILD_ID: u32 = 67;
+    pub const FINISHED_ROUND: u32 = 68;
+    pub const AUXTRACE_INFO: u32 = 70;
+    pub const AUXTRACE: u32 = 71;
+    pub const COMPRESSED: u32 = 81;
+    pub const COMPRESSED2: u32 = 83;
+    /// First perf-tool (user) record type; these carry no sample-id trailer.
+    pub const USER_START: u32 = 64;
+}
+
+/// `header.misc` values and bits.
+pub mod misc {
+    pub const CPUMODE_MASK: u16 = 7;
+    pub const KERNEL: u16 = 1;
+    pub const USER: u16 = 2;
+    pub const HYPERVISOR: u16 = 3;
+    pub const GUEST_KERNEL: u16 = 4;
+    pub const GUEST_USER: u16 = 5;
+    /// COMM: the comm changed because of exec. MMAP*: a non-executable mapping.
+    pub const COMM_EXEC: u16 = 0x2000;
+    pub const MMAP_DATA: u16 = 0x2000;
+    /// MMAP2 carries a build ID instead of device/inode.
+    pub const MMAP_BUILD_ID: u16 = 0x4000;
+    /// HEADER_BUILD_ID: byte 32 holds the build-ID length.
+    pub const BUILD_ID_SIZE: u16 = 0x8000;
+}
+
+/// `struct perf_event_header`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecordHeader {
+    /// Record type.
+    pub kind: u32,
+    /// Misc bits (cpumode, flags).
+    pub misc: u16,
+    /// Total size including this header.
+    pub size: u16,
+}
+
+impl RecordHeader {
+    /// Parses the 8-byte header at the start of `data`.
+    #[inline]
+    pub fn parse(data: &[u8], e: Endian) -> Option<RecordHeader> {
+        Some(RecordHeader {
+            kind: e.u32(data, 0)?,
+            misc: e.u16(data, 4)?,
+            size: e.u16(data, 6)?,
+        })
+    }
+
+    /// The cpumode value (`misc & 7`).
+    #[inline]
+    pub fn cpumode(&self) -> u16 {
+        self.misc & misc::CPUMODE_MASK
+    }
+}
+
+/// Bytes that follow a record outside its `header.size` (TRACING_DATA, AUXTRACE).
+pub fn out_of_band_len(h: &RecordHeader, body: &[u8], e: Endian) -> Option<u64> {
+    match h.kind {
+        rt::HEADER_TRACING_DATA => Some(e.u32(body, 8)? as u64),
+        rt::AUXTRACE => e.u64(body, 8),
+        _ => Some(0),
+    }
+}
+
+/// What identifies the file behind a mapping.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FileIdent {
+    /// Nothing (plain MMAP record).
+    None,
+    /// Device and inode from a classic MMAP2; `generation` 0 means unknown
+    /// (perf synthesizes MMAP2 for running processes with generation 0).
+    Inode {
+        /// Device major number.
+        maj: u32,
+        /// Device minor number.
+        min: u32,
+        /// Inode number.
+        ino: u64,
+        /// Inode generation (0 = unknown).
+        generation: u64,
+    },
+    /// A build ID carried by a build-ID MMAP2 record.
+    BuildId(super::feature::BuildId),
+}
+
+/// A decoded MMAP or MMAP2 record.
+#[derive(Clone, Debug)]
+pub struct Mmap<'a> {
+    /// Process id (`u32::MAX` for the kernel, i.e. -1).
+    pub pid: u32,
+    /// Thread id.
+    pub tid: u32,
+    /// Start address.
+    pub start: u64,
+    /// Length.
+    pub len: u64,
+    /// File offset of the mapping.
+    pub pgoff: u64,
+    /// Identity of the file.
+    pub ident: FileIdent,
+    /// Protection bits (MMAP2; MMAP records report PROT_EXEC unless MMAP_DATA).
+    pub prot: u32,
+    /// mmap flags (MMAP2 only).
+    pub flags: u32,
+    /// File name bytes (without the NUL).
+    pub filename: &'a [u8],
+}
+
+/// PROT_EXEC.
+pub const PROT_EXEC: u32 = 4;
+/// MAP_HUGETLB.
+pub const MAP_HUGETLB: u32 = 0x40000;
+
+/// Parses an MMAP (`kind == MMAP`) or MMAP2 record; `body_end` excludes the trailer.
+pub fn parse_mmap<'a>(
+    h: &RecordHeader,
+    rec: &'a [u8],
+    body_end: usize,
+    e: Endian,
+) -> Option<Mmap<'a>> {
+    let pid = e.u32(rec, 8)?;
+    let tid = e.u32(rec, 12)?;
+    let start = e.u64(rec, 16)?;
+    let len = e.u64(rec, 24)?;
+    let pgoff = e.u64(rec, 32)?;
+    if h.kind == rt::MMAP {
+        let name = rec.get(40..body_end)?;
+        return Some(Mmap {
+            pid,
+            tid,
+            start,
+            len,
+            pgoff,
+            ident: FileIdent::None,
+            prot: if h.misc & misc::MMAP_DATA != 0 {
+                1
+            } else {
+                1 | PROT_EXEC
+            },
+            flags: 0,
+            filename: c_str(name),
+        });
+    }
+    let ident = if h.misc & misc::MMAP_BUILD_ID != 0 {
+        let n = *rec.get(40)? as usize;
+        match super::feature::BuildId::new(rec.get(44..64)?, n) {
+            Some(b) => FileIdent::BuildId(b),
+            None => FileIdent::None,
+        }
+    } else {
+        FileIdent::Inode {
+            maj: e.u32(rec, 40)?,
+            min: e.u32(rec, 44)?,
+            ino: e.u64(rec, 48)?,
+            generation: e.u64(rec, 56)?,
+        }
+    };
+    let name = rec.get(72..body_end)?;
+    Some(Mmap {
+        pid,
+        tid,
+        start,
+        len,
+        pgoff,
+        ident,
+        prot: e.u32(rec, 64)?,
+        flags: e.u32(rec, 68)?,
+        filename: c_str(name),
+    })
+}
+
+/// The sample-id trailer of a non-sample record.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SampleId {
+    /// pid from the trailer, if present.
+    pub pid: Option<u32>,
+    /// Time from the trailer, if present.
+    pub time: Option<u64>,
+}
+
+/// Layout of the sample-id trailer (from the first attr, like perf).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TrailerLayout {
+    /// Total trailer length.
+    pub size: usize,
+    /// Offset of `{pid, tid}` within the trailer.
+    pub tid_at: Option<usize>,
+    /// Offset of `time` within the trailer.
+    pub time_at: Option<usize>,
+}
+
+impl TrailerLayout {
+    /// Layout for a `sample_type` with `sample_id_all` set (size 0 when not set).
+    pub fn new(sample_type: u64, sample_id_all: bool) -> Self {
+        use super::attr::st;
+        if !sample_id_all {
+            return TrailerLayout::default();
+        }
+        let mut at = 0;
+        let mut tid_at = None;
+        let mut time_at = None;
+        if sample_type & st::TID != 0 {
+            tid_at = Some(at);
+            at += 8;
+        }
+        if sample_type & st::TIME != 0 {
+            time_at = Some(at);
+            at += 8;
+        }
+        for b in [st::ID, st::STREAM_ID, st::CPU, st::IDENTIFIER] {
+            if sample_type & b != 0 {
+                at += 8;
+            }
+        }
+        TrailerLayout {
+            size: at,
+            tid_at,
+            time_at,
+        }
+    }
+
+    /// Reads the trailer of a kernel record (`rec` is the whole record).
+    pub fn read(&self, rec: &[u8], e: Endian) -> SampleId {
+        if self.size == 0 || rec.len() < 8 + self.size {
+            return SampleId::default();
+        }
+        let base = rec.len() - self.size;
+        SampleId {
+            pid: self.tid_at.and_then(|o| e.u32(rec, base + o)),
+            time: self.time_at.and_then(|o| e.u64(rec, base + o)),
+        }
+    }
+}
+
+/// A HEADER_BUILD_ID entry (stream record or feature-table entry).
+#[derive(Clone, Debug)]
+pub struct BuildIdEntry<'a> {
+    /// cpumode from misc.
+    pub cpumode: u16,
+    /// Machine pid (-1 for the host), read unswapped as perf does.
+    pub pid: i32,
+    /// The build ID.
+    pub build_id: super::feature::BuildId,
+    /// DSO name.
+    pub filename: &'a [u8],
+}
+
+/// Parses a HEADER_BUILD_ID entry (`rec` spans exactly `header.size` bytes).
+pub fn parse_build_id_entry<'a>(h: &RecordHeader, rec: &'a [u8]) -> Option<BuildIdEntry<'a>> {
+    let pid = i32::from_ne_bytes(rec.get(8..12)?.try_into().ok()?);
+    let raw = rec.get(12..32)?;
+    let len = if h.misc & misc::BUILD_ID_SIZE != 0 {
+        (*rec.get(32)? as usize).min(20)
+    } else {
+        20
+    };
+    Some(BuildIdEntry {
+        cpumode: h.cpumode(),
+        pid,
+        build_id: super::feature::BuildId::new(raw, len)?,
+        filename: c_str(rec.get(36..)?),
+    })
+}

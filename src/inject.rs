@@ -1,0 +1,351 @@
+//! One run of `pdinject --buildids`: scan → model → resolve → identify → write, with
+//! the copy of the unchanged bytes running beside scan and resolve.
+
+use crate::buildid::{
+    self, Evidence, Group, HostTrust, Outcome, RecordingTimes, Source, host::HostInfo,
+};
+use crate::format::attr::st;
+use crate::format::feature::{
+    BuildId, BuildIdTable, encode_table_entry, parse_build_id_table, parse_clock_data, parse_string,
+};
+use crate::format::header::{FEAT_BUILD_ID, FEAT_CLOCK_DATA, FEAT_HOSTNAME, FEAT_OSRELEASE};
+use crate::format::record::misc;
+use crate::input::PerfInput;
+use crate::model::{DsoKind, ModelBuilder};
+use crate::report::{DsoReport, Report};
+use crate::resolve::Resolver;
+use crate::write::{TempOutput, copy_prefix, write_tail};
+use crate::{Error, Result};
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+/// Which DSOs get table entries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Mode {
+    /// DSOs touched by samples (`-b`, `--buildids`).
+    #[default]
+    Hit,
+    /// Every mapped DSO (`--buildid-all`).
+    All,
+}
+
+/// Progress callback: `(stage, done, total)` in bytes.
+pub type ProgressFn = std::sync::Arc<dyn Fn(&str, u64, u64) + Send + Sync>;
+
+/// Options of a run.
+#[derive(Clone, Default)]
+pub struct Options {
+    /// Hit or all.
+    pub mode: Mode,
+    /// `--known-build-ids`.
+    pub known: Vec<(BuildId, String)>,
+    /// Worker threads (default: all cores).
+    pub jobs: Option<usize>,
+    /// Progress reporting.
+    pub progress: Option<ProgressFn>,
+}
+
+impl std::fmt::Debug for Options {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Options")
+            .field("mode", &self.mode)
+            .field("known", &self.known)
+            .field("jobs", &self.jobs)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Parses `--known-build-ids='HEX PATH,HEX PATH'`.
+pub fn parse_known(s: &str) -> Result<Vec<(BuildId, String)>> {
+    let mut out = Vec::new();
+    for item in s.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+        let (hex, path) = item.split_once(char::is_whitespace).ok_or_else(|| {
+            Error::Usage(format!("--known-build-ids: '{item}' is not 'HEX PATH'"))
+        })?;
+        let id = BuildId::from_hex(hex).ok_or_else(|| {
+            Error::Usage(format!(
+                "--known-build-ids: '{hex}' is not an even-length hex build ID of at most 40 digits"
+            ))
+        })?;
+        out.push((id, path.trim().to_string()));
+    }
+    Ok(out)
+}
+
+fn same_file(a: &Path, b: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
+        _ => false,
+    }
+}
+
+/// Runs the whole job from `input_path` to `output_path`.
+pub fn run(input_path: &Path, output_path: &Path, opts: &Options) -> Result<Report> {
+    if input_path == output_path || same_file(input_path, output_path) {
+        return Err(Error::Usage(format!(
+            "{}: output would overwrite the input; write to another file",
+            output_path.display()
+        )));
+    }
+    let input = PerfInput::open(input_path)?;
+    let jobs = opts
+        .jobs
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        .max(1);
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(jobs)
+        .build()
+        .map_err(|e| Error::Usage(format!("cannot start {jobs} worker threads: {e}")))?;
+    let tmp = TempOutput::create(output_path, input.is_dir)?;
+    if let Ok(m) = std::fs::metadata(&input.header_path) {
+        let _ = std::fs::set_permissions(
+            tmp.header_file_path()
+                .parent()
+                .filter(|_| input.is_dir)
+                .unwrap_or(&tmp.path),
+            m.permissions(),
+        );
+    }
+    let can_write_table = input.header.header_size == crate::format::header::FILE_HEADER_SIZE;
+    let copy_len = if can_write_table {
+        input.header.feature_table_offset()
+    } else {
+        input.file_len
+    };
+    let cancel = AtomicBool::new(false);
+    let header_out = tmp.header_file_path();
+
+    let report = std::thread::scope(|s| -> Result<Report> {
+        let copier = s.spawn(|| -> Result<()> {
+            copy_prefix(&input.header_path, &header_out, copy_len, &cancel)?;
+            for df in input.data_files.iter().skip(1) {
+                let name = df
+                    .path
+                    .file_name()
+                    .map(|n| tmp.path.join(n))
+                    .unwrap_or_default();
+                copy_prefix(&df.path, &name, df.range.size, &cancel)?;
+            }
+            Ok(())
+        });
+        let r = pool.install(|| analyse(&input, opts, jobs));
+        if r.is_err() {
+            cancel.store(true, Ordering::Relaxed);
+        }
+        let copied = copier
+            .join()
+            .map_err(|_| Error::unsupported("the copy thread panicked"))?;
+        let (mut report, payload) = r?;
+        copied?;
+        if can_write_table {
+            write_tail(&input, &header_out, payload.as_deref())
+                .map_err(|e| e.in_file(&input.header_path))?;
+        } else if report.ids_new > 0 {
+            report.notes.push(
+                "the input's header predates the feature bitmap: no build-ID table can be added"
+                    .into(),
+            );
+            report.ids_written -= report.ids_new;
+            report.ids_new = 0;
+        }
+        Ok(report)
+    })?;
+    tmp.commit()?;
+    let mut report = report;
+    report.input = input_path.display().to_string();
+    report.output = output_path.display().to_string();
+    Ok(report)
+}
+
+/// Scan, model, resolve and identify; returns the report and the new BUILD_ID payload.
+fn analyse(input: &PerfInput, opts: &Options, jobs: usize) -> Result<(Report, Option<Vec<u8>>)> {
+    let e = input.header.endian;
+    let time_mode =
+        input.attrs.iter().all(|a| a.sample_type & st::TIME != 0) && input.attrs[0].sample_id_all();
+    let total = input.data_bytes();
+    let progress = |stage: &str, done: u64| {
+        if let Some(p) = &opts.progress {
+            p(stage, done, total)
+        }
+    };
+    let mut builder = ModelBuilder::new();
+    let scan = crate::scan::scan(input, time_mode, &mut builder, &|d| progress("scan", d))?;
+    let model = builder.build();
+    let resolver = Resolver::new(&model, &input.attrs, time_mode, e);
+    let done = AtomicU64::new(0);
+    let hits = resolver.run(input, &scan.chunks, &|n| {
+        let d = done.fetch_add(n, Ordering::Relaxed) + n;
+        progress("resolve", d);
+    })?;
+
+    // Group DSOs by (address space, name): one table entry each.
+    let all_hit = opts.mode == Mode::All || scan.has_aux;
+    let mut groups: BTreeMap<(bool, String), Group> = BTreeMap::new();
+    for (i, d) in model.dsos.iter().enumerate() {
+        let h = hits.per_dso.get(i).copied().unwrap_or(0);
+        let g = groups
+            .entry((d.kind.is_kernel_space(), d.name.clone()))
+            .or_insert_with(|| Group {
+                name: d.name.clone(),
+                kind: d.kind,
+                dsos: Vec::new(),
+                hits: 0,
+            });
+        g.dsos.push(i as u32);
+        g.hits += h;
+    }
+    // perf always lists the vdso; --buildid-all and AUX recordings list everything.
+    let groups: Vec<Group> = groups
+        .into_values()
+        .filter(|g| all_hit || g.hits > 0 || g.kind == DsoKind::Vdso)
+        .collect();
+
+    let table = match input.feature(FEAT_BUILD_ID) {
+        Some(p) if input.header.has_feature(FEAT_BUILD_ID) => {
+            (parse_build_id_table(&p, e), Some(p))
+        }
+        _ => (BuildIdTable::default(), None),
+    };
+    let (table, old_payload) = table;
+    let host = HostInfo::detect();
+    let hostname = input
+        .feature(FEAT_HOSTNAME)
+        .and_then(|p| parse_string(&p, e));
+    let release = input
+        .feature(FEAT_OSRELEASE)
+        .and_then(|p| parse_string(&p, e));
+    let kref = model.kernel_ref.as_ref().map(|(s, a)| (s.as_str(), *a));
+    let trust = HostTrust::decide(hostname.as_deref(), release.as_deref(), kref, &host);
+    let times = recording_times(input, &scan, &hits);
+    let ev = Evidence {
+        table: &table,
+        stream: &scan.stream_build_ids,
+        known: &opts.known,
+        trust: &trust,
+        times,
+    };
+    let outcomes = buildid::identify(&groups, &model, &ev);
+
+    let mut new_entries = Vec::new();
+    let mut report = Report {
+        records: scan.records,
+        samples: hits.samples,
+        guest_samples: hits.guest_samples,
+        unmapped_addresses: hits.unmapped,
+        unknown_event_samples: hits.unknown_event,
+        compressed_records: scan.compressed,
+        time_ordered: time_mode,
+        aux_all_hit: scan.has_aux,
+        jobs,
+        ..Report::default()
+    };
+    if table.legacy {
+        report.notes.push(
+            "the input's build-ID table uses the pre-2010 layout; no entries are added to it"
+                .into(),
+        );
+    }
+    if table.malformed {
+        report.notes.push(
+            "the input's build-ID table ends in a damaged entry; it is copied as it is".into(),
+        );
+    }
+    if let Err(why) = &trust.local {
+        report
+            .notes
+            .push(format!("no local file is trusted: {why}"));
+    } else if let Err(why) = &trust.kernel {
+        report.notes.push(format!(
+            "kernel, modules and vdso of this host are not used: {why}"
+        ));
+    }
+    for (g, o) in groups.iter().zip(&outcomes) {
+        let listed = g.hits > 0 || all_hit;
+        add_entry(&mut new_entries, e, g, o, &table);
+        if !listed {
+            continue;
+        }
+        report.dsos_hit += 1;
+        if o.build_id.is_some() {
+            report.ids_written += 1;
+            if !o.in_input_table && !table.legacy {
+                report.ids_new += 1;
+            }
+        } else {
+            report.ids_missing += 1;
+        }
+        report.dsos.push(DsoReport {
+            path: g.name.clone(),
+            kind: g.kind,
+            hits: g.hits,
+            build_id: o.build_id.map(|b| b.to_string()),
+            source: o.source,
+            reason: o.reason,
+            detail: o.detail.clone(),
+        });
+    }
+    // The BUILD_ID section is rewritten only when it changes or did not exist.
+    let payload = if table.legacy || (new_entries.is_empty() && old_payload.is_some()) {
+        None
+    } else {
+        let mut p = old_payload.unwrap_or_default();
+        p.extend_from_slice(&new_entries);
+        Some(p)
+    };
+    Ok((report, payload))
+}
+
+fn add_entry(
+    out: &mut Vec<u8>,
+    e: crate::format::Endian,
+    g: &Group,
+    o: &Outcome,
+    table: &BuildIdTable,
+) {
+    let (Some(id), false) = (o.build_id, o.in_input_table) else {
+        return;
+    };
+    if table.legacy
+        || o.source == Some(Source::InputTable)
+            && table.entries.iter().any(|t| t.filename == g.name)
+    {
+        return;
+    }
+    let cpumode = if g.kind.is_kernel_space() {
+        misc::KERNEL
+    } else {
+        misc::USER
+    };
+    encode_table_entry(out, e, cpumode, &id, g.name.as_bytes());
+}
+
+/// When did the recording start, in wall-clock ns? From CLOCK_DATA when the file has
+/// it; otherwise the input's mtime (end of the recording) minus the span of its times.
+fn recording_times(
+    input: &PerfInput,
+    scan: &crate::scan::ScanOutput,
+    hits: &crate::resolve::Hits,
+) -> RecordingTimes {
+    let e = input.header.endian;
+    let min = [scan.min_time, hits.min_time].into_iter().flatten().min();
+    let max = [scan.max_time, hits.max_time].into_iter().flatten().max();
+    if let (Some(cd), Some(min)) = (
+        input
+            .feature(FEAT_CLOCK_DATA)
+            .and_then(|p| parse_clock_data(&p, e)),
+        min,
+    ) {
+        return RecordingTimes {
+            start_ns: Some(cd.wall_ns as i128 + min as i128 - cd.clock_ns as i128),
+        };
+    }
+    let span = match (min, max) {
+        (Some(a), Some(b)) => (b - a) as i128,
+        _ => 0,
+    };
+    RecordingTimes {
+        start_ns: input.mtime_ns.map(|m| m - span),
+    }
+}

@@ -1,0 +1,299 @@
+//! Opening a perf.data (file or `perf record --threads` directory) and reading it in
+//! windows. Only the header, attrs and features are read eagerly; the data section is
+//! mapped a window at a time so memory does not grow with the file.
+
+use crate::format::attr::{Attr, read_attrs};
+use crate::format::header::{FEAT_DIR_FORMAT, FileHeader, Section};
+use crate::{Error, Result};
+use std::fs::File;
+use std::ops::Deref;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// Where a data stream's bytes live.
+#[derive(Debug)]
+pub enum Backing {
+    /// A file on disk, mapped in windows.
+    File(File),
+    /// Bytes in memory (tests, fuzzing).
+    Mem(Arc<Vec<u8>>),
+}
+
+/// One record stream: the data section of the header file, or a `data.N` file of a
+/// directory-format recording.
+#[derive(Debug)]
+pub struct DataFile {
+    /// Its path (for messages).
+    pub path: PathBuf,
+    /// Its bytes.
+    pub backing: Backing,
+    /// The byte range holding records.
+    pub range: Section,
+}
+
+/// A mapped or borrowed window of a data file.
+pub enum Window {
+    /// A memory map of part of a file; `skip` bytes of page alignment precede the window.
+    Map(memmap2::Mmap, usize),
+    /// A range of an in-memory buffer.
+    Mem(Arc<Vec<u8>>, usize, usize),
+}
+
+impl Deref for Window {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Window::Map(m, skip) => &m[*skip..],
+            Window::Mem(v, a, b) => &v[*a..*b],
+        }
+    }
+}
+
+impl DataFile {
+    /// Maps `len` bytes at `offset` (which the caller keeps within the file).
+    pub fn window(&self, offset: u64, len: u64) -> Result<Window> {
+        match &self.backing {
+            Backing::Mem(v) => {
+                let a = usize::try_from(offset)
+                    .map_err(|_| Error::format(offset, "offset too large"))?;
+                let b = a
+                    .checked_add(len as usize)
+                    .filter(|&b| b <= v.len())
+                    .ok_or_else(|| Error::format(offset, "window outside the data"))?;
+                Ok(Window::Mem(v.clone(), a, b))
+            }
+            Backing::File(f) => {
+                if len == 0 {
+                    return Ok(Window::Mem(Arc::new(Vec::new()), 0, 0));
+                }
+                let page = page_size();
+                let aligned = offset - offset % page;
+                let skip = (offset - aligned) as usize;
+                // SAFETY: the map is read-only. A file truncated by another process
+                // while mapped would fault; perf.data inputs are finished files, and
+                // the bytes are only read through bounds-checked accessors.
+                let map = unsafe {
+                    memmap2::MmapOptions::new()
+                        .offset(aligned)
+                        .len(skip + len as usize)
+                        .map(f)
+                }
+                .map_err(|e| Error::io(&self.path, e))?;
+                let _ = map.advise(memmap2::Advice::Sequential);
+                Ok(Window::Map(map, skip))
+            }
+        }
+    }
+
+    /// Reads `len` bytes at `offset` into a buffer.
+    pub fn read_at(&self, offset: u64, len: u64) -> Result<Vec<u8>> {
+        read_exact_at(&self.backing, &self.path, offset, len)
+    }
+}
+
+fn read_exact_at(backing: &Backing, path: &Path, offset: u64, len: u64) -> Result<Vec<u8>> {
+    match backing {
+        Backing::Mem(v) => {
+            let a = offset as usize;
+            v.get(a..a.saturating_add(len as usize))
+                .map(|s| s.to_vec())
+                .ok_or_else(|| {
+                    Error::format(
+                        offset,
+                        format!("{len} bytes at this offset are outside the file"),
+                    )
+                })
+        }
+        Backing::File(f) => {
+            let flen = f.metadata().map_err(|e| Error::io(path, e))?.len();
+            if offset.checked_add(len).is_none_or(|end| end > flen) {
+                return Err(Error::format(
+                    offset,
+                    format!("{len} bytes at this offset are outside the file ({flen} bytes)"),
+                ));
+            }
+            let mut buf = vec![0u8; len as usize];
+            f.read_exact_at(&mut buf, offset)
+                .map_err(|e| Error::io(path, e))?;
+            Ok(buf)
+        }
+    }
+}
+
+fn page_size() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if p > 0 { p as u64 } else { 4096 }
+}
+
+/// An opened perf.data.
+#[derive(Debug)]
+pub struct PerfInput {
+    /// The path the user gave.
+    pub path: PathBuf,
+    /// The file holding the header (`path`, or `path/data` for a directory).
+    pub header_path: PathBuf,
+    /// True for a `perf record --threads` directory.
+    pub is_dir: bool,
+    /// The parsed header.
+    pub header: FileHeader,
+    /// The events.
+    pub attrs: Vec<Attr>,
+    /// Feature sections by bit, in ascending bit order.
+    pub features: Vec<(u32, Section)>,
+    /// Record streams: the header file's data section first, then `data.N` files.
+    pub data_files: Vec<DataFile>,
+    /// Length of the header file.
+    pub file_len: u64,
+    /// Modification time of the header file in ns since the epoch (end of recording).
+    pub mtime_ns: Option<i128>,
+}
+
+impl PerfInput {
+    /// Opens a perf.data file or directory.
+    pub fn open(path: &Path) -> Result<PerfInput> {
+        let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
+        let is_dir = meta.is_dir();
+        let header_path = if is_dir {
+            path.join("data")
+        } else {
+            path.to_path_buf()
+        };
+        let file = File::open(&header_path).map_err(|e| Error::io(&header_path, e))?;
+        let fmeta = file.metadata().map_err(|e| Error::io(&header_path, e))?;
+        if !fmeta.is_file() {
+            return Err(Error::unsupported("input is not a regular file").in_file(&header_path));
+        }
+        let mtime_ns = {
+            use std::os::unix::fs::MetadataExt;
+            Some(fmeta.mtime() as i128 * 1_000_000_000 + fmeta.mtime_nsec() as i128)
+        };
+        let mut input = Self::from_backing(path, &header_path, Backing::File(file), fmeta.len())
+            .map_err(|e| e.in_file(&header_path))?;
+        input.is_dir = is_dir;
+        input.mtime_ns = mtime_ns;
+        if is_dir {
+            input.add_dir_files(path)?;
+        }
+        Ok(input)
+    }
+
+    /// Builds an input over bytes in memory (no directory support).
+    pub fn from_bytes(name: &Path, bytes: Vec<u8>) -> Result<PerfInput> {
+        let len = bytes.len() as u64;
+        Self::from_backing(name, name, Backing::Mem(Arc::new(bytes)), len)
+    }
+
+    fn from_backing(
+        path: &Path,
+        header_path: &Path,
+        backing: Backing,
+        file_len: u64,
+    ) -> Result<PerfInput> {
+        let head = read_exact_at(&backing, header_path, 0, 104.min(file_len))?;
+        let header = FileHeader::parse(&head, file_len)?;
+        let e = header.endian;
+        let attrs_raw = read_exact_at(
+            &backing,
+            header_path,
+            header.attrs.offset,
+            header.attrs.size,
+        )?;
+        let attrs = read_attrs(&header, &attrs_raw, |off, size| {
+            read_exact_at(&backing, header_path, off, size)
+        })?;
+        // The feature table sits right after the data section.
+        let nfeat = header
+            .features
+            .iter()
+            .map(|w| w.count_ones() as u64)
+            .sum::<u64>();
+        let table_off = header.feature_table_offset();
+        let mut features = Vec::new();
+        if nfeat > 0 {
+            let table =
+                read_exact_at(&backing, header_path, table_off, nfeat * 16).map_err(|_| {
+                    Error::format(
+                        table_off,
+                        format!("feature table of {nfeat} sections is outside the file"),
+                    )
+                })?;
+            for (i, bit) in header.feature_bits().enumerate() {
+                let s = Section {
+                    offset: e.u64(&table, i * 16).unwrap_or(0),
+                    size: e.u64(&table, i * 16 + 8).unwrap_or(0),
+                };
+                if s.end().is_none_or(|end| end > file_len) {
+                    return Err(Error::format(
+                        table_off + i as u64 * 16,
+                        format!(
+                            "feature {bit} section [{:#x}, +{:#x}) is outside the file ({file_len} bytes)",
+                            s.offset, s.size
+                        ),
+                    ));
+                }
+                features.push((bit, s));
+            }
+        }
+        let data = DataFile {
+            path: header_path.to_path_buf(),
+            backing,
+            range: header.data,
+        };
+        Ok(PerfInput {
+            path: path.to_path_buf(),
+            header_path: header_path.to_path_buf(),
+            is_dir: false,
+            header,
+            attrs,
+            features,
+            data_files: vec![data],
+            file_len,
+            mtime_ns: None,
+        })
+    }
+
+    fn add_dir_files(&mut self, dir: &Path) -> Result<()> {
+        if !self.header.has_feature(FEAT_DIR_FORMAT) {
+            return Err(Error::unsupported("directory has no DIR_FORMAT feature")
+                .in_file(&self.header_path));
+        }
+        let mut names = Vec::new();
+        for ent in std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))? {
+            let ent = ent.map_err(|e| Error::io(dir, e))?;
+            let name = ent.file_name().to_string_lossy().into_owned();
+            if let Some(n) = name
+                .strip_prefix("data.")
+                .and_then(|n| n.parse::<u32>().ok())
+            {
+                names.push((n, ent.path()));
+            }
+        }
+        names.sort();
+        for (_, p) in names {
+            let f = File::open(&p).map_err(|e| Error::io(&p, e))?;
+            let len = f.metadata().map_err(|e| Error::io(&p, e))?.len();
+            self.data_files.push(DataFile {
+                path: p,
+                backing: Backing::File(f),
+                range: Section {
+                    offset: 0,
+                    size: len,
+                },
+            });
+        }
+        Ok(())
+    }
+
+    /// Reads a feature section's payload.
+    pub fn feature(&self, bit: u32) -> Option<Vec<u8>> {
+        let (_, s) = self.features.iter().find(|(b, _)| *b == bit)?;
+        self.data_files[0].read_at(s.offset, s.size).ok()
+    }
+
+    /// Total bytes of records over all streams (for progress).
+    pub fn data_bytes(&self) -> u64 {
+        self.data_files.iter().map(|d| d.range.size).sum()
+    }
+}

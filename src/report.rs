@@ -1,0 +1,112 @@
+//! The run summary: a few lines on stderr and, with `--report FILE`, the same as JSON.
+
+use crate::buildid::{Reason, Source};
+use crate::model::DsoKind;
+use serde::Serialize;
+use std::io::Write;
+
+/// One DSO line of the report.
+#[derive(Clone, Debug, Serialize)]
+pub struct DsoReport {
+    /// Name as in the table.
+    pub path: String,
+    /// Kind.
+    pub kind: DsoKind,
+    /// Samples that touched it.
+    pub hits: u64,
+    /// Hex build ID in the output table, if any.
+    pub build_id: Option<String>,
+    /// Where the ID came from.
+    pub source: Option<Source>,
+    /// Why there is none.
+    pub reason: Option<Reason>,
+    /// Words for the user.
+    pub detail: Option<String>,
+}
+
+/// The whole report.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Report {
+    /// Input path.
+    pub input: String,
+    /// Output path.
+    pub output: String,
+    /// Records read (compressed ones' contents included).
+    pub records: u64,
+    /// Samples decoded.
+    pub samples: u64,
+    /// Guest samples (not attributed).
+    pub guest_samples: u64,
+    /// Addresses that fell in no mapping.
+    pub unmapped_addresses: u64,
+    /// Samples of events the file does not declare.
+    pub unknown_event_samples: u64,
+    /// COMPRESSED records decoded.
+    pub compressed_records: u64,
+    /// Samples were resolved by time (else by file order).
+    pub time_ordered: bool,
+    /// AUX data present: every mapped DSO counts as hit.
+    pub aux_all_hit: bool,
+    /// Distinct DSOs touched by samples (or mapped, with --buildid-all).
+    pub dsos_hit: usize,
+    /// DSOs with an ID in the output table.
+    pub ids_written: usize,
+    /// Of those, entries pdinject added.
+    pub ids_new: usize,
+    /// DSOs without an ID.
+    pub ids_missing: usize,
+    /// Worker threads used.
+    pub jobs: usize,
+    /// Notes about the run (things the user should know).
+    pub notes: Vec<String>,
+    /// Per DSO.
+    pub dsos: Vec<DsoReport>,
+}
+
+impl Report {
+    /// Writes the short human summary.
+    pub fn print_human(&self, w: &mut dyn Write) -> std::io::Result<()> {
+        writeln!(
+            w,
+            "pdinject: {} -> {}: {} samples, {} DSOs hit, {} build IDs in table ({} new), {} missing",
+            self.input,
+            self.output,
+            self.samples,
+            self.dsos_hit,
+            self.ids_written,
+            self.ids_new,
+            self.ids_missing
+        )?;
+        for n in &self.notes {
+            writeln!(w, "  note: {n}")?;
+        }
+        let mut by_reason: Vec<&DsoReport> =
+            self.dsos.iter().filter(|d| d.build_id.is_none()).collect();
+        by_reason.sort_by_key(|d| (d.reason.map(|r| r as u8), std::cmp::Reverse(d.hits)));
+        for d in by_reason {
+            let reason = d.reason.map(reason_word).unwrap_or("missing");
+            writeln!(
+                w,
+                "  {reason:<11} {}: {}",
+                d.path,
+                d.detail.as_deref().unwrap_or("")
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// The word used for a reason in summaries (same as the JSON value).
+pub fn reason_word(r: Reason) -> &'static str {
+    match r {
+        Reason::Stale => "stale",
+        Reason::Ambiguous => "ambiguous",
+        Reason::Missing => "missing",
+        Reason::Unreadable => "unreadable",
+        Reason::NoNote => "no-note",
+        Reason::OtherHost => "other-host",
+        Reason::NotRegular => "not-regular",
+        Reason::Deleted => "deleted",
+        Reason::Unsupported => "unsupported",
+    }
+}

@@ -1,0 +1,217 @@
+//! The write stage for file output: everything before the end of the data section is
+//! copied verbatim (kernel side, with copy_file_range, while the other stages run);
+//! then the feature table is rebuilt with BUILD_ID merged in and every other feature
+//! copied byte for byte. Output goes to a temp file renamed over the target on
+//! success, so an error never leaves a partial output.
+
+use crate::format::header::{FEAT_BUILD_ID, FileHeader};
+use crate::input::PerfInput;
+use crate::{Error, Result};
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// A temp file or directory beside the output, removed on drop unless committed.
+pub struct TempOutput {
+    /// The temp path.
+    pub path: PathBuf,
+    /// Where it goes on success.
+    pub target: PathBuf,
+    is_dir: bool,
+    committed: bool,
+}
+
+impl TempOutput {
+    /// Creates the temp file (or directory) for `target`.
+    pub fn create(target: &Path, is_dir: bool) -> Result<TempOutput> {
+        let dir = match target.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        let name = target
+            .file_name()
+            .ok_or_else(|| {
+                Error::Usage(format!("{}: output is not a file name", target.display()))
+            })?
+            .to_string_lossy()
+            .into_owned();
+        let path = dir.join(format!(".{name}.pdinject-{}.tmp", std::process::id()));
+        let _ = if is_dir {
+            std::fs::remove_dir_all(&path)
+        } else {
+            std::fs::remove_file(&path)
+        };
+        let r = if is_dir {
+            std::fs::create_dir(&path)
+        } else {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&path)
+                .map(|_| ())
+        };
+        r.map_err(|e| Error::io(&path, e))?;
+        Ok(TempOutput {
+            path,
+            target: target.to_path_buf(),
+            is_dir,
+            committed: false,
+        })
+    }
+
+    /// The file to write the header file into.
+    pub fn header_file_path(&self) -> PathBuf {
+        if self.is_dir {
+            self.path.join("data")
+        } else {
+            self.path.clone()
+        }
+    }
+
+    /// Moves the finished output into place.
+    pub fn commit(mut self) -> Result<()> {
+        if self.is_dir && self.target.is_dir() {
+            // Replace an earlier output directory only if it is a perf.data directory.
+            if !self.target.join("data").is_file() {
+                return Err(Error::Usage(format!(
+                    "{}: exists and is not a perf.data directory; not replacing it",
+                    self.target.display()
+                )));
+            }
+            std::fs::remove_dir_all(&self.target).map_err(|e| Error::io(&self.target, e))?;
+        }
+        std::fs::rename(&self.path, &self.target).map_err(|e| Error::io(&self.target, e))?;
+        self.committed = true;
+        Ok(())
+    }
+}
+
+impl Drop for TempOutput {
+    fn drop(&mut self) {
+        if !self.committed {
+            let _ = if self.is_dir {
+                std::fs::remove_dir_all(&self.path)
+            } else {
+                std::fs::remove_file(&self.path)
+            };
+        }
+    }
+}
+
+const COPY_STEP: u64 = 64 << 20;
+
+/// Copies `len` bytes from the start of `src` to the start of `dst`, in steps so a
+/// cancelled run stops early. std's copy uses copy_file_range between files.
+pub fn copy_prefix(src: &Path, dst: &Path, len: u64, cancel: &AtomicBool) -> Result<()> {
+    let mut i = File::open(src).map_err(|e| Error::io(src, e))?;
+    let mut o = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(dst)
+        .map_err(|e| Error::io(dst, e))?;
+    let mut done = 0u64;
+    while done < len {
+        if cancel.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let step = (len - done).min(COPY_STEP);
+        let n = std::io::copy(&mut (&mut i).take(step), &mut o).map_err(|e| Error::io(dst, e))?;
+        if n == 0 {
+            return Err(Error::io(
+                src,
+                std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "input shrank while copying",
+                ),
+            ));
+        }
+        done += n;
+    }
+    Ok(())
+}
+
+/// Writes the feature table and payloads after the copied data, relocating any attrs
+/// or ids that lived there, and patches the header. `build_id_payload` replaces the
+/// BUILD_ID section (which is then set in the bitmap).
+pub fn write_tail(
+    input: &PerfInput,
+    out_path: &Path,
+    build_id_payload: Option<&[u8]>,
+) -> Result<()> {
+    let h: &FileHeader = &input.header;
+    let e = h.endian;
+    let src = &input.data_files[0];
+    let io = |err| Error::io(out_path, err);
+    let mut out = std::fs::OpenOptions::new()
+        .write(true)
+        .open(out_path)
+        .map_err(io)?;
+    let data_end = h.feature_table_offset();
+    let mut features = h.features;
+    if build_id_payload.is_some() {
+        features[0] |= 1 << FEAT_BUILD_ID;
+    }
+    let bits: Vec<u32> = (0..256u32)
+        .filter(|&b| features[(b / 64) as usize] & (1 << (b % 64)) != 0)
+        .collect();
+    out.set_len(data_end).map_err(io)?;
+    out.seek(SeekFrom::Start(data_end)).map_err(io)?;
+    let mut w = std::io::BufWriter::new(&mut out);
+    let mut pos = data_end + 16 * bits.len() as u64;
+    let mut payloads = Vec::with_capacity(bits.len());
+    for &bit in &bits {
+        let payload = if bit == FEAT_BUILD_ID && build_id_payload.is_some() {
+            build_id_payload.map(|p| p.to_vec()).unwrap_or_default()
+        } else {
+            let (_, s) = input
+                .features
+                .iter()
+                .find(|(b, _)| *b == bit)
+                .ok_or_else(|| Error::format(data_end, format!("feature {bit} has no section")))?;
+            src.read_at(s.offset, s.size)?
+        };
+        w.write_all(&e.put_u64(pos)).map_err(io)?;
+        w.write_all(&e.put_u64(payload.len() as u64)).map_err(io)?;
+        pos += payload.len() as u64;
+        payloads.push(payload);
+    }
+    for p in &payloads {
+        w.write_all(p).map_err(io)?;
+    }
+    // Attrs and ids that sat after the data (perf 6.12's pipe-to-file layout) move
+    // after the new features; their offsets are patched, their bytes are not touched.
+    let mut attrs_off = h.attrs.offset;
+    let mut attrs_raw = src.read_at(h.attrs.offset, h.attrs.size)?;
+    let attr_len = (h.attr_size - 16) as usize;
+    let mut ids_patched = false;
+    for entry in attrs_raw.chunks_exact_mut(h.attr_size as usize) {
+        let ids_off = e.u64(entry, attr_len).unwrap_or(0);
+        let ids_size = e.u64(entry, attr_len + 8).unwrap_or(0);
+        if ids_size > 0 && ids_off >= data_end {
+            let ids = src.read_at(ids_off, ids_size)?;
+            w.write_all(&ids).map_err(io)?;
+            entry[attr_len..attr_len + 8].copy_from_slice(&e.put_u64(pos));
+            pos += ids_size;
+            ids_patched = true;
+        }
+    }
+    if h.attrs.offset >= data_end {
+        w.write_all(&attrs_raw).map_err(io)?;
+        attrs_off = pos;
+    }
+    w.flush().map_err(io)?;
+    drop(w);
+    if ids_patched && h.attrs.offset < data_end {
+        out.write_all_at(&attrs_raw, h.attrs.offset).map_err(io)?;
+    }
+    out.write_all_at(&h.encode_bitmap(&features), 72)
+        .map_err(io)?;
+    out.write_all_at(&e.put_u64(attrs_off), 24).map_err(io)?;
+    if h.data_size_repaired {
+        out.write_all_at(&e.put_u64(h.data.size), 48).map_err(io)?;
+    }
+    Ok(())
+}
