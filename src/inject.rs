@@ -99,14 +99,10 @@ pub fn run(input_path: &Path, output_path: &Path, opts: &Options) -> Result<Repo
         .build()
         .map_err(|e| Error::Usage(format!("cannot start {jobs} worker threads: {e}")))?;
     let tmp = TempOutput::create(output_path, input.is_dir)?;
-    if let Ok(m) = std::fs::metadata(&input.header_path) {
-        let _ = std::fs::set_permissions(
-            tmp.header_file_path()
-                .parent()
-                .filter(|_| input.is_dir)
-                .unwrap_or(&tmp.path),
-            m.permissions(),
-        );
+    if input.is_dir
+        && let Ok(m) = std::fs::metadata(input_path)
+    {
+        let _ = std::fs::set_permissions(&tmp.path, m.permissions());
     }
     let can_write_table = input.header.header_size == crate::format::header::FILE_HEADER_SIZE;
     let copy_len = if can_write_table {
@@ -157,6 +153,21 @@ pub fn run(input_path: &Path, output_path: &Path, opts: &Options) -> Result<Repo
     report.input = input_path.display().to_string();
     report.output = output_path.display().to_string();
     Ok(report)
+}
+
+/// Scan, model and resolve only, on the current rayon pool: what the fuzzers and
+/// benchmarks drive (no file outside the input is opened).
+pub fn resolve_only(input: &PerfInput) -> Result<crate::resolve::Hits> {
+    let time_mode =
+        input.attrs.iter().all(|a| a.sample_type & st::TIME != 0) && input.attrs[0].sample_id_all();
+    let mut builder = ModelBuilder::new();
+    let scan = crate::scan::scan(input, time_mode, &mut builder, &|_| {})?;
+    let model = builder.build();
+    Resolver::new(&model, &input.attrs, time_mode, input.header.endian).run(
+        input,
+        &scan.chunks,
+        &|_| {},
+    )
 }
 
 /// Scan, model, resolve and identify; returns the report and the new BUILD_ID payload.

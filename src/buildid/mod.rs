@@ -101,6 +101,9 @@ impl HostTrust {
     ) -> HostTrust {
         let local = match (hostname, release) {
             (Some(h), Some(r)) if h == host.hostname && r == host.release => Ok(()),
+            // Files older than OSRELEASE (2011) or rewritten without it: the hostname
+            // and the per-file inode proof have to carry the decision.
+            (Some(h), None) if h == host.hostname => Ok(()),
             (Some(h), Some(r)) => Err(format!(
                 "recorded on host '{h}' running {r}; this is '{}' running {}",
                 host.hostname, host.release
@@ -112,6 +115,9 @@ impl HostTrust {
         };
         let kernel = match (&local, kernel_ref) {
             (Err(e), _) => Err(e.clone()),
+            (Ok(()), _) if release.is_none() => {
+                Err("the recording does not say which kernel it ran (no OSRELEASE)".into())
+            }
             (Ok(()), None) => {
                 Err("the recording has no kernel reference map to prove the kernel".into())
             }

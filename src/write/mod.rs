@@ -112,6 +112,10 @@ pub fn copy_prefix(src: &Path, dst: &Path, len: u64, cancel: &AtomicBool) -> Res
         .truncate(false)
         .open(dst)
         .map_err(|e| Error::io(dst, e))?;
+    // perf.data can hold secrets (paths, command lines, stacks): keep the input's mode.
+    if let Ok(m) = i.metadata() {
+        let _ = o.set_permissions(m.permissions());
+    }
     let mut done = 0u64;
     while done < len {
         if cancel.load(Ordering::Relaxed) {
