@@ -1,12 +1,13 @@
 //! The command line: flags as perf inject spells them, a progress bar on terminals,
 //! the summary, the JSON report, and exit codes (0 done, 1 error, 2 usage).
 
-use crate::inject::{Mode, Options, parse_known, run};
+use crate::inject::{Mode, Options, UnwindChoice, parse_known, run};
 use crate::{Error, Result};
 use clap::Parser;
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Writes the build IDs of every DSO a perf.data file's samples touch into the file's
 /// build-ID table, never a wrong one.
@@ -31,15 +32,64 @@ pub struct Args {
     /// Worker threads (default: all cores).
     #[arg(short = 'j', long = "jobs", value_name = "N")]
     pub jobs: Option<usize>,
+    /// How user stacks of `--call-graph dwarf` samples are walked.
+    #[arg(long = "unwind", value_enum, default_value = "auto")]
+    pub unwind: UnwindArg,
+    /// Time allowed to unwind one sample (e.g. 500us, 1ms, 2s); a sample over it keeps
+    /// the DSOs found so far and is counted in the summary.
+    #[arg(long = "unwind-budget", value_name = "DURATION", value_parser = parse_duration, default_value = "1ms")]
+    pub unwind_budget: Duration,
+    /// Frames walked at most per sample.
+    #[arg(long = "unwind-max-frames", value_name = "N", default_value_t = crate::inject::DEFAULT_MAX_FRAMES)]
+    pub unwind_max_frames: usize,
     /// Also write the summary as JSON to FILE.
     #[arg(long = "report", value_name = "FILE")]
     pub report: Option<PathBuf>,
+    /// Also print how long each stage took.
+    #[arg(short = 'v', long = "verbose")]
+    pub verbose: bool,
     /// No summary on stderr.
     #[arg(short = 'q', long = "quiet")]
     pub quiet: bool,
     /// Input and output.
     #[arg(value_name = "IN OUT", num_args = 0..=2)]
     pub paths: Vec<PathBuf>,
+}
+
+/// Values of `--unwind`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum UnwindArg {
+    /// DWARF when samples carry user stacks, else nothing.
+    Auto,
+    /// Never unwind.
+    None,
+    /// Frame pointers only.
+    Fp,
+    /// DWARF CFI, frame pointers where CFI is missing.
+    Dwarf,
+}
+
+/// Parses `500us`, `1ms`, `2s`, `100ns` (a bare number is milliseconds).
+pub fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let v: f64 = num
+        .parse()
+        .map_err(|_| format!("'{s}' is not a duration like 500us, 1ms or 2s"))?;
+    let ns = match unit.trim() {
+        "ns" => v,
+        "us" | "µs" => v * 1e3,
+        "" | "ms" => v * 1e6,
+        "s" => v * 1e9,
+        u => return Err(format!("unknown duration unit '{u}' (ns, us, ms, s)")),
+    };
+    if !ns.is_finite() || !(0.0..=3.6e12).contains(&ns) {
+        return Err(format!("'{s}' is out of range"));
+    }
+    Ok(Duration::from_nanos(ns as u64))
 }
 
 /// Runs the binary; returns the exit code.
@@ -117,17 +167,32 @@ fn execute(args: &Args) -> Result<()> {
             b.set_position(done);
         }) as crate::inject::ProgressFn
     });
+    let unwind = match args.unwind {
+        UnwindArg::Auto => UnwindChoice::Auto,
+        UnwindArg::None => UnwindChoice::None,
+        UnwindArg::Fp => UnwindChoice::Fp,
+        UnwindArg::Dwarf => UnwindChoice::Dwarf,
+    };
+    if args.unwind_max_frames == 0 {
+        return Err(Error::Usage(
+            "--unwind-max-frames must be at least 1".into(),
+        ));
+    }
     let opts = Options {
         mode,
         known,
         jobs: args.jobs,
         progress,
+        unwind,
+        unwind_budget: args.unwind_budget,
+        max_frames: args.unwind_max_frames,
     };
     let result = run(&input, &output, &opts);
     if let Some(b) = bar {
         b.finish_and_clear();
     }
-    let report = result?;
+    let mut report = result?;
+    report.verbose_timings = args.verbose;
     if let Some(path) = &args.report {
         let json = serde_json::to_string_pretty(&report)
             .map_err(|e| Error::unsupported(format!("report: {e}")))?;

@@ -8,17 +8,21 @@ use crate::format::attr::st;
 use crate::format::feature::{
     BuildId, BuildIdTable, encode_table_entry, parse_build_id_table, parse_clock_data, parse_string,
 };
-use crate::format::header::{FEAT_BUILD_ID, FEAT_CLOCK_DATA, FEAT_HOSTNAME, FEAT_OSRELEASE};
+use crate::format::header::{
+    FEAT_ARCH, FEAT_BUILD_ID, FEAT_CLOCK_DATA, FEAT_HOSTNAME, FEAT_OSRELEASE,
+};
 use crate::format::record::misc;
 use crate::input::PerfInput;
 use crate::model::{DsoKind, ModelBuilder};
 use crate::report::{DsoReport, Report};
 use crate::resolve::Resolver;
+use crate::resolve::unwind::{Arch, UnwindConfig, UnwindMode, UnwindTables};
 use crate::write::{TempOutput, copy_prefix, write_tail};
 use crate::{Error, Result};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 /// Which DSOs get table entries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -34,7 +38,7 @@ pub enum Mode {
 pub type ProgressFn = std::sync::Arc<dyn Fn(&str, u64, u64) + Send + Sync>;
 
 /// Options of a run.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct Options {
     /// Hit or all.
     pub mode: Mode,
@@ -44,6 +48,45 @@ pub struct Options {
     pub jobs: Option<usize>,
     /// Progress reporting.
     pub progress: Option<ProgressFn>,
+    /// How user stacks are walked.
+    pub unwind: UnwindChoice,
+    /// Time allowed to unwind one sample.
+    pub unwind_budget: Duration,
+    /// Frames walked at most per sample.
+    pub max_frames: usize,
+}
+
+/// `--unwind`: how user stacks (`--call-graph dwarf` samples) are walked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum UnwindChoice {
+    /// DWARF when the samples carry user stacks, else nothing.
+    #[default]
+    Auto,
+    /// Never.
+    None,
+    /// Frame pointers only.
+    Fp,
+    /// DWARF CFI (frame pointers where CFI is missing).
+    Dwarf,
+}
+
+/// Default per-sample unwinding budget (see the README for the measurement).
+pub const DEFAULT_UNWIND_BUDGET: Duration = Duration::from_millis(1);
+/// Default frame cap: perf's own PERF_MAX_STACK_DEPTH is 127; deeper DWARF stacks exist.
+pub const DEFAULT_MAX_FRAMES: usize = 512;
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            mode: Mode::Hit,
+            known: Vec::new(),
+            jobs: None,
+            progress: None,
+            unwind: UnwindChoice::Auto,
+            unwind_budget: DEFAULT_UNWIND_BUDGET,
+            max_frames: DEFAULT_MAX_FRAMES,
+        }
+    }
 }
 
 impl std::fmt::Debug for Options {
@@ -52,6 +95,8 @@ impl std::fmt::Debug for Options {
             .field("mode", &self.mode)
             .field("known", &self.known)
             .field("jobs", &self.jobs)
+            .field("unwind", &self.unwind)
+            .field("unwind_budget", &self.unwind_budget)
             .finish_non_exhaustive()
     }
 }
@@ -114,7 +159,8 @@ pub fn run(input_path: &Path, output_path: &Path, opts: &Options) -> Result<Repo
     let header_out = tmp.header_file_path();
 
     let report = std::thread::scope(|s| -> Result<Report> {
-        let copier = s.spawn(|| -> Result<()> {
+        let copier = s.spawn(|| -> Result<Duration> {
+            let t = Instant::now();
             copy_prefix(&input.header_path, &header_out, copy_len, &cancel)?;
             for df in input.data_files.iter().skip(1) {
                 let name = df
@@ -124,7 +170,7 @@ pub fn run(input_path: &Path, output_path: &Path, opts: &Options) -> Result<Repo
                     .unwrap_or_default();
                 copy_prefix(&df.path, &name, df.range.size, &cancel)?;
             }
-            Ok(())
+            Ok(t.elapsed())
         });
         let r = pool.install(|| analyse(&input, opts, jobs));
         if r.is_err() {
@@ -134,10 +180,17 @@ pub fn run(input_path: &Path, output_path: &Path, opts: &Options) -> Result<Repo
             .join()
             .map_err(|_| Error::unsupported("the copy thread panicked"))?;
         let (mut report, payload) = r?;
-        copied?;
+        let t_copy = copied?;
+        report
+            .timings_ms
+            .insert("copy".into(), t_copy.as_secs_f64() * 1e3);
         if can_write_table {
+            let t = Instant::now();
             write_tail(&input, &header_out, payload.as_deref())
                 .map_err(|e| e.in_file(&input.header_path))?;
+            report
+                .timings_ms
+                .insert("write-tail".into(), t.elapsed().as_secs_f64() * 1e3);
         } else if report.ids_new > 0 {
             report.notes.push(
                 "the input's header predates the feature bitmap: no build-ID table can be added"
@@ -181,11 +234,62 @@ fn analyse(input: &PerfInput, opts: &Options, jobs: usize) -> Result<(Report, Op
             p(stage, done, total)
         }
     };
+    let t0 = Instant::now();
     let mut builder = ModelBuilder::new();
     let scan = crate::scan::scan(input, time_mode, &mut builder, &|d| progress("scan", d))?;
     let model = builder.build();
-    let resolver = Resolver::new(&model, &input.attrs, time_mode, e);
+    let t_scan = t0.elapsed();
+
+    let host = HostInfo::detect();
+    let hostname = input
+        .feature(FEAT_HOSTNAME)
+        .and_then(|p| parse_string(&p, e));
+    let release = input
+        .feature(FEAT_OSRELEASE)
+        .and_then(|p| parse_string(&p, e));
+    let kref = model.kernel_ref.as_ref().map(|(s, a)| (s.as_str(), *a));
+    let trust = HostTrust::decide(hostname.as_deref(), release.as_deref(), kref, &host);
+
+    let mut notes = Vec::new();
+    let has_stacks = input
+        .attrs
+        .iter()
+        .any(|a| a.sample_type & st::STACK_USER != 0 && a.sample_type & st::REGS_USER != 0);
+    let arch = input.feature(FEAT_ARCH).and_then(|p| parse_string(&p, e));
+    let unwind_cfg = match (opts.unwind, has_stacks) {
+        (UnwindChoice::None, _) | (UnwindChoice::Auto, false) => None,
+        (choice, _) => match arch.as_deref().and_then(Arch::from_perf) {
+            Some(arch) => Some(UnwindConfig {
+                mode: if choice == UnwindChoice::Fp {
+                    UnwindMode::Fp
+                } else {
+                    UnwindMode::Dwarf
+                },
+                arch,
+                budget: opts.unwind_budget,
+                max_frames: opts.max_frames,
+            }),
+            None => {
+                if has_stacks {
+                    notes.push(format!(
+                        "user stacks are not unwound: architecture {} is not supported (x86_64, aarch64)",
+                        arch.as_deref().unwrap_or("unknown")
+                    ));
+                }
+                None
+            }
+        },
+    };
+    // Unwinding reads CFI from files proven to be the mapped ones; the recording's
+    // start is estimated from the mapping records until the samples are in.
+    let scan_times = recording_times(input, &scan, &crate::resolve::Hits::default());
+    let tables = UnwindTables::new(&model, trust.local.is_ok(), scan_times);
+    let mut resolver = Resolver::new(&model, &input.attrs, time_mode, e);
+    if let Some(cfg) = unwind_cfg {
+        resolver = resolver.with_unwinding(cfg, &tables);
+    }
     let done = AtomicU64::new(0);
+    let t1 = Instant::now();
     let hits = resolver.run(input, &scan.chunks, &|n| {
         let d = done.fetch_add(n, Ordering::Relaxed) + n;
         progress("resolve", d);
@@ -220,15 +324,6 @@ fn analyse(input: &PerfInput, opts: &Options, jobs: usize) -> Result<(Report, Op
         _ => (BuildIdTable::default(), None),
     };
     let (table, old_payload) = table;
-    let host = HostInfo::detect();
-    let hostname = input
-        .feature(FEAT_HOSTNAME)
-        .and_then(|p| parse_string(&p, e));
-    let release = input
-        .feature(FEAT_OSRELEASE)
-        .and_then(|p| parse_string(&p, e));
-    let kref = model.kernel_ref.as_ref().map(|(s, a)| (s.as_str(), *a));
-    let trust = HostTrust::decide(hostname.as_deref(), release.as_deref(), kref, &host);
     let times = recording_times(input, &scan, &hits);
     let ev = Evidence {
         table: &table,
@@ -237,7 +332,10 @@ fn analyse(input: &PerfInput, opts: &Options, jobs: usize) -> Result<(Report, Op
         trust: &trust,
         times,
     };
+    let t_resolve = t1.elapsed();
+    let t2 = Instant::now();
     let outcomes = buildid::identify(&groups, &model, &ev);
+    let t_identify = t2.elapsed();
 
     let mut new_entries = Vec::new();
     let mut report = Report {
@@ -249,7 +347,21 @@ fn analyse(input: &PerfInput, opts: &Options, jobs: usize) -> Result<(Report, Op
         compressed_records: scan.compressed,
         time_ordered: time_mode,
         aux_all_hit: scan.has_aux,
+        unwound_samples: hits.unwound_samples,
+        unwound_frames: hits.unwound_frames,
+        over_budget_samples: hits.over_budget,
+        frame_capped_samples: hits.frame_capped,
+        unwind_budget_us: unwind_cfg.map(|c| c.budget.as_secs_f64() * 1e6),
+        notes,
         jobs,
+        timings_ms: [
+            ("scan", t_scan),
+            ("resolve", t_resolve),
+            ("identify", t_identify),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.as_secs_f64() * 1e3))
+        .collect(),
         ..Report::default()
     };
     if table.legacy {

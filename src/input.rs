@@ -77,10 +77,12 @@ impl DataFile {
                     memmap2::MmapOptions::new()
                         .offset(aligned)
                         .len(skip + len as usize)
+                        // One bulk fault instead of one per page: the window is
+                        // read from end to end anyway.
+                        .populate()
                         .map(f)
                 }
                 .map_err(|e| Error::io(&self.path, e))?;
-                let _ = map.advise(memmap2::Advice::Sequential);
                 Ok(Window::Map(map, skip))
             }
         }

@@ -67,6 +67,8 @@ pub struct MapEntry {
     /// The DSO, or `None` for anonymous and special memory (which still hides
     /// whatever was mapped there before).
     pub dso: Option<DsoId>,
+    /// Mapped executable (unwind modules are built from these only).
+    pub exec: bool,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -191,6 +193,7 @@ impl ModelBuilder {
                     end,
                     pgoff: m.pgoff,
                     dso,
+                    exec: m.prot & PROT_EXEC != 0,
                 }),
             },
         ));
@@ -378,6 +381,54 @@ impl Model {
         (addr < m.end).then_some(*m)
     }
 
+    /// Version of `pid`'s address space as of `key`: equal versions of one process
+    /// have equal address spaces (the parent's state at a fork is fixed).
+    pub fn version(&self, pid: u32, key: Key) -> usize {
+        self.procs
+            .get(&pid)
+            .map_or(0, |p| p.events.partition_point(|e| e.key <= key))
+    }
+
+    /// The whole address space of `pid` as of `key`, sorted, non-overlapping.
+    pub fn address_space(&self, pid: u32, key: Key) -> Vec<MapEntry> {
+        self.address_space_depth(pid, key, 0)
+            .into_values()
+            .collect()
+    }
+
+    fn address_space_depth(&self, pid: u32, key: Key, depth: u32) -> BTreeMap<u64, MapEntry> {
+        let Some(p) = self.procs.get(&pid) else {
+            return BTreeMap::new();
+        };
+        let n = p.events.partition_point(|e| e.key <= key);
+        let ci = p.checkpoints.partition_point(|c| c.upto <= n);
+        let (mut state, from): (BTreeMap<u64, MapEntry>, usize) = match ci.checked_sub(1) {
+            Some(i) => (
+                p.checkpoints[i]
+                    .maps
+                    .iter()
+                    .map(|m| (m.start, *m))
+                    .collect(),
+                p.checkpoints[i].upto,
+            ),
+            None => (BTreeMap::new(), 0),
+        };
+        for ev in &p.events[from..n] {
+            match ev.kind {
+                EventKind::Map(m) => overlay(&mut state, m),
+                EventKind::Exec => state.clear(),
+                EventKind::Fork { parent } => {
+                    state = if depth >= MAX_FORK_DEPTH || parent == pid {
+                        BTreeMap::new()
+                    } else {
+                        self.address_space_depth(parent, ev.key, depth + 1)
+                    };
+                }
+            }
+        }
+        state
+    }
+
     /// Number of processes (the kernel counts as one).
     pub fn process_count(&self) -> usize {
         self.procs.len()
@@ -422,6 +473,14 @@ mod tests {
         assert_eq!(m.lookup(1, 0x1800, (35, 9)), None);
         // The child sees the parent as of the fork, not the later remap.
         assert_eq!(name(&m, m.lookup(2, 0x1800, (99, 9))), Some("/bin/a"));
+        let space: Vec<_> = m
+            .address_space(2, (99, 9))
+            .iter()
+            .map(|e| (e.start, e.end))
+            .collect();
+        assert_eq!(space, vec![(0x1000, 0x2000)]);
+        assert_eq!(m.address_space(1, (35, 9)), vec![]);
+        assert_ne!(m.version(1, (12, 9)), m.version(1, (25, 9)));
         // Anonymous memory is a mapping without a DSO.
         assert!(
             m.lookup(1, 0x2000, (99, 9))
@@ -439,6 +498,7 @@ mod tests {
                 end: 100,
                 pgoff: 0,
                 dso: Some(0),
+                exec: true,
             },
         );
         overlay(
@@ -448,6 +508,7 @@ mod tests {
                 end: 60,
                 pgoff: 0,
                 dso: Some(1),
+                exec: true,
             },
         );
         let v: Vec<_> = s

@@ -55,12 +55,27 @@ pub struct Report {
     pub ids_new: usize,
     /// DSOs without an ID.
     pub ids_missing: usize,
+    /// Samples whose user stack was unwound.
+    pub unwound_samples: u64,
+    /// Return addresses found by unwinding.
+    pub unwound_frames: u64,
+    /// Samples whose unwinding ran out of its time budget (DSOs found so far kept).
+    pub over_budget_samples: u64,
+    /// Samples whose unwinding reached the frame cap.
+    pub frame_capped_samples: u64,
+    /// The per-sample unwinding budget in microseconds, when unwinding ran.
+    pub unwind_budget_us: Option<f64>,
+    /// Wall time of each stage in milliseconds (copy runs beside scan and resolve).
+    pub timings_ms: std::collections::BTreeMap<String, f64>,
     /// Worker threads used.
     pub jobs: usize,
     /// Notes about the run (things the user should know).
     pub notes: Vec<String>,
     /// Per DSO.
     pub dsos: Vec<DsoReport>,
+    /// Print stage timings in the human summary.
+    #[serde(skip)]
+    pub verbose_timings: bool,
 }
 
 impl Report {
@@ -77,6 +92,24 @@ impl Report {
             self.ids_new,
             self.ids_missing
         )?;
+        if self.unwound_samples > 0 {
+            writeln!(
+                w,
+                "  unwound {} user stacks ({} return addresses); {} over the time budget, {} at the frame cap",
+                self.unwound_samples,
+                self.unwound_frames,
+                self.over_budget_samples,
+                self.frame_capped_samples
+            )?;
+        }
+        if self.verbose_timings {
+            let t: Vec<String> = self
+                .timings_ms
+                .iter()
+                .map(|(k, v)| format!("{k} {v:.1} ms"))
+                .collect();
+            writeln!(w, "  timings ({} threads): {}", self.jobs, t.join(", "))?;
+        }
         for n in &self.notes {
             writeln!(w, "  note: {n}")?;
         }

@@ -37,9 +37,13 @@ impl HostInfo {
 }
 
 /// Address of `sym` in this boot's kernel (needs privileges: 0 reads as unknown).
+/// /proc/kallsyms is generated as it is read and is large; `_text` and `_stext` sit
+/// near its start, so reading stops at the first match.
 pub fn kernel_symbol(sym: &str) -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/kallsyms").ok()?;
-    for line in text.lines() {
+    use std::io::BufRead;
+    let f = std::fs::File::open("/proc/kallsyms").ok()?;
+    for line in std::io::BufReader::with_capacity(1 << 16, f).lines() {
+        let line = line.ok()?;
         let mut it = line.split_whitespace();
         let (Some(addr), Some(_), Some(name)) = (it.next(), it.next(), it.next()) else {
             continue;

@@ -1,9 +1,10 @@
 //! The resolve stage: rayon workers take chunks, decode their samples and turn sample
-//! IPs, callchain entries and branch-stack ends into DSO hits against the model at
-//! the sample's time. Results merge in chunk order, so output never depends on the
-//! number of threads.
+//! IPs, callchain entries, branch-stack ends and DWARF-unwound return addresses into
+//! DSO hits against the model at the sample's time. Results merge in chunk order, so
+//! output never depends on the number of threads.
 
 pub mod callchain;
+pub mod unwind;
 
 use crate::format::Endian;
 use crate::format::attr::Attr;
@@ -15,16 +16,18 @@ use crate::scan::{Chunk, Rec, Walker};
 use crate::{Error, Result};
 use rayon::prelude::*;
 use std::collections::HashMap;
+use unwind::{SampleStack, UnwindConfig, UnwindMode, UnwindTables};
 
 /// What the workers need besides the chunk.
 pub struct Resolver<'a> {
     model: &'a Model,
     layouts: Vec<SampleLayout>,
+    regs_masks: Vec<u64>,
     id_to_attr: HashMap<u64, usize>,
     sample_type0: u64,
     time_mode: bool,
     e: Endian,
-    walk_branches: bool,
+    unwind: Option<(UnwindConfig, &'a UnwindTables)>,
 }
 
 /// Per-chunk (and, merged, per-run) counts.
@@ -40,6 +43,14 @@ pub struct Hits {
     pub unmapped: u64,
     /// Samples whose event could not be identified.
     pub unknown_event: u64,
+    /// Samples whose user stack was unwound.
+    pub unwound_samples: u64,
+    /// Return addresses found by unwinding.
+    pub unwound_frames: u64,
+    /// Samples whose unwinding ran out of time (their DSOs found so far are kept).
+    pub over_budget: u64,
+    /// Samples whose unwinding reached the frame cap.
+    pub frame_capped: u64,
     /// Smallest and largest non-zero sample time.
     pub min_time: Option<u64>,
     /// See `min_time`.
@@ -47,6 +58,13 @@ pub struct Hits {
 }
 
 impl Hits {
+    fn new(n: usize) -> Self {
+        Hits {
+            per_dso: vec![0; n],
+            ..Hits::default()
+        }
+    }
+
     fn merge(&mut self, o: Hits) {
         if self.per_dso.len() < o.per_dso.len() {
             self.per_dso.resize(o.per_dso.len(), 0);
@@ -58,26 +76,42 @@ impl Hits {
         self.guest_samples += o.guest_samples;
         self.unmapped += o.unmapped;
         self.unknown_event += o.unknown_event;
-        self.min_time = match (self.min_time, o.min_time) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
-        self.max_time = match (self.max_time, o.max_time) {
-            (Some(a), Some(b)) => Some(a.max(b)),
-            (a, b) => a.or(b),
-        };
+        self.unwound_samples += o.unwound_samples;
+        self.unwound_frames += o.unwound_frames;
+        self.over_budget += o.over_budget;
+        self.frame_capped += o.frame_capped;
+        self.min_time = [self.min_time, o.min_time].into_iter().flatten().min();
+        self.max_time = [self.max_time, o.max_time].into_iter().flatten().max();
     }
 }
 
 /// Scratch reused for every sample of a chunk.
-struct SampleScratch {
+struct Scratch {
     touched: Vec<DsoId>,
     last: Option<(u32, MapEntry)>,
 }
 
-impl SampleScratch {
-    fn touch(&mut self, d: DsoId) {
-        if !self.touched.contains(&d) {
+impl Scratch {
+    /// Looks `addr` up in `space` at `key` and marks its DSO; the last mapping found
+    /// answers first, since neighbouring entries of one sample share DSOs.
+    #[inline]
+    fn look(&mut self, model: &Model, space: u32, addr: u64, key: Key, unmapped: &mut u64) {
+        let m = match self.last {
+            Some((sp, m)) if sp == space && m.start <= addr && addr < m.end => m,
+            _ => match model.lookup(space, addr, key) {
+                Some(m) => {
+                    self.last = Some((space, m));
+                    m
+                }
+                None => {
+                    *unmapped += 1;
+                    return;
+                }
+            },
+        };
+        if let Some(d) = m.dso
+            && !self.touched.contains(&d)
+        {
             self.touched.push(d);
         }
     }
@@ -95,12 +129,21 @@ impl<'a> Resolver<'a> {
         Resolver {
             model,
             layouts: attrs.iter().map(SampleLayout::new).collect(),
+            regs_masks: attrs.iter().map(|a| a.sample_regs_user).collect(),
             id_to_attr,
             sample_type0: attrs[0].sample_type,
             time_mode,
             e,
-            walk_branches: true,
+            unwind: None,
         }
+    }
+
+    /// Also unwind user stacks of samples that carry them.
+    pub fn with_unwinding(mut self, cfg: UnwindConfig, tables: &'a UnwindTables) -> Self {
+        if cfg.mode != UnwindMode::None {
+            self.unwind = Some((cfg, tables));
+        }
+        self
     }
 
     /// Resolves every chunk on the current rayon pool and merges in chunk order.
@@ -112,16 +155,16 @@ impl<'a> Resolver<'a> {
     ) -> Result<Hits> {
         let results: Vec<Result<Hits>> = chunks
             .par_iter()
-            .map(|c| {
-                let r = self.chunk(input, c);
-                progress(c.end - c.start);
-                r
-            })
+            .map_init(
+                || self.unwind.map(|(cfg, _)| unwind::Worker::new(cfg.arch)),
+                |w, c| {
+                    let r = self.chunk(input, c, w.as_mut());
+                    progress(c.end - c.start);
+                    r
+                },
+            )
             .collect();
-        let mut total = Hits {
-            per_dso: vec![0; self.model.dsos.len()],
-            ..Hits::default()
-        };
+        let mut total = Hits::new(self.model.dsos.len());
         for r in results {
             total.merge(r?);
         }
@@ -129,20 +172,22 @@ impl<'a> Resolver<'a> {
     }
 
     /// Resolves one chunk.
-    pub fn chunk(&self, input: &PerfInput, c: &Chunk) -> Result<Hits> {
+    pub fn chunk(
+        &self,
+        input: &PerfInput,
+        c: &Chunk,
+        mut w: Option<&mut unwind::Worker>,
+    ) -> Result<Hits> {
         let df = &input.data_files[c.file];
-        let mut hits = Hits {
-            per_dso: vec![0; self.model.dsos.len()],
-            ..Hits::default()
-        };
-        let mut scratch = SampleScratch {
+        let mut hits = Hits::new(self.model.dsos.len());
+        let mut sc = Scratch {
             touched: Vec::with_capacity(64),
             last: None,
         };
         let mut walker = Walker::new(self.e, c.first_seq);
         let mut on_rec = |r: &Rec<'_>| -> Result<()> {
             if r.header.kind == rt::SAMPLE {
-                self.sample(r, &mut hits, &mut scratch)?;
+                self.sample(r, &mut hits, &mut sc, w.as_deref_mut())?;
             }
             Ok(())
         };
@@ -159,7 +204,13 @@ impl<'a> Resolver<'a> {
         Ok(hits)
     }
 
-    fn sample(&self, r: &Rec<'_>, hits: &mut Hits, sc: &mut SampleScratch) -> Result<()> {
+    fn sample(
+        &self,
+        r: &Rec<'_>,
+        hits: &mut Hits,
+        sc: &mut Scratch,
+        w: Option<&mut unwind::Worker>,
+    ) -> Result<()> {
         let e = self.e;
         let ai = if self.layouts.len() == 1 {
             0
@@ -203,64 +254,60 @@ impl<'a> Resolver<'a> {
             r.seq,
         );
         let pid = s.pid;
+        let model = self.model;
         sc.touched.clear();
         sc.last = None;
-        let model = self.model;
-        let look = |space: u32, addr: u64, sc: &mut SampleScratch, unmapped: &mut u64| {
-            if let Some((sp, m)) = sc.last
-                && sp == space
-                && m.start <= addr
-                && addr < m.end
-            {
-                if let Some(d) = m.dso {
-                    sc.touch(d);
-                }
-                return;
-            }
-            match model.lookup(space, addr, key) {
-                Some(m) => {
-                    sc.last = Some((space, m));
-                    if let Some(d) = m.dso {
-                        sc.touch(d);
-                    }
-                }
-                None => *unmapped += 1,
-            }
-        };
         if let Some(ip) = s.ip {
-            match cpumode {
-                misc::KERNEL => look(KERNEL_PID, ip, sc, &mut hits.unmapped),
-                misc::USER => {
-                    if let Some(pid) = pid {
-                        look(pid, ip, sc, &mut hits.unmapped)
-                    }
-                }
+            match (cpumode, pid) {
+                (misc::KERNEL, _) => sc.look(model, KERNEL_PID, ip, key, &mut hits.unmapped),
+                (misc::USER, Some(pid)) => sc.look(model, pid, ip, key, &mut hits.unmapped),
                 _ => {}
             }
         }
         if !s.callchain.is_empty() {
-            callchain::walk(u64s(s.callchain, e), |space, addr| match space {
-                callchain::Space::Kernel => look(KERNEL_PID, addr, sc, &mut hits.unmapped),
-                callchain::Space::User => {
-                    if let Some(pid) = pid {
-                        look(pid, addr, sc, &mut hits.unmapped)
-                    }
+            callchain::walk(u64s(s.callchain, e), |space, addr| match (space, pid) {
+                (callchain::Space::Kernel, _) => {
+                    sc.look(model, KERNEL_PID, addr, key, &mut hits.unmapped)
                 }
+                (callchain::Space::User, Some(pid)) => {
+                    sc.look(model, pid, addr, key, &mut hits.unmapped)
+                }
+                _ => {}
             });
         }
-        if self.walk_branches && !s.branches.is_empty() {
-            for entry in s.branches.chunks_exact(24) {
-                for addr in [e.u64(entry, 0), e.u64(entry, 8)].into_iter().flatten() {
-                    if addr == 0 {
-                        continue;
-                    }
-                    let space = match pid {
-                        Some(p) if !is_kernel_address(addr) => p,
-                        _ => KERNEL_PID,
-                    };
-                    look(space, addr, sc, &mut hits.unmapped);
-                }
+        for entry in s.branches.chunks_exact(24) {
+            for addr in [e.u64(entry, 0), e.u64(entry, 8)]
+                .into_iter()
+                .flatten()
+                .filter(|&a| a != 0)
+            {
+                // Branch entries carry no cpumode; the kernel lives in the upper half.
+                let space = match pid {
+                    Some(p) if addr >> 63 == 0 => p,
+                    _ => KERNEL_PID,
+                };
+                sc.look(model, space, addr, key, &mut hits.unmapped);
             }
+        }
+        if let (Some((cfg, tables)), Some(w), Some(pid)) = (self.unwind, w, pid)
+            && s.regs_abi != 0
+            && !s.stack_user.is_empty()
+        {
+            let stack = SampleStack {
+                pid,
+                key,
+                regs_mask: self.regs_masks[ai],
+                regs: s.regs_user,
+                stack: s.stack_user,
+                e,
+            };
+            let o = unwind::unwind(&cfg, model, tables, w, &stack, &mut |addr| {
+                sc.look(model, pid, addr, key, &mut hits.unmapped)
+            });
+            hits.unwound_samples += 1;
+            hits.unwound_frames += o.frames as u64;
+            hits.over_budget += u64::from(o.over_budget);
+            hits.frame_capped += u64::from(o.frame_capped);
         }
         for &d in &sc.touched {
             if let Some(h) = hits.per_dso.get_mut(d as usize) {
@@ -269,10 +316,4 @@ impl<'a> Resolver<'a> {
         }
         Ok(())
     }
-}
-
-/// Branch entries carry no cpumode; on x86_64 and arm64 the kernel lives in the upper
-/// half of the address space.
-fn is_kernel_address(addr: u64) -> bool {
-    addr >> 63 == 1
 }

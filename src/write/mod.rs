@@ -8,7 +8,7 @@ use crate::format::header::{FEAT_BUILD_ID, FileHeader};
 use crate::input::PerfInput;
 use crate::{Error, Result};
 use std::fs::File;
-use std::io::{Read, Seek, SeekFrom, Write};
+use std::io::{Seek, SeekFrom, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -102,11 +102,13 @@ impl Drop for TempOutput {
 
 const COPY_STEP: u64 = 64 << 20;
 
-/// Copies `len` bytes from the start of `src` to the start of `dst`, in steps so a
-/// cancelled run stops early. std's copy uses copy_file_range between files.
+/// Copies `len` bytes from the start of `src` to the start of `dst` inside the kernel
+/// (copy_file_range, else sendfile, else read/write), in steps so a cancelled run
+/// stops early.
 pub fn copy_prefix(src: &Path, dst: &Path, len: u64, cancel: &AtomicBool) -> Result<()> {
-    let mut i = File::open(src).map_err(|e| Error::io(src, e))?;
-    let mut o = std::fs::OpenOptions::new()
+    use std::os::fd::AsRawFd;
+    let i = File::open(src).map_err(|e| Error::io(src, e))?;
+    let o = std::fs::OpenOptions::new()
         .write(true)
         .create(true)
         .truncate(false)
@@ -116,13 +118,53 @@ pub fn copy_prefix(src: &Path, dst: &Path, len: u64, cancel: &AtomicBool) -> Res
     if let Ok(m) = i.metadata() {
         let _ = o.set_permissions(m.permissions());
     }
+    let (fi, fo) = (i.as_raw_fd(), o.as_raw_fd());
     let mut done = 0u64;
+    let mut method = 0u8; // 0 copy_file_range, 1 sendfile, 2 read/write
     while done < len {
         if cancel.load(Ordering::Relaxed) {
             return Ok(());
         }
-        let step = (len - done).min(COPY_STEP);
-        let n = std::io::copy(&mut (&mut i).take(step), &mut o).map_err(|e| Error::io(dst, e))?;
+        let step = (len - done).min(COPY_STEP) as usize;
+        let n: isize = match method {
+            0 => {
+                let mut off_in = done as libc::loff_t;
+                let mut off_out = done as libc::loff_t;
+                // SAFETY: both fds are open; the offsets are ours.
+                unsafe { libc::copy_file_range(fi, &mut off_in, fo, &mut off_out, step, 0) }
+            }
+            1 => {
+                let mut off_in = done as libc::off_t;
+                // SAFETY: as above; sendfile writes at the output's file position.
+                unsafe {
+                    if libc::lseek(fo, done as libc::off_t, libc::SEEK_SET) < 0 {
+                        -1
+                    } else {
+                        libc::sendfile(fo, fi, &mut off_in, step)
+                    }
+                }
+            }
+            _ => {
+                let mut buf = vec![0u8; step.min(1 << 20)];
+                let n = i.read_at(&mut buf, done).map_err(|e| Error::io(src, e))?;
+                o.write_all_at(&buf[..n], done)
+                    .map_err(|e| Error::io(dst, e))?;
+                n as isize
+            }
+        };
+        if n < 0 {
+            let err = std::io::Error::last_os_error();
+            match err.raw_os_error() {
+                Some(libc::EINTR) => continue,
+                Some(
+                    libc::EXDEV | libc::EINVAL | libc::ENOSYS | libc::EOPNOTSUPP | libc::EBADF,
+                ) if method < 2 => {
+                    method += 1;
+                    continue;
+                }
+                _ => return Err(Error::io(dst, err)),
+            }
+        }
         if n == 0 {
             return Err(Error::io(
                 src,
@@ -132,7 +174,7 @@ pub fn copy_prefix(src: &Path, dst: &Path, len: u64, cancel: &AtomicBool) -> Res
                 ),
             ));
         }
-        done += n;
+        done += n as u64;
     }
     Ok(())
 }
