@@ -966,15 +966,24 @@ fn flag_spellings_and_buildid_all() {
         assert_eq!(t, a, "{n}: table differs from the default mode's");
     }
     let unused = s(&st.fx.libunused);
-    assert_no_id(
-        &a,
-        &unused,
-        "--buildids must not list a DSO no sample touched",
-    );
-    assert!(
-        !a.contains_key(&unused),
-        "--buildids lists unsampled {unused}"
-    );
+    // libunused's constructors run in ld.so's start-up, and frame-pointer callchains
+    // through code without frame pointers can land anywhere: only when perf itself
+    // sees no sample touching it must --buildids leave it out.
+    if hit_dsos(&st.perf, &input).contains_key(&unused) {
+        eprintln!(
+            "NOTE flag_spellings_and_buildid_all: a sample touched {unused}; skipping the not-listed check"
+        );
+    } else {
+        assert_no_id(
+            &a,
+            &unused,
+            "--buildids must not list a DSO no sample touched",
+        );
+        assert!(
+            !a.contains_key(&unused),
+            "--buildids lists unsampled {unused}"
+        );
+    }
     let all = buildid_list(&st.perf, &out("all.data"));
     assert_id(
         &all,

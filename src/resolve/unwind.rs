@@ -161,6 +161,20 @@ fn load_sections(path: &Path) -> Option<DsoUnwind> {
         info.eh_frame_hdr = Some(b);
     }
     if let Some((_, b)) = section(".debug_frame", u64::MAX) {
+        // framehop reads one CFI section: .eh_frame when present. A library built
+        // without unwind tables but with -g has its CFI in .debug_frame, and its
+        // .eh_frame only covers the few functions of the crt objects linked in.
+        let le = obj.is_little_endian();
+        let eh_fdes = info
+            .eh_frame
+            .as_deref()
+            .map_or(0, |d| count_fdes(d, le, false));
+        if count_fdes(&b, le, true) > eh_fdes {
+            info.eh_frame = None;
+            info.eh_frame_svma = None;
+            info.eh_frame_hdr = None;
+            info.eh_frame_hdr_svma = None;
+        }
         info.debug_frame = Some(b);
     }
     // .text is left out: framehop reads instructions only for mach-O compact unwind,
@@ -172,6 +186,46 @@ fn load_sections(path: &Path) -> Option<DsoUnwind> {
         info.got_svma = Some(s.address()..s.address() + s.size());
     }
     Some(DsoUnwind { segments, info })
+}
+
+/// Counts the FDEs of a CFI section by walking its entry lengths (a CIE has id 0 in
+/// `.eh_frame` and 0xffffffff in `.debug_frame`).
+fn count_fdes(data: &[u8], little: bool, debug_frame: bool) -> usize {
+    let e = if little { Endian::Little } else { Endian::Big };
+    let (mut off, mut n) = (0usize, 0usize);
+    while let Some(len) = e.u32(data, off) {
+        if len == 0 {
+            if debug_frame {
+                off += 4;
+                continue;
+            }
+            break; // .eh_frame terminator
+        }
+        let (len, id_at, wide) = if len == u32::MAX {
+            match e.u64(data, off + 4) {
+                Some(l) => (l, off + 12, true),
+                None => break,
+            }
+        } else {
+            (len as u64, off + 4, false)
+        };
+        let id = if wide && debug_frame {
+            e.u64(data, id_at)
+        } else {
+            e.u32(data, id_at).map(u64::from)
+        };
+        let cie = match id {
+            Some(id) if debug_frame => id == if wide { u64::MAX } else { u32::MAX as u64 },
+            Some(id) => id == 0,
+            None => break,
+        };
+        n += usize::from(!cie);
+        match usize::try_from(len).ok().and_then(|l| id_at.checked_add(l)) {
+            Some(next) if next > off => off = next,
+            _ => break,
+        }
+    }
+    n
 }
 
 /// What unwinding one sample did.
