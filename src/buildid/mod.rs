@@ -239,15 +239,28 @@ fn identify_one(
                     .join(", ")
             )
         } else {
-            let v: Vec<String> = inodes
+            let mut v: Vec<String> = inodes
                 .iter()
                 .filter_map(|i| match i {
-                    FileIdent::Inode { maj, min, ino, .. } => {
-                        Some(format!("inode {ino} on {maj}:{min}"))
-                    }
+                    FileIdent::Inode {
+                        maj,
+                        min,
+                        ino,
+                        generation: 0,
+                    } => Some(format!("inode {ino} on {maj}:{min}")),
+                    FileIdent::Inode {
+                        maj,
+                        min,
+                        ino,
+                        generation,
+                    } => Some(format!(
+                        "inode {ino} generation {generation} on {maj}:{min}"
+                    )),
                     _ => None,
                 })
                 .collect();
+            v.sort();
+            v.dedup();
             v.join(", ")
         };
         return Outcome::refused((

@@ -469,6 +469,7 @@ fn walk<U: Unwinder>(
         e.u64(stack, off).ok_or(())
     };
     let start = Instant::now();
+    let cpu_start = thread_cpu_time();
     let mut out = Outcome::default();
     let mut it = u.iter_frames(pc, regs, cache, &mut read_stack);
     let mut n = 0usize;
@@ -485,12 +486,28 @@ fn walk<U: Unwinder>(
             out.frame_capped = true;
             break;
         }
-        if n.is_multiple_of(CLOCK_EVERY) && start.elapsed() > cfg.budget {
+        // The wall clock is cheap (vDSO); only when it says the budget is spent is the
+        // thread's CPU time asked (a system call), so a worker preempted by another
+        // process is not charged for the time it did not run.
+        if n.is_multiple_of(CLOCK_EVERY)
+            && start.elapsed() > cfg.budget
+            && thread_cpu_time().saturating_sub(cpu_start) > cfg.budget
+        {
             out.over_budget = true;
             break;
         }
     }
     out
+}
+
+/// CPU time consumed by the calling thread.
+fn thread_cpu_time() -> Duration {
+    // SAFETY: clock_gettime writes the timespec.
+    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
+    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } != 0 {
+        return Duration::ZERO;
+    }
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
 #[cfg(test)]
