@@ -34,6 +34,15 @@ pub enum Error {
         /// What is not supported.
         what: String,
     },
+    /// Writing the output failed (disk full, permissions, ...); nothing is left behind.
+    #[error("{}: cannot write the output: {source}", .path.display())]
+    Output {
+        /// The output the user asked for.
+        path: PathBuf,
+        /// The operating system's error.
+        #[source]
+        source: std::io::Error,
+    },
     /// The command line asks for something impossible.
     #[error("{0}")]
     Usage(String),
@@ -81,6 +90,20 @@ impl Error {
             _ => {}
         }
         self
+    }
+}
+
+impl Error {
+    /// Reports I/O errors on the temp output `tmp` (or a file inside it) as errors
+    /// writing `target`, the path the user knows.
+    pub fn for_output(self, tmp: &std::path::Path, target: &std::path::Path) -> Self {
+        match self {
+            Error::Io { path, source } if path.starts_with(tmp) => Error::Output {
+                path: target.to_path_buf(),
+                source,
+            },
+            other => other,
+        }
     }
 }
 

@@ -200,7 +200,8 @@ pub fn run(input_path: &Path, output_path: &Path, opts: &Options) -> Result<Repo
             report.ids_new = 0;
         }
         Ok(report)
-    })?;
+    });
+    let report = report.map_err(|e| e.for_output(&tmp.path, output_path))?;
     tmp.commit()?;
     let mut report = report;
     report.input = input_path.display().to_string();

@@ -51,8 +51,9 @@ impl Deref for Window {
 }
 
 impl DataFile {
-    /// Maps `len` bytes at `offset` (which the caller keeps within the file).
-    pub fn window(&self, offset: u64, len: u64) -> Result<Window> {
+    /// Maps `len` bytes at `offset` (which the caller keeps within the file);
+    /// `populate` maps every page at once, for callers that read the whole window.
+    pub fn window(&self, offset: u64, len: u64, populate: bool) -> Result<Window> {
         match &self.backing {
             Backing::Mem(v) => {
                 let a = usize::try_from(offset)
@@ -73,16 +74,15 @@ impl DataFile {
                 // SAFETY: the map is read-only. A file truncated by another process
                 // while mapped would fault; perf.data inputs are finished files, and
                 // the bytes are only read through bounds-checked accessors.
-                let map = unsafe {
-                    memmap2::MmapOptions::new()
-                        .offset(aligned)
-                        .len(skip + len as usize)
-                        // One bulk fault instead of one per page: the window is
-                        // read from end to end anyway.
-                        .populate()
-                        .map(f)
+                let mut opts = memmap2::MmapOptions::new();
+                opts.offset(aligned).len(skip + len as usize);
+                if populate {
+                    opts.populate();
                 }
-                .map_err(|e| Error::io(&self.path, e))?;
+                let map = unsafe { opts.map(f) }.map_err(|e| Error::io(&self.path, e))?;
+                if !populate {
+                    let _ = map.advise(memmap2::Advice::Sequential);
+                }
                 Ok(Window::Map(map, skip))
             }
         }

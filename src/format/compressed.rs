@@ -33,7 +33,14 @@ pub struct InnerStream {
     skip: u64,
     frame_done: bool,
     e: Endian,
+    bytes_in: u64,
+    bytes_out: u64,
 }
+
+/// Decompressed bytes allowed per compressed byte (past a floor): perf's records
+/// compress 5–50 times; a zstd bomb would otherwise fill memory with model events.
+const MAX_RATIO: u64 = 4096;
+const RATIO_FLOOR: u64 = 256 << 20;
 
 /// Problems inside compressed data.
 #[derive(Debug)]
@@ -54,6 +61,8 @@ impl InnerStream {
             skip: 0,
             frame_done: true,
             e,
+            bytes_in: 0,
+            bytes_out: 0,
         })
     }
 
@@ -78,6 +87,14 @@ impl InnerStream {
                 .map_err(|err| InnerError::Zstd(err.to_string()))?;
             let produced = output.pos();
             self.frame_done = hint == 0;
+            self.bytes_in += (input.pos() - before) as u64;
+            self.bytes_out += produced as u64;
+            if self.bytes_out > RATIO_FLOOR && self.bytes_out / MAX_RATIO > self.bytes_in {
+                return Err(InnerError::Zstd(format!(
+                    "{} compressed bytes expand to over {} bytes: refusing a decompression bomb",
+                    self.bytes_in, self.bytes_out
+                )));
+            }
             if produced > 0 {
                 let out = std::mem::take(&mut self.out);
                 let r = self.consume(&out[..produced], &mut f);

@@ -52,7 +52,10 @@ impl TempOutput {
                 .open(&path)
                 .map(|_| ())
         };
-        r.map_err(|e| Error::io(&path, e))?;
+        r.map_err(|source| Error::Output {
+            path: target.to_path_buf(),
+            source,
+        })?;
         Ok(TempOutput {
             path,
             target: target.to_path_buf(),
@@ -82,7 +85,10 @@ impl TempOutput {
             }
             std::fs::remove_dir_all(&self.target).map_err(|e| Error::io(&self.target, e))?;
         }
-        std::fs::rename(&self.path, &self.target).map_err(|e| Error::io(&self.target, e))?;
+        std::fs::rename(&self.path, &self.target).map_err(|source| Error::Output {
+            path: self.target.clone(),
+            source,
+        })?;
         self.committed = true;
         Ok(())
     }
