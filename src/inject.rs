@@ -149,7 +149,11 @@ pub fn run(input_path: &Path, output_path: &Path, opts: &Options) -> Result<Repo
     {
         let _ = std::fs::set_permissions(&tmp.path, m.permissions());
     }
-    let can_write_table = input.header.header_size == crate::format::header::FILE_HEADER_SIZE;
+    // A table needs the feature bitmap (104-byte header) and a non-empty data
+    // section: perf reads a data size of 0 as "to the end of the file", which would
+    // swallow a feature table written after it.
+    let can_write_table = input.header.header_size == crate::format::header::FILE_HEADER_SIZE
+        && input.header.data.size > 0;
     let copy_len = if can_write_table {
         input.header.feature_table_offset()
     } else {
@@ -193,7 +197,7 @@ pub fn run(input_path: &Path, output_path: &Path, opts: &Options) -> Result<Repo
                 .insert("write-tail".into(), t.elapsed().as_secs_f64() * 1e3);
         } else if report.ids_new > 0 {
             report.notes.push(
-                "the input's header predates the feature bitmap: no build-ID table can be added"
+                "the input has no feature bitmap (pre-2010 header) or no records: no build-ID table can be added"
                     .into(),
             );
             report.ids_written -= report.ids_new;

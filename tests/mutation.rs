@@ -35,7 +35,7 @@ impl Rng {
 }
 
 const MAX_INPUT: u64 = 200 * 1024;
-const MAX_BOUNDARIES: usize = 60;
+const MAX_BOUNDARIES: usize = 2000;
 const RANDOM_TRUNCATIONS: usize = 50;
 const BIT_FLIPS: usize = 200;
 const SIZE_CORRUPTED_RECORDS: usize = 12;
@@ -124,12 +124,24 @@ fn mutants(orig: &[u8], rng: &mut Rng, scale: f64) -> Vec<(String, Vec<u8>)> {
     let len = orig.len();
     let recs = record_offsets(orig);
 
-    // Truncation at record boundaries (and half-way into the next header).
+    // Truncation at record boundaries (and half-way into the next header); and the
+    // same cut with the header made consistent (data size shortened, no features), as
+    // a recording that stopped there would look: those must mostly succeed.
+    let data_off = le64(orig, 40).unwrap_or(0) as usize;
     for &at in &spread(&recs, MAX_BOUNDARIES) {
         out.push((
             format!("truncate at record boundary {at:#x}"),
             orig[..at].to_vec(),
         ));
+        if at >= data_off && at >= 104 {
+            let mut m = orig[..at].to_vec();
+            put64(&mut m, 48, (at - data_off) as u64);
+            m[72..104].fill(0);
+            out.push((
+                format!("consistent truncation at record boundary {at:#x}"),
+                m,
+            ));
+        }
         if at + 4 < len {
             out.push((
                 format!("truncate at {:#x} (inside a record header)", at + 4),
