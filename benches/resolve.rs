@@ -1,12 +1,17 @@
-//! `PerfInput::open` + `inject::resolve_only` (scan, model, resolve) on one file, on
-//! a one-thread rayon pool and on a pool with every core.
+//! `PerfInput::open` + `inject::resolve` (scan, model, resolve, DWARF unwinding of
+//! `--call-graph dwarf` samples) on one file, with unwinding and without, on a
+//! one-thread rayon pool and on a pool with every core. Throughput is in samples, so
+//! criterion's elements/s is the per-sample cost; the difference between the
+//! `unwind` and `no-unwind` lines is what unwinding costs per sample.
 //!
-//! The file: `$PDI_BENCH_FILE`, else testdata/demo/demo.data, else
-//! /tmp/pdinject-corpus/fp-med.data; with none present the bench prints a notice and
-//! measures nothing. Run: `cargo bench --bench resolve` (add `-- --quick` for a short run).
+//! The file: `$PDI_BENCH_FILE`, else /tmp/pdinject-corpus/dwarf-med.data (made by
+//! ../shared/tools/record-corpus.sh), else testdata/demo/demo.data; with none present
+//! the bench prints a notice and measures nothing. Unwinding reads the recorded DSOs,
+//! so a DWARF recording is only unwound on the machine that made it.
+//! Run: `cargo bench --bench resolve` (add `-- --quick` for a short run).
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use pdinject::inject::resolve_only;
+use pdinject::inject::{Options, UnwindChoice, resolve};
 use pdinject::input::PerfInput;
 use std::hint::black_box;
 use std::path::{Path, PathBuf};
@@ -24,25 +29,25 @@ fn bench_file() -> Option<PathBuf> {
         return None;
     }
     [
+        PathBuf::from("/tmp/pdinject-corpus/dwarf-med.data"),
         Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/demo/demo.data"),
-        PathBuf::from("/tmp/pdinject-corpus/fp-med.data"),
     ]
     .into_iter()
     .find(|p| p.exists())
 }
 
-fn open_and_resolve(path: &Path) -> usize {
+fn open_and_resolve(path: &Path, opts: &Options) -> u64 {
     let input = PerfInput::open(path).expect("open the bench file");
-    let hits = resolve_only(&input).expect("resolve the bench file");
-    black_box(&hits);
-    input.data_files.len()
+    let r = resolve(&input, opts).expect("resolve the bench file");
+    black_box(&r.hits);
+    r.hits.samples
 }
 
-fn resolve(c: &mut Criterion) {
+fn bench_resolve(c: &mut Criterion) {
     let Some(path) = bench_file() else {
         eprintln!(
-            "resolve bench: no input (set PDI_BENCH_FILE, or provide testdata/demo/demo.data \
-             or /tmp/pdinject-corpus/fp-med.data); nothing measured"
+            "resolve bench: no input (set PDI_BENCH_FILE, or provide \
+             /tmp/pdinject-corpus/dwarf-med.data or testdata/demo/demo.data); nothing measured"
         );
         return;
     };
@@ -53,7 +58,7 @@ fn resolve(c: &mut Criterion) {
             return;
         }
     };
-    let bytes = input.data_bytes();
+    let samples = resolve(&input, &Options::default()).map_or(0, |r| r.hits.samples);
     drop(input);
     let name = path
         .file_name()
@@ -62,15 +67,13 @@ fn resolve(c: &mut Criterion) {
         .into_owned();
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     eprintln!(
-        "resolve bench: {} ({bytes} bytes of records), 1 and {cores} threads",
+        "resolve bench: {} ({samples} samples), 1 and {cores} threads",
         path.display()
     );
 
     let mut g = c.benchmark_group(format!("resolve/{name}"));
-    g.throughput(Throughput::Bytes(bytes));
-    if bytes > 32 << 20 {
-        g.sample_size(10);
-    }
+    g.throughput(Throughput::Elements(samples.max(1)));
+    g.sample_size(10);
     let mut threads = vec![1];
     if cores > 1 {
         threads.push(cores);
@@ -80,12 +83,22 @@ fn resolve(c: &mut Criterion) {
             .num_threads(n)
             .build()
             .expect("build a rayon pool");
-        g.bench_function(format!("{n}-thread"), |b| {
-            b.iter(|| pool.install(|| open_and_resolve(&path)))
-        });
+        for (label, unwind) in [
+            ("unwind", UnwindChoice::Auto),
+            ("no-unwind", UnwindChoice::None),
+        ] {
+            let opts = Options {
+                unwind,
+                jobs: Some(n),
+                ..Options::default()
+            };
+            g.bench_function(format!("{label}/{n}-thread"), |b| {
+                b.iter(|| pool.install(|| open_and_resolve(&path, &opts)))
+            });
+        }
     }
     g.finish();
 }
 
-criterion_group!(benches, resolve);
+criterion_group!(benches, bench_resolve);
 criterion_main!(benches);

@@ -228,8 +228,29 @@ pub fn resolve_only(input: &PerfInput) -> Result<crate::resolve::Hits> {
     )
 }
 
-/// Scan, model, resolve and identify; returns the report and the new BUILD_ID payload.
-fn analyse(input: &PerfInput, opts: &Options, jobs: usize) -> Result<(Report, Option<Vec<u8>>)> {
+/// What scan, model and resolve produce.
+pub struct Resolved {
+    /// The scan's findings.
+    pub scan: crate::scan::ScanOutput,
+    /// The process model.
+    pub model: crate::model::Model,
+    /// Hits and counts.
+    pub hits: crate::resolve::Hits,
+    /// Whether local files and this host's kernel may speak for the recording.
+    pub trust: HostTrust,
+    /// Unwinding settings used, if any.
+    pub unwind: Option<UnwindConfig>,
+    /// Things the user should know.
+    pub notes: Vec<String>,
+    /// Wall time of the scan (model included) and of the resolve stage.
+    pub timings: (Duration, Duration),
+    /// Samples were resolved by time (else by file order).
+    pub time_ordered: bool,
+}
+
+/// Scan, model and resolve (unwinding included) on the current rayon pool: everything
+/// but identify and write. The criterion bench drives this.
+pub fn resolve(input: &PerfInput, opts: &Options) -> Result<Resolved> {
     let e = input.header.endian;
     let time_mode =
         input.attrs.iter().all(|a| a.sample_type & st::TIME != 0) && input.attrs[0].sample_id_all();
@@ -261,7 +282,7 @@ fn analyse(input: &PerfInput, opts: &Options, jobs: usize) -> Result<(Report, Op
         .iter()
         .any(|a| a.sample_type & st::STACK_USER != 0 && a.sample_type & st::REGS_USER != 0);
     let arch = input.feature(FEAT_ARCH).and_then(|p| parse_string(&p, e));
-    let unwind_cfg = match (opts.unwind, has_stacks) {
+    let unwind = match (opts.unwind, has_stacks) {
         (UnwindChoice::None, _) | (UnwindChoice::Auto, false) => None,
         (choice, _) => match arch.as_deref().and_then(Arch::from_perf) {
             Some(arch) => Some(UnwindConfig {
@@ -290,7 +311,7 @@ fn analyse(input: &PerfInput, opts: &Options, jobs: usize) -> Result<(Report, Op
     let scan_times = recording_times(input, &scan, &crate::resolve::Hits::default());
     let tables = UnwindTables::new(&model, trust.local.is_ok(), scan_times);
     let mut resolver = Resolver::new(&model, &input.attrs, time_mode, e);
-    if let Some(cfg) = unwind_cfg {
+    if let Some(cfg) = unwind {
         resolver = resolver.with_unwinding(cfg, &tables);
     }
     let done = AtomicU64::new(0);
@@ -299,6 +320,33 @@ fn analyse(input: &PerfInput, opts: &Options, jobs: usize) -> Result<(Report, Op
         let d = done.fetch_add(n, Ordering::Relaxed) + n;
         progress("resolve", d);
     })?;
+    let t_resolve = t1.elapsed();
+    drop(resolver);
+    Ok(Resolved {
+        scan,
+        model,
+        hits,
+        trust,
+        unwind,
+        notes,
+        timings: (t_scan, t_resolve),
+        time_ordered: time_mode,
+    })
+}
+
+/// Scan, model, resolve and identify; returns the report and the new BUILD_ID payload.
+fn analyse(input: &PerfInput, opts: &Options, jobs: usize) -> Result<(Report, Option<Vec<u8>>)> {
+    let e = input.header.endian;
+    let Resolved {
+        scan,
+        model,
+        hits,
+        trust,
+        unwind: unwind_cfg,
+        notes,
+        timings: (t_scan, t_resolve),
+        time_ordered,
+    } = resolve(input, opts)?;
 
     // Group DSOs by (address space, name): one table entry each.
     let all_hit = opts.mode == Mode::All || scan.has_aux;
@@ -337,7 +385,6 @@ fn analyse(input: &PerfInput, opts: &Options, jobs: usize) -> Result<(Report, Op
         trust: &trust,
         times,
     };
-    let t_resolve = t1.elapsed();
     let t2 = Instant::now();
     let outcomes = buildid::identify(&groups, &model, &ev);
     let t_identify = t2.elapsed();
@@ -350,7 +397,7 @@ fn analyse(input: &PerfInput, opts: &Options, jobs: usize) -> Result<(Report, Op
         unmapped_addresses: hits.unmapped,
         unknown_event_samples: hits.unknown_event,
         compressed_records: scan.compressed,
-        time_ordered: time_mode,
+        time_ordered,
         aux_all_hit: scan.has_aux,
         unwound_samples: hits.unwound_samples,
         unwound_frames: hits.unwound_frames,

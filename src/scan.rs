@@ -48,7 +48,6 @@ pub struct Chunk {
 /// Walks records of `df` in `[start, end)` in windows, decompressing COMPRESSED records.
 pub struct Walker {
     e: Endian,
-    populate: bool,
     inner: Option<InnerStream>,
     /// The `seq` the next record gets.
     pub seq: u64,
@@ -59,16 +58,9 @@ impl Walker {
     pub fn new(e: Endian, first_seq: u64) -> Self {
         Walker {
             e,
-            populate: false,
             inner: None,
             seq: first_seq,
         }
-    }
-
-    /// Map windows whole (for walkers that read every byte, not just headers).
-    pub fn populating(mut self) -> Self {
-        self.populate = true;
-        self
     }
 
     /// True when a chunk may begin at the next record.
@@ -91,7 +83,7 @@ impl Walker {
         let mut pos = start;
         while pos < end {
             let wlen = (end - pos).min(window.max(1 << 16));
-            let win = df.window(pos, wlen, self.populate)?;
+            let win = df.window(pos, wlen)?;
             let buf: &[u8] = &win;
             let mut local = 0usize;
             loop {

@@ -184,7 +184,7 @@ impl<'a> Resolver<'a> {
             touched: Vec::with_capacity(64),
             last: None,
         };
-        let mut walker = Walker::new(self.e, c.first_seq).populating();
+        let mut walker = Walker::new(self.e, c.first_seq);
         let mut on_rec = |r: &Rec<'_>| -> Result<()> {
             if r.header.kind == rt::SAMPLE {
                 self.sample(r, &mut hits, &mut sc, w.as_deref_mut())?;
