@@ -4,7 +4,8 @@
 //! panic (in any thread), must leave no output and no temp file behind when it fails,
 //! and must never modify its input; when it succeeds its output must open again.
 //!
-//! Inputs: testdata/demo/demo.data and ../shared/testdata/quipper files under 200 KB;
+//! Inputs: testdata/demo/demo.data, testdata/mutation/ (a `perf record -z` recording and
+//! a big-endian one) and ../shared/testdata/quipper files under 200 KB;
 //! with neither present the test prints a SKIP notice and passes. Mutants come from a
 //! fixed-seed xorshift PRNG, so every run tests the same mutants. `PDI_MUTATION_SCALE`
 //! (a float, default 1) scales the number of random mutants per input.
@@ -51,6 +52,13 @@ fn inputs() -> Vec<PathBuf> {
     if demo.is_file() {
         v.push(demo);
     }
+    // A compressed (-z) and a big-endian recording, shipped for this test.
+    for name in ["z-small.data", "be-small.data"] {
+        let p = root.join("testdata/mutation").join(name);
+        if p.is_file() {
+            v.push(p);
+        }
+    }
     let quipper = root.join("../shared/testdata/quipper");
     if let Ok(rd) = std::fs::read_dir(&quipper) {
         let mut q: Vec<(u64, PathBuf)> = rd
@@ -70,17 +78,37 @@ fn inputs() -> Vec<PathBuf> {
     v
 }
 
+/// Big-endian files (magic "2ELIFREP") are read and patched in their own order.
+fn is_be(b: &[u8]) -> bool {
+    b.get(..8) == Some(b"2ELIFREP")
+}
+
 fn le16(b: &[u8], at: usize) -> Option<u16> {
-    Some(u16::from_le_bytes(b.get(at..at + 2)?.try_into().ok()?))
+    let v: [u8; 2] = b.get(at..at + 2)?.try_into().ok()?;
+    Some(if is_be(b) {
+        u16::from_be_bytes(v)
+    } else {
+        u16::from_le_bytes(v)
+    })
 }
 
 fn le64(b: &[u8], at: usize) -> Option<u64> {
-    Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?))
+    let v: [u8; 8] = b.get(at..at + 8)?.try_into().ok()?;
+    Some(if is_be(b) {
+        u64::from_be_bytes(v)
+    } else {
+        u64::from_le_bytes(v)
+    })
 }
 
 fn put64(b: &mut [u8], at: usize, v: u64) {
+    let bytes = if is_be(b) {
+        v.to_be_bytes()
+    } else {
+        v.to_le_bytes()
+    };
     if let Some(s) = b.get_mut(at..at + 8) {
-        s.copy_from_slice(&v.to_le_bytes());
+        s.copy_from_slice(&bytes);
     }
 }
 
@@ -89,7 +117,7 @@ fn put64(b: &mut [u8], at: usize, v: u64) {
 /// end of the last whole record.
 fn record_offsets(b: &[u8]) -> Vec<usize> {
     let mut v = Vec::new();
-    if b.get(..8) != Some(b"PERFILE2") || le64(b, 8) != Some(104) {
+    if !(b.get(..8) == Some(b"PERFILE2") || is_be(b)) || le64(b, 8) != Some(104) {
         return v;
     }
     let (Some(off), Some(size)) = (le64(b, 40), le64(b, 48)) else {
@@ -181,7 +209,12 @@ fn mutants(orig: &[u8], rng: &mut Rng, scale: f64) -> Vec<(String, Vec<u8>)> {
     for &at in &spread(body, SIZE_CORRUPTED_RECORDS) {
         for size in [0u16, 1, 7, 0xffff] {
             let mut m = orig.to_vec();
-            m[at + 6..at + 8].copy_from_slice(&size.to_le_bytes());
+            let bytes = if is_be(orig) {
+                size.to_be_bytes()
+            } else {
+                size.to_le_bytes()
+            };
+            m[at + 6..at + 8].copy_from_slice(&bytes);
             out.push((format!("record at {at:#x}: size {size:#x}"), m));
         }
     }
