@@ -1,9 +1,7 @@
 //! One run of `pdinject --buildids`: scan → model → resolve → identify → write, with
 //! the copy of the unchanged bytes running beside scan and resolve.
 
-use crate::buildid::{
-    self, Evidence, Group, HostTrust, Outcome, RecordingTimes, Source, host::HostInfo,
-};
+use crate::buildid::{self, Evidence, Group, HostTrust, Outcome, RecordingTimes, host::HostInfo};
 use crate::format::attr::st;
 use crate::format::feature::{
     BuildId, BuildIdTable, encode_table_entry, parse_build_id_table, parse_clock_data, parse_string,
@@ -436,9 +434,17 @@ fn analyse(input: &PerfInput, opts: &Options, jobs: usize) -> Result<(Report, Op
             "kernel, modules and vdso of this host are not used: {why}"
         ));
     }
-    for (g, o) in groups.iter().zip(&outcomes) {
+    for (g, o) in groups.iter().zip(outcomes) {
         let listed = g.hits > 0 || all_hit;
-        add_entry(&mut new_entries, e, g, o, &table);
+        let o = if add_entry(&mut new_entries, e, g, &o, &table) {
+            o
+        } else {
+            Outcome {
+                reason: Some(buildid::Reason::Unsupported),
+                detail: Some("the name is too long for a build-ID record".into()),
+                ..Outcome::default()
+            }
+        };
         if !listed {
             continue;
         }
@@ -472,28 +478,25 @@ fn analyse(input: &PerfInput, opts: &Options, jobs: usize) -> Result<(Report, Op
     Ok((report, payload))
 }
 
+/// Appends the group's new table entry, if it has an ID the input's table lacks.
+/// False when the entry cannot be encoded (a name longer than a record can hold).
 fn add_entry(
     out: &mut Vec<u8>,
     e: crate::format::Endian,
     g: &Group,
     o: &Outcome,
     table: &BuildIdTable,
-) {
-    let (Some(id), false) = (o.build_id, o.in_input_table) else {
-        return;
-    };
-    if table.legacy
-        || o.source == Some(Source::InputTable)
-            && table.entries.iter().any(|t| t.filename == g.name)
-    {
-        return;
+) -> bool {
+    let Some(id) = o.build_id else { return true };
+    if o.in_input_table || table.legacy {
+        return true;
     }
     let cpumode = if g.kind.is_kernel_space() {
         misc::KERNEL
     } else {
         misc::USER
     };
-    encode_table_entry(out, e, cpumode, &id, g.name.as_bytes());
+    encode_table_entry(out, e, cpumode, &id, g.name.as_bytes())
 }
 
 /// When did the recording start, in wall-clock ns? From CLOCK_DATA when the file has
