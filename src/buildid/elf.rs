@@ -118,6 +118,17 @@ fn fmt_time(ns: i128) -> String {
     format!("{secs}.{:09}", ns.rem_euclid(1_000_000_000))
 }
 
+/// A local file proven to be the one a recording mapped, still open (so what is read
+/// next comes from the file that was checked, not whatever the path names later).
+pub struct Proven {
+    /// Its build ID.
+    pub build_id: BuildId,
+    /// The open file.
+    pub file: File,
+    /// `(st_dev, st_ino)`: the same file reached by two paths is the same key.
+    pub key: (u64, u64),
+}
+
 /// Opens `path` and proves it is the file the recording mapped, then reads its ID.
 ///
 /// Evidence, strongest first: inode (and generation when both sides know it) and
@@ -130,7 +141,7 @@ pub fn prove_and_read(
     ident: &FileIdent,
     exec_pgoffs: &[u64],
     times: &RecordingTimes,
-) -> Result<BuildId, Refusal> {
+) -> Result<Proven, Refusal> {
     let file = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
@@ -204,6 +215,7 @@ pub fn prove_and_read(
             ));
         }
     }
+    let key = (meta.dev(), meta.ino());
     let cache = object::read::ReadCache::new(&file);
     let obj = object::File::parse(&cache)
         .map_err(|e| (Reason::Unsupported, format!("not a readable ELF file: {e}")))?;
@@ -224,11 +236,18 @@ pub fn prove_and_read(
             }
         }
     }
-    match obj.build_id() {
-        Ok(Some(raw)) => id_from_bytes(raw),
-        Ok(None) => Err((Reason::NoNote, "the ELF file has no build-ID note".into())),
-        Err(e) => Err((Reason::Unsupported, format!("cannot read the notes: {e}"))),
-    }
+    let build_id = match obj.build_id() {
+        Ok(Some(raw)) => id_from_bytes(raw)?,
+        Ok(None) => return Err((Reason::NoNote, "the ELF file has no build-ID note".into())),
+        Err(e) => return Err((Reason::Unsupported, format!("cannot read the notes: {e}"))),
+    };
+    drop(obj);
+    drop(cache);
+    Ok(Proven {
+        build_id,
+        file,
+        key,
+    })
 }
 
 #[cfg(test)]

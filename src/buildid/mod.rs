@@ -302,7 +302,7 @@ fn identify_one(
             pgoffs.sort_unstable();
             pgoffs.dedup();
             match elf::prove_and_read(Path::new(&g.name), &ident, &pgoffs, &ev.times) {
-                Ok(id) => Outcome::found(id, Source::Elf),
+                Ok(p) => Outcome::found(p.build_id, Source::Elf),
                 Err(r) => Outcome::refused(r),
             }
         }

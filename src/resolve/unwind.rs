@@ -25,7 +25,7 @@ use object::{Object, ObjectSection, ObjectSegment};
 use std::collections::HashMap;
 use std::ops::{Deref, Range};
 use std::path::Path;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 /// How user stacks are walked.
@@ -94,6 +94,9 @@ pub struct DsoUnwind {
 /// Unwind information for every DSO, loaded on first use by whichever worker needs it.
 pub struct UnwindTables {
     per_dso: Vec<OnceLock<Option<Arc<DsoUnwind>>>>,
+    /// Loaded tables by `(st_dev, st_ino)`: a file reached by several paths (merged
+    /// /usr, symlinks, hard links) or mapped under several identities is read once.
+    by_file: Mutex<HashMap<(u64, u64), Arc<DsoUnwind>>>,
     allow_local: bool,
     times: RecordingTimes,
 }
@@ -103,6 +106,7 @@ impl UnwindTables {
     pub fn new(model: &Model, allow_local: bool, times: RecordingTimes) -> Self {
         UnwindTables {
             per_dso: (0..model.dsos.len()).map(|_| OnceLock::new()).collect(),
+            by_file: Mutex::new(HashMap::new()),
             allow_local,
             times,
         }
@@ -122,15 +126,32 @@ impl UnwindTables {
         }
         // Unwind only with a file proven to be the one mapped: wrong CFI would walk
         // into wrong callers.
-        let path = Path::new(&dso.name);
-        prove_and_read(path, &dso.ident, &dso.exec_pgoffs, &self.times).ok()?;
-        load_sections(path).map(Arc::new)
+        let proven = prove_and_read(
+            Path::new(&dso.name),
+            &dso.ident,
+            &dso.exec_pgoffs,
+            &self.times,
+        )
+        .ok()?;
+        if let Some(t) = self.by_file.lock().ok()?.get(&proven.key) {
+            return Some(t.clone());
+        }
+        // Loaded outside the lock; a second worker racing on the same file keeps the
+        // first copy stored.
+        let t = Arc::new(load_sections(&proven.file)?);
+        Some(
+            self.by_file
+                .lock()
+                .ok()?
+                .entry(proven.key)
+                .or_insert(t)
+                .clone(),
+        )
     }
 }
 
-fn load_sections(path: &Path) -> Option<DsoUnwind> {
-    let file = std::fs::File::open(path).ok()?;
-    let cache = object::read::ReadCache::new(&file);
+fn load_sections(file: &std::fs::File) -> Option<DsoUnwind> {
+    let cache = object::read::ReadCache::new(file);
     let obj = object::File::parse(&cache).ok()?;
     let segments = obj
         .segments()
