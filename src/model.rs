@@ -193,7 +193,8 @@ impl ModelBuilder {
                     end,
                     pgoff: m.pgoff,
                     dso,
-                    exec: m.prot & PROT_EXEC != 0,
+                    // perf synthesizes kernel maps with prot 0: kernel space is code.
+                    exec: m.prot & PROT_EXEC != 0 || pid == KERNEL_PID,
                 }),
             },
         ));

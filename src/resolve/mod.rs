@@ -109,7 +109,9 @@ impl Scratch {
                 }
             },
         };
-        if let Some(d) = m.dso
+        // Only code counts: an address in a data mapping (a locale archive, a
+        // library's .data) is a stray stack word, not a frame of that file.
+        if let Some(d) = m.dso.filter(|_| m.exec)
             && !self.touched.contains(&d)
         {
             self.touched.push(d);
