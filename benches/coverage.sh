@@ -1,6 +1,7 @@
 #!/bin/bash
 # Coverage: which DSOs `perf script -F ip,dso` shows (perf's own view of what the samples
-# touch, DWARF unwinding included) against the build-ID tables written by pdinject,
+# touch, DWARF unwinding included; anonymous memory, heap, stack and inlined-frame
+# markers left out) against the build-ID tables written by pdinject,
 # perf 6.1 `inject -b` and (if unpacked by ../shared/tools/perf612.sh) perf 6.12.
 # Usage: benches/coverage.sh FILE...
 set -uo pipefail
@@ -13,7 +14,7 @@ p612() { LD_LIBRARY_PATH=/tmp/p612/usr/lib/x86_64-linux-gnu $P612 "$@"; }
 T=$(mktemp -d /dev/shm/pdi-cov.XXXXXX 2>/dev/null || mktemp -d); trap 'rm -rf "$T"' EXIT
 printf '%-22s %8s %9s %9s %9s %s\n' file script pdinject perf6.1 perf6.12 "missed by pdinject (no ID and why)"
 for f in "${FILES[@]}"; do
-  perf script -F ip,dso -i "$f" 2>/dev/null | grep -o '([^()]*)$' | tr -d '()' | grep -v -e '^unknown$' -e '^\[unknown\]$' | sort -u > "$T/script"
+  perf script -F ip,dso -i "$f" 2>/dev/null | grep -o '([^()]*)$' | tr -d '()' | grep -v -e '^unknown$' -e '^\[unknown\]$' -e '^inlined$' -e '^//anon' -e '^\[heap\]$' -e '^\[stack' | sort -u > "$T/script"
   "$PDI" -q "$f" "$T/pdi.data" --report "$T/r.json" 2>/dev/null
   perf buildid-list -i "$T/pdi.data" 2>/dev/null | awk 'NF==2{print $2}' | sort -u > "$T/pdi"
   perf inject -b -i "$f" -o "$T/p61.data" 2>/dev/null
