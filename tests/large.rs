@@ -1,0 +1,78 @@
+//! A data section above the direct-I/O threshold (32 MB): the copy takes the O_DIRECT
+//! path on filesystems that do direct I/O, and the output must still match the input
+//! byte for byte up to the end of the data.
+
+mod common;
+
+use common::*;
+
+fn le64(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().unwrap())
+}
+
+/// demo.data with `pad` bytes of FINISHED_ROUND records (8 bytes each, header only)
+/// inserted before its records; feature offsets moved accordingly.
+fn padded_demo(pad: usize) -> Vec<u8> {
+    let d = std::fs::read(manifest_dir().join("testdata/demo/demo.data")).unwrap();
+    let (off, size) = (le64(&d, 40) as usize, le64(&d, 48) as usize);
+    let end = off + size;
+    let nfeat: u32 = (0..4).map(|i| le64(&d, 72 + 8 * i).count_ones()).sum();
+    let mut out = d[..off].to_vec();
+    let round: [u8; 8] = [68, 0, 0, 0, 0, 0, 8, 0];
+    out.reserve(pad + d.len());
+    for _ in 0..pad / 8 {
+        out.extend_from_slice(&round);
+    }
+    out.extend_from_slice(&d[off..end]);
+    let table_at = out.len();
+    out.extend_from_slice(&d[end..]);
+    out[48..56].copy_from_slice(&((size + pad) as u64).to_le_bytes());
+    for i in 0..nfeat as usize {
+        let at = table_at + 16 * i;
+        let o = le64(&out, at) + pad as u64;
+        out[at..at + 8].copy_from_slice(&o.to_le_bytes());
+    }
+    out
+}
+
+#[test]
+fn large_data_section_is_copied_exactly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let input = tmp.path().join("big.data");
+    let bytes = padded_demo(40 << 20);
+    std::fs::write(&input, &bytes).unwrap();
+    let output = tmp.path().join("out.data");
+    let (_, report) = pdinject_ok(&input, &output, &[]);
+    let out = std::fs::read(&output).unwrap();
+    let data_end = (le64(&bytes, 40) + le64(&bytes, 48)) as usize;
+    assert!(out.len() > data_end);
+    // Everything up to the end of the data is the input's, but the feature bitmap.
+    assert_eq!(out[..72], bytes[..72], "header differs");
+    let first = out[104..data_end]
+        .iter()
+        .zip(&bytes[104..data_end])
+        .position(|(a, b)| a != b);
+    assert_eq!(
+        first,
+        None,
+        "data differs at byte {:#x}",
+        first.unwrap_or(0) + 104
+    );
+    let d = report_dso(&report, "/work/main/testdata/demo/demo").expect("demo DSO in the report");
+    assert_eq!(
+        d["build_id"],
+        "deadbeefdeadbeefdeadbeefdeadbeefdeadbeef",
+        "{}",
+        report_summary(&report)
+    );
+    if let Some(perf) = perf("large_data_section_is_copied_exactly (perf part)") {
+        let t = buildid_list(&perf, &output);
+        assert_eq!(
+            t.get("/work/main/testdata/demo/demo").map(String::as_str),
+            Some("deadbeefdeadbeefdeadbeefdeadbeefdeadbeef"),
+            "{}",
+            fmt_map(&t)
+        );
+        assert_same_script(&perf, &input, &output, &["-F", "comm,tid,time,ip,sym,dso"]);
+    }
+}
