@@ -508,29 +508,22 @@ pub fn first_diff(a: &str, b: &str) -> String {
 /// DSOs that samples touch (sample IP and callchain), per `perf script -F ip,dso`,
 /// with counts. `[unknown]` is left out.
 pub fn hit_dsos(perf: &Perf, file: &Path) -> BTreeMap<String, usize> {
-    let s = perf_script(perf, file, &["-F", "ip,dso"]);
-    let mut m = BTreeMap::new();
-    for line in s.lines() {
-        let l = line.trim_end();
-        if !l.ends_with(')') {
-            continue;
-        }
-        let Some(open) = l.rfind(" (") else { continue };
-        let dso = &l[open + 2..l.len() - 1];
-        // "(inlined)" marks inlined frames in perf script's callchains
-        if dso == "[unknown]" || dso == "inlined" || dso.is_empty() {
-            continue;
-        }
-        *m.entry(dso.to_string()).or_insert(0) += 1;
-    }
-    m
+    count_dsos(&perf_script(perf, file, &["-F", "ip,dso"]))
 }
 
 /// DSOs hit by the sample IP only (callchains hidden), with counts.
 pub fn ip_hit_dsos(perf: &Perf, file: &Path) -> BTreeMap<String, usize> {
-    let s = perf_script(perf, file, &["-F", "ip,dso", "--hide-call-graph"]);
+    count_dsos(&perf_script(
+        perf,
+        file,
+        &["-F", "ip,dso", "--hide-call-graph"],
+    ))
+}
+
+/// Counts the `(dso)` at the end of each `perf script` line.
+fn count_dsos(script: &str) -> BTreeMap<String, usize> {
     let mut m = BTreeMap::new();
-    for line in s.lines() {
+    for line in script.lines() {
         let l = line.trim_end();
         if !l.ends_with(')') {
             continue;
