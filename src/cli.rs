@@ -94,6 +94,7 @@ pub fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
 
 /// Runs the binary; returns the exit code.
 pub fn main() -> i32 {
+    crate::write::interrupt::install();
     let args = match Args::try_parse() {
         Ok(a) => a,
         Err(e) => {

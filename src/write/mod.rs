@@ -56,6 +56,9 @@ impl TempOutput {
             path: target.to_path_buf(),
             source,
         })?;
+        if !is_dir {
+            interrupt::watch(&path);
+        }
         Ok(TempOutput {
             path,
             target: target.to_path_buf(),
@@ -96,6 +99,7 @@ impl TempOutput {
 
 impl Drop for TempOutput {
     fn drop(&mut self) {
+        interrupt::unwatch();
         if !self.committed {
             let _ = if self.is_dir {
                 std::fs::remove_dir_all(&self.path)
@@ -330,4 +334,57 @@ pub fn write_tail(
         out.write_all_at(&e.put_u64(h.data.size), 48).map_err(io)?;
     }
     Ok(())
+}
+
+/// Removing the temp output when the process is interrupted (Ctrl-C, SIGTERM,
+/// SIGHUP), so that not even a hidden partial file is left behind. The handler only
+/// calls async-signal-safe functions: unlink, signal, raise.
+pub mod interrupt {
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
+    use std::path::Path;
+    use std::sync::atomic::{AtomicPtr, Ordering};
+
+    static PENDING: AtomicPtr<libc::c_char> = AtomicPtr::new(std::ptr::null_mut());
+
+    extern "C" fn on_signal(sig: libc::c_int) {
+        let p = PENDING.swap(std::ptr::null_mut(), Ordering::SeqCst);
+        // SAFETY: `p` came from CString::into_raw and is never freed while set;
+        // unlink, signal and raise are async-signal-safe.
+        unsafe {
+            if !p.is_null() {
+                libc::unlink(p);
+            }
+            libc::signal(sig, libc::SIG_DFL);
+            libc::raise(sig);
+        }
+    }
+
+    /// Installs the handler (the binary calls this once at start).
+    pub fn install() {
+        for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+            // SAFETY: installing a handler that only does async-signal-safe work.
+            unsafe {
+                libc::signal(sig, on_signal as *const () as libc::sighandler_t);
+            }
+        }
+    }
+
+    pub(super) fn watch(path: &Path) {
+        if let Ok(c) = CString::new(path.as_os_str().as_bytes()) {
+            let old = PENDING.swap(c.into_raw(), Ordering::SeqCst);
+            free(old);
+        }
+    }
+
+    pub(super) fn unwatch() {
+        free(PENDING.swap(std::ptr::null_mut(), Ordering::SeqCst));
+    }
+
+    fn free(p: *mut libc::c_char) {
+        if !p.is_null() {
+            // SAFETY: only pointers from CString::into_raw are stored.
+            drop(unsafe { CString::from_raw(p) });
+        }
+    }
 }
