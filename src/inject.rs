@@ -211,8 +211,8 @@ pub fn run(input_path: &Path, output_path: &Path, opts: &Options) -> Result<Repo
     Ok(report)
 }
 
-/// Scan, model and resolve only, on the current rayon pool: what the fuzzers and
-/// benchmarks drive (no file outside the input is opened).
+/// Scan, model and resolve without unwinding and without asking the host anything
+/// (no file outside the input is opened): what the fuzzers drive.
 pub fn resolve_only(input: &PerfInput) -> Result<crate::resolve::Hits> {
     let time_mode =
         input.attrs.iter().all(|a| a.sample_type & st::TIME != 0) && input.attrs[0].sample_id_all();
