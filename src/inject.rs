@@ -214,16 +214,11 @@ pub fn run(input_path: &Path, output_path: &Path, opts: &Options) -> Result<Repo
 /// Scan, model and resolve without unwinding and without asking the host anything
 /// (no file outside the input is opened): what the fuzzers drive.
 pub fn resolve_only(input: &PerfInput) -> Result<crate::resolve::Hits> {
-    let time_mode =
-        input.attrs.iter().all(|a| a.sample_type & st::TIME != 0) && input.attrs[0].sample_id_all();
-    let mut builder = ModelBuilder::new();
-    let scan = crate::scan::scan(input, time_mode, &mut builder, &|_| {})?;
-    let model = builder.build();
-    Resolver::new(&model, &input.attrs, time_mode, input.header.endian).run(
-        input,
-        &scan.chunks,
-        &|_| {},
-    )
+    let opts = Options {
+        unwind: UnwindChoice::None,
+        ..Options::default()
+    };
+    resolve_with(input, &opts, false).map(|r| r.hits)
 }
 
 /// What scan, model and resolve produce.
@@ -249,6 +244,12 @@ pub struct Resolved {
 /// Scan, model and resolve (unwinding included) on the current rayon pool: everything
 /// but identify and write. The criterion bench drives this.
 pub fn resolve(input: &PerfInput, opts: &Options) -> Result<Resolved> {
+    resolve_with(input, opts, true)
+}
+
+/// [`resolve`]; with `consult_host` false nothing outside the input is read (no host
+/// identity, no local files) and every local source is untrusted.
+fn resolve_with(input: &PerfInput, opts: &Options, consult_host: bool) -> Result<Resolved> {
     let e = input.header.endian;
     let time_mode =
         input.attrs.iter().all(|a| a.sample_type & st::TIME != 0) && input.attrs[0].sample_id_all();
@@ -264,15 +265,23 @@ pub fn resolve(input: &PerfInput, opts: &Options) -> Result<Resolved> {
     let model = builder.build();
     let t_scan = t0.elapsed();
 
-    let host = HostInfo::detect();
-    let hostname = input
-        .feature(FEAT_HOSTNAME)
-        .and_then(|p| parse_string(&p, e));
-    let release = input
-        .feature(FEAT_OSRELEASE)
-        .and_then(|p| parse_string(&p, e));
-    let kref = model.kernel_ref.as_ref().map(|(s, a)| (s.as_str(), *a));
-    let trust = HostTrust::decide(hostname.as_deref(), release.as_deref(), kref, &host);
+    let trust = if consult_host {
+        let host = HostInfo::detect();
+        let hostname = input
+            .feature(FEAT_HOSTNAME)
+            .and_then(|p| parse_string(&p, e));
+        let release = input
+            .feature(FEAT_OSRELEASE)
+            .and_then(|p| parse_string(&p, e));
+        let kref = model.kernel_ref.as_ref().map(|(s, a)| (s.as_str(), *a));
+        HostTrust::decide(hostname.as_deref(), release.as_deref(), kref, &host)
+    } else {
+        let no = || Err("the host was not consulted".to_string());
+        HostTrust {
+            local: no(),
+            kernel: no(),
+        }
+    };
 
     let mut notes = Vec::new();
     let has_stacks = input

@@ -348,14 +348,11 @@ pub fn unwind(
     on_return: &mut dyn FnMut(u64),
 ) -> Outcome {
     let e = s.e;
+    let r = |n| reg(s.regs, s.regs_mask, n, e);
     let Worker { arch, modules } = w;
     match arch {
         ArchState::X86 { cache, unwinders } => {
-            let (Some(ip), Some(sp), Some(bp)) = (
-                reg(s.regs, s.regs_mask, X86_IP, e),
-                reg(s.regs, s.regs_mask, X86_SP, e),
-                reg(s.regs, s.regs_mask, X86_BP, e),
-            ) else {
+            let (Some(ip), Some(sp), Some(bp)) = (r(X86_IP), r(X86_SP), r(X86_BP)) else {
                 return Outcome::default();
             };
             let u = unwinder_for(
@@ -380,12 +377,9 @@ pub fn unwind(
             )
         }
         ArchState::Arm { cache, unwinders } => {
-            let (Some(pc), Some(lr), Some(sp), Some(fp)) = (
-                reg(s.regs, s.regs_mask, ARM_PC, e),
-                reg(s.regs, s.regs_mask, ARM_LR, e),
-                reg(s.regs, s.regs_mask, ARM_SP, e),
-                reg(s.regs, s.regs_mask, ARM_FP, e),
-            ) else {
+            let (Some(pc), Some(lr), Some(sp), Some(fp)) =
+                (r(ARM_PC), r(ARM_LR), r(ARM_SP), r(ARM_FP))
+            else {
                 return Outcome::default();
             };
             let u = unwinder_for(
