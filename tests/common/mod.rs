@@ -344,16 +344,22 @@ pub fn build_prog(out: &Path, id: &str, big: bool, libdir: &Path) {
 
 /// Compiles a shared library from `testdata/fixtures/<src>` with build id `id`.
 pub fn build_lib(src: &str, out: &Path, id: &str) {
+    build_lib_with(src, out, id, &[]);
+}
+
+fn build_lib_with(src: &str, out: &Path, id: &str, extra: &[&str]) {
     let src = fixtures_src().join(src);
     let bid = format!("-Wl,--build-id=0x{id}");
-    gcc(&[
+    let mut a: Vec<&OsStr> = vec![
         os("-shared"),
         os("-fPIC"),
         os(&bid),
         os("-o"),
         out.as_os_str(),
         src.as_os_str(),
-    ]);
+    ];
+    a.extend(extra.iter().map(os));
+    gcc(&a);
 }
 
 /// Builds prog, libfix.so and libunused.so into `dir` with the fixed ids, and
@@ -366,7 +372,9 @@ pub fn build_fixtures(dir: &Path) -> Fixtures {
         libunused: dir.join("libunused.so"),
     };
     build_lib("libfix.c", &f.libfix, LIB_ID);
-    build_lib("unused.c", &f.libunused, UNUSED_ID);
+    // Without crt files the library has no _init/_fini or destructor stubs, which
+    // ld.so runs at load and exit: a sample could land there and hit it honestly.
+    build_lib_with("unused.c", &f.libunused, UNUSED_ID, &["-nostartfiles"]);
     build_prog(&f.prog, PROG_ID, false, dir);
     for (p, id) in [
         (&f.prog, PROG_ID),
