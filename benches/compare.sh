@@ -3,10 +3,17 @@
 # system perf, and perf 6.12 from /tmp/p612 when present) on each FILE: best of 3
 # wall-clock runs each, output on a tmpfs, then the number of BUILD_ID entries each
 # output holds (entries of `perf buildid-list -i OUT` with an ID, read with perf 6.12 if present).
+# Two more rows put the figures in proportion:
+#   cp           `cp FILE OUT`: copying the bytes to the same place, the floor of any
+#                tool that writes a new file (pdinject must write the data section too);
+#   perf-script  `perf script -F ip,dso -i FILE >/dev/null` (only with SCRIPT=1): perf's
+#                own DWARF unwinder, the work pdinject's resolve stage does for
+#                `--call-graph dwarf` recordings (minutes on multi-GB files).
 #
 # Usage (from anywhere): bash benches/compare.sh FILE...
 # Environment: RUNS (default 3), PDI_ARGS (extra pdinject arguments, e.g. "-j 1"),
-#              TMPDIR_OUT (output directory; default a new dir on /dev/shm).
+#              TMPDIR_OUT (output directory; default a new dir on /dev/shm),
+#              SCRIPT=1 (add the perf-script row).
 set -euo pipefail
 
 if [ $# -eq 0 ]; then
@@ -37,6 +44,8 @@ perf61=$(command -v perf || true)
 p612=/tmp/p612/usr/bin/perf
 p612_lib=/tmp/p612/usr/lib/x86_64-linux-gnu
 [ -x "$p612" ] && tools+=(perf612)
+[ -n "$perf61" ] && [ "${SCRIPT:-0}" = 1 ] && tools+=(perf-script)
+tools+=(cp)
 
 if [ -n "${TMPDIR_OUT:-}" ]; then
     out_dir=$TMPDIR_OUT
@@ -53,6 +62,8 @@ version() {
     pdinject) echo "pdinject" ;;
     perf) echo "perf $("$perf61" --version | awk '{print $3}')" ;;
     perf612) echo "perf $(LD_LIBRARY_PATH=$p612_lib "$p612" --version | awk '{print $3}')" ;;
+    perf-script) echo "perf $("$perf61" --version | awk '{print $3}') script -F ip,dso" ;;
+    cp) echo "$(cp --version | head -1)" ;;
     esac
 }
 
@@ -64,6 +75,8 @@ run() {
     pdinject) "$pdinject" --buildids "$in" "$out" "${pdi_args[@]}" ;;
     perf) "$perf61" inject -b -i "$in" -o "$out" ;;
     perf612) LD_LIBRARY_PATH=$p612_lib "$p612" inject -b -i "$in" -o "$out" ;;
+    perf-script) "$perf61" script -F ip,dso -i "$in" ;;
+    cp) cp -r "$in" "$out" ;;
     esac >/dev/null 2>"$out_dir/$tool.err"
 }
 
@@ -104,7 +117,7 @@ count_ids() {
 
 echo "compare.sh: best of $runs runs, outputs in $out_dir; cores: $(nproc)" >&2
 for t in "${tools[@]}"; do echo "  $t = $(version "$t")" >&2; done
-printf '%-22s %10s %-10s %9s %9s %8s\n' file size tool seconds perf/pdi build-ids
+printf '%-22s %10s %-10s %9s %9s %8s\n' file size tool seconds tool/pdi build-ids
 for f in "${files[@]}"; do
     name=$(basename "$f")
     size=$(du -h --apparent-size "$f" | cut -f1)

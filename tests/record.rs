@@ -967,9 +967,9 @@ fn flag_spellings_and_buildid_all() {
         assert_eq!(t, a, "{n}: table differs from the default mode's");
     }
     let unused = s(&st.fx.libunused);
-    // libunused's constructors run in ld.so's start-up, and frame-pointer callchains
-    // through code without frame pointers can land anywhere: only when perf itself
-    // sees no sample touching it must --buildids leave it out.
+    // libunused runs no code, but frame-pointer callchains through code without
+    // frame pointers can land anywhere: only when perf itself sees no sample
+    // touching it must --buildids leave it out.
     if hit_dsos(&st.perf, &input).contains_key(&unused) {
         eprintln!(
             "NOTE flag_spellings_and_buildid_all: a sample touched {unused}; skipping the not-listed check"
