@@ -46,6 +46,10 @@ pub enum Error {
     /// The command line asks for something impossible.
     #[error("{0}")]
     Usage(String),
+    /// The stage stopped early because another part of the run failed (that part's
+    /// error is the one to report).
+    #[error("stopped: another part of the run failed")]
+    Stopped,
 }
 
 fn file_prefix(file: &Option<PathBuf>) -> String {

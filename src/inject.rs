@@ -157,32 +157,46 @@ pub fn run(input_path: &Path, output_path: &Path, opts: &Options) -> Result<Repo
     } else {
         input.file_len
     };
+    // Each side stops the other: a failed analysis ends the copy, a failed copy (disk
+    // full) ends the analysis at its next chunk instead of after the whole file.
     let cancel = AtomicBool::new(false);
+    let copy_failed = AtomicBool::new(false);
     let header_out = tmp.header_file_path();
 
     let report = std::thread::scope(|s| -> Result<Report> {
         let copier = s.spawn(|| -> Result<Duration> {
             let t = Instant::now();
-            copy_prefix(&input.header_path, &header_out, copy_len, &cancel)?;
-            for df in input.data_files.iter().skip(1) {
-                let name = df
-                    .path
-                    .file_name()
-                    .map(|n| tmp.path.join(n))
-                    .unwrap_or_default();
-                copy_prefix(&df.path, &name, df.range.size, &cancel)?;
+            let r = (|| {
+                copy_prefix(&input.header_path, &header_out, copy_len, &cancel)?;
+                for df in input.data_files.iter().skip(1) {
+                    let name = df
+                        .path
+                        .file_name()
+                        .map(|n| tmp.path.join(n))
+                        .unwrap_or_default();
+                    copy_prefix(&df.path, &name, df.range.size, &cancel)?;
+                }
+                Ok(())
+            })();
+            if r.is_err() {
+                copy_failed.store(true, Ordering::Relaxed);
             }
-            Ok(t.elapsed())
+            r.map(|()| t.elapsed())
         });
-        let r = pool.install(|| analyse(&input, opts, jobs));
+        let r = pool.install(|| analyse(&input, opts, jobs, &copy_failed));
         if r.is_err() {
             cancel.store(true, Ordering::Relaxed);
         }
         let copied = copier
             .join()
             .map_err(|_| Error::unsupported("the copy thread panicked"))?;
+        // The copy's error explains a stopped analysis; otherwise the analysis's own.
+        let t_copy = match (&r, copied) {
+            (Err(Error::Stopped), Err(e)) => return Err(e),
+            (_, c) => c,
+        };
         let (mut report, payload) = r?;
-        let t_copy = copied?;
+        let t_copy = t_copy?;
         report
             .timings_ms
             .insert("copy".into(), t_copy.as_secs_f64() * 1e3);
@@ -218,7 +232,7 @@ pub fn resolve_only(input: &PerfInput) -> Result<crate::resolve::Hits> {
         unwind: UnwindChoice::None,
         ..Options::default()
     };
-    resolve_with(input, &opts, false).map(|r| r.hits)
+    resolve_with(input, &opts, false, &AtomicBool::new(false)).map(|r| r.hits)
 }
 
 /// What scan, model and resolve produce.
@@ -244,12 +258,18 @@ pub struct Resolved {
 /// Scan, model and resolve (unwinding included) on the current rayon pool: everything
 /// but identify and write. The criterion bench drives this.
 pub fn resolve(input: &PerfInput, opts: &Options) -> Result<Resolved> {
-    resolve_with(input, opts, true)
+    resolve_with(input, opts, true, &AtomicBool::new(false))
 }
 
 /// [`resolve`]; with `consult_host` false nothing outside the input is read (no host
-/// identity, no local files) and every local source is untrusted.
-fn resolve_with(input: &PerfInput, opts: &Options, consult_host: bool) -> Result<Resolved> {
+/// identity, no local files) and every local source is untrusted. `stop` ends scan and
+/// resolve early with [`Error::Stopped`].
+fn resolve_with(
+    input: &PerfInput,
+    opts: &Options,
+    consult_host: bool,
+    stop: &AtomicBool,
+) -> Result<Resolved> {
     let e = input.header.endian;
     let time_mode =
         input.attrs.iter().all(|a| a.sample_type & st::TIME != 0) && input.attrs[0].sample_id_all();
@@ -261,7 +281,13 @@ fn resolve_with(input: &PerfInput, opts: &Options, consult_host: bool) -> Result
     };
     let t0 = Instant::now();
     let mut builder = ModelBuilder::new();
-    let scan = crate::scan::scan(input, time_mode, &mut builder, &|d| progress("scan", d))?;
+    let scan = crate::scan::scan(
+        input,
+        time_mode,
+        &mut builder,
+        &|d| progress("scan", d),
+        stop,
+    )?;
     let model = builder.build();
     let t_scan = t0.elapsed();
 
@@ -323,10 +349,15 @@ fn resolve_with(input: &PerfInput, opts: &Options, consult_host: bool) -> Result
     }
     let done = AtomicU64::new(0);
     let t1 = Instant::now();
-    let hits = resolver.run(input, &scan.chunks, &|n| {
-        let d = done.fetch_add(n, Ordering::Relaxed) + n;
-        progress("resolve", d);
-    })?;
+    let hits = resolver.run(
+        input,
+        &scan.chunks,
+        &|n| {
+            let d = done.fetch_add(n, Ordering::Relaxed) + n;
+            progress("resolve", d);
+        },
+        stop,
+    )?;
     let t_resolve = t1.elapsed();
     drop(resolver);
     Ok(Resolved {
@@ -342,7 +373,12 @@ fn resolve_with(input: &PerfInput, opts: &Options, consult_host: bool) -> Result
 }
 
 /// Scan, model, resolve and identify; returns the report and the new BUILD_ID payload.
-fn analyse(input: &PerfInput, opts: &Options, jobs: usize) -> Result<(Report, Option<Vec<u8>>)> {
+fn analyse(
+    input: &PerfInput,
+    opts: &Options,
+    jobs: usize,
+    stop: &AtomicBool,
+) -> Result<(Report, Option<Vec<u8>>)> {
     let e = input.header.endian;
     let Resolved {
         scan,
@@ -353,7 +389,7 @@ fn analyse(input: &PerfInput, opts: &Options, jobs: usize) -> Result<(Report, Op
         notes,
         timings: (t_scan, t_resolve),
         time_ordered,
-    } = resolve(input, opts)?;
+    } = resolve_with(input, opts, true, stop)?;
 
     // Group DSOs by (address space, name): one table entry each.
     let all_hit = opts.mode == Mode::All || scan.has_aux;

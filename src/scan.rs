@@ -11,6 +11,7 @@ use crate::format::record::{
 use crate::input::{DataFile, PerfInput};
 use crate::model::{Key, ModelBuilder};
 use crate::{Error, Result};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Window of the data section mapped at once by the scan.
 pub const WINDOW_BYTES: u64 = 64 << 20;
@@ -242,12 +243,14 @@ pub struct ScanOutput {
     pub max_time: Option<u64>,
 }
 
-/// Scans the whole input into a model builder; `progress` gets bytes done.
+/// Scans the whole input into a model builder; `progress` gets bytes done. When `stop`
+/// turns true the scan ends at the next chunk boundary with [`Error::Stopped`].
 pub fn scan(
     input: &PerfInput,
     time_mode: bool,
     builder: &mut ModelBuilder,
     progress: &dyn Fn(u64),
+    stop: &AtomicBool,
 ) -> Result<ScanOutput> {
     let e = input.header.endian;
     let first = &input.attrs[0];
@@ -278,6 +281,9 @@ pub fn scan(
                     first_seq: chunk_seq,
                 });
                 progress(done + next - start);
+                if stop.load(Ordering::Relaxed) {
+                    return Err(Error::Stopped);
+                }
                 chunk_start = next;
                 chunk_seq = w.seq;
             }

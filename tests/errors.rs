@@ -85,6 +85,26 @@ fn disk_full_leaves_nothing_behind() {
     check_failure(&input, &before, &out, &o, "No space left on device");
 }
 
+/// The copy fails at once on a tiny tmpfs while the scan still has 64 MB of records to
+/// walk: the analysis stops at its next chunk, and the user sees the copy's error
+/// (not that a stage was stopped).
+#[test]
+fn disk_full_during_a_long_scan_reports_the_disk() {
+    let Some((_d, m)) = Mount::new("disk_full_during_a_long_scan_reports_the_disk", "size=64k")
+    else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("padded.data");
+    std::fs::write(&input, padded_demo(64 << 20)).unwrap();
+    let before = std::fs::read(&input).unwrap();
+    let out = m.0.join("out.data");
+    let o = run(pdinject().arg(&input).arg(&out));
+    check_failure(&input, &before, &out, &o, "No space left on device");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!err.contains("stopped"), "stderr: {err}");
+}
+
 #[test]
 fn read_only_output_directory() {
     let Some((_d, m)) = Mount::new("read_only_output_directory", "ro,size=64k") else {

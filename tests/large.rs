@@ -6,35 +6,6 @@ mod common;
 
 use common::*;
 
-fn le64(b: &[u8], at: usize) -> u64 {
-    u64::from_le_bytes(b[at..at + 8].try_into().unwrap())
-}
-
-/// demo.data with `pad` bytes of FINISHED_ROUND records (8 bytes each, header only)
-/// inserted before its records; feature offsets moved accordingly.
-fn padded_demo(pad: usize) -> Vec<u8> {
-    let d = std::fs::read(manifest_dir().join("testdata/demo/demo.data")).unwrap();
-    let (off, size) = (le64(&d, 40) as usize, le64(&d, 48) as usize);
-    let end = off + size;
-    let nfeat: u32 = (0..4).map(|i| le64(&d, 72 + 8 * i).count_ones()).sum();
-    let mut out = d[..off].to_vec();
-    let round: [u8; 8] = [68, 0, 0, 0, 0, 0, 8, 0];
-    out.reserve(pad + d.len());
-    for _ in 0..pad / 8 {
-        out.extend_from_slice(&round);
-    }
-    out.extend_from_slice(&d[off..end]);
-    let table_at = out.len();
-    out.extend_from_slice(&d[end..]);
-    out[48..56].copy_from_slice(&((size + pad) as u64).to_le_bytes());
-    for i in 0..nfeat as usize {
-        let at = table_at + 16 * i;
-        let o = le64(&out, at) + pad as u64;
-        out[at..at + 8].copy_from_slice(&o.to_le_bytes());
-    }
-    out
-}
-
 #[test]
 fn large_data_section_is_copied_exactly() {
     let tmp = tempfile::tempdir().unwrap();

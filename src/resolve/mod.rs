@@ -16,6 +16,7 @@ use crate::scan::{Chunk, Rec, Walker};
 use crate::{Error, Result};
 use rayon::prelude::*;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use unwind::{SampleStack, UnwindConfig, UnwindMode, UnwindTables};
 
 /// What the workers need besides the chunk.
@@ -148,18 +149,23 @@ impl<'a> Resolver<'a> {
         self
     }
 
-    /// Resolves every chunk on the current rayon pool and merges in chunk order.
+    /// Resolves every chunk on the current rayon pool and merges in chunk order;
+    /// chunks not begun when `stop` turns true end the run with [`Error::Stopped`].
     pub fn run(
         &self,
         input: &PerfInput,
         chunks: &[Chunk],
         progress: &(dyn Fn(u64) + Sync),
+        stop: &AtomicBool,
     ) -> Result<Hits> {
         let results: Vec<Result<Hits>> = chunks
             .par_iter()
             .map_init(
                 || self.unwind.map(|(cfg, _)| unwind::Worker::new(cfg.arch)),
                 |w, c| {
+                    if stop.load(Ordering::Relaxed) {
+                        return Err(Error::Stopped);
+                    }
                     let r = self.chunk(input, c, w.as_mut());
                     progress(c.end - c.start);
                     r
