@@ -51,6 +51,7 @@ copy_into() {
 
 perf_files | copy_into parse
 perf_files | copy_into rewrite
+perf_files | copy_into stream
 (elf_files; perf_files) | copy_into notes
 
 # sample: 32 bytes of attr words (sample_type, read_format, branch_sample_type,

@@ -128,10 +128,14 @@ fn execute(args: &Args) -> Result<()> {
             "give an input and an output: pdinject --buildids IN OUT".into(),
         ));
     };
-    if input.as_os_str() == "-" || output.as_os_str() == "-" {
-        return Err(Error::unsupported(
-            "pipe mode ('-') is not supported yet; give file paths",
-        ));
+    // A stream in, a stream out, or a pipe-format file: the streaming pipeline.
+    let dash = |p: &PathBuf| p.as_os_str() == "-";
+    let stream = dash(&input) || dash(&output) || crate::pipe::is_pipe_file(&input);
+    if stream && !dash(&input) && !crate::pipe::is_pipe_file(&input) {
+        return Err(Error::Usage(format!(
+            "{}: a file-format perf.data cannot be written as a pipe; give an output file",
+            input.display()
+        )));
     }
     if args.jobs == Some(0) {
         return Err(Error::Usage("--jobs must be at least 1".into()));
@@ -145,7 +149,7 @@ fn execute(args: &Args) -> Result<()> {
     } else {
         Mode::Hit
     };
-    let bar = (!args.quiet && std::io::stderr().is_terminal()).then(|| {
+    let bar = (!args.quiet && !stream && std::io::stderr().is_terminal()).then(|| {
         let b = indicatif::ProgressBar::with_draw_target(
             Some(0),
             indicatif::ProgressDrawTarget::stderr(),

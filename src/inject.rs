@@ -116,7 +116,7 @@ pub fn parse_known(s: &str) -> Result<Vec<(BuildId, String)>> {
     Ok(out)
 }
 
-fn same_file(a: &Path, b: &Path) -> bool {
+pub(crate) fn same_file(a: &Path, b: &Path) -> bool {
     use std::os::unix::fs::MetadataExt;
     match (std::fs::metadata(a), std::fs::metadata(b)) {
         (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
@@ -124,8 +124,26 @@ fn same_file(a: &Path, b: &Path) -> bool {
     }
 }
 
-/// Runs the whole job from `input_path` to `output_path`.
+/// The worker pool: `jobs` threads, all cores by default.
+pub fn pool(jobs: Option<usize>) -> Result<rayon::ThreadPool> {
+    let jobs = jobs
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        .max(1);
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(jobs)
+        .build()
+        .map_err(|e| Error::Usage(format!("cannot start {jobs} worker threads: {e}")))
+}
+
+/// Runs the whole job from `input_path` to `output_path`. A pipe-format input, or
+/// `-` for either (stdin, stdout), takes the streaming pipeline ([`crate::pipe`]).
 pub fn run(input_path: &Path, output_path: &Path, opts: &Options) -> Result<Report> {
+    if input_path.as_os_str() == "-"
+        || output_path.as_os_str() == "-"
+        || crate::pipe::is_pipe_file(input_path)
+    {
+        return crate::pipe::run(input_path, output_path, opts);
+    }
     if input_path == output_path || same_file(input_path, output_path) {
         return Err(Error::Usage(format!(
             "{}: output would overwrite the input; write to another file",
@@ -133,14 +151,8 @@ pub fn run(input_path: &Path, output_path: &Path, opts: &Options) -> Result<Repo
         )));
     }
     let input = PerfInput::open(input_path)?;
-    let jobs = opts
-        .jobs
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
-        .max(1);
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(jobs)
-        .build()
-        .map_err(|e| Error::Usage(format!("cannot start {jobs} worker threads: {e}")))?;
+    let pool = pool(opts.jobs)?;
+    let jobs = pool.current_num_threads();
     let tmp = TempOutput::create(output_path, input.is_dir)?;
     if input.is_dir
         && let Ok(m) = std::fs::metadata(input_path)
@@ -350,7 +362,7 @@ fn resolve_with(
     let done = AtomicU64::new(0);
     let t1 = Instant::now();
     let hits = resolver.run(
-        input,
+        &input.data_files,
         &scan.chunks,
         &|n| {
             let d = done.fetch_add(n, Ordering::Relaxed) + n;

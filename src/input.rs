@@ -16,8 +16,9 @@ use std::sync::Arc;
 pub enum Backing {
     /// A file on disk, mapped in windows.
     File(File),
-    /// Bytes in memory (tests, fuzzing).
-    Mem(Arc<Vec<u8>>),
+    /// Bytes in memory (tests, fuzzing, batches of a pipe), holding the stream's bytes
+    /// from the offset given.
+    Mem(Arc<Vec<u8>>, u64),
 }
 
 /// One record stream: the data section of the header file, or a `data.N` file of a
@@ -57,9 +58,11 @@ impl DataFile {
     /// populated, 2.8 s faulted page by page).
     pub fn window(&self, offset: u64, len: u64) -> Result<Window> {
         match &self.backing {
-            Backing::Mem(v) => {
-                let a = usize::try_from(offset)
-                    .map_err(|_| Error::format(offset, "offset too large"))?;
+            Backing::Mem(v, base) => {
+                let a = offset
+                    .checked_sub(*base)
+                    .and_then(|a| usize::try_from(a).ok())
+                    .ok_or_else(|| Error::format(offset, "offset outside the data"))?;
                 let b = a
                     .checked_add(len as usize)
                     .filter(|&b| b <= v.len())
@@ -97,8 +100,8 @@ impl DataFile {
 
 fn read_exact_at(backing: &Backing, path: &Path, offset: u64, len: u64) -> Result<Vec<u8>> {
     match backing {
-        Backing::Mem(v) => {
-            let a = offset as usize;
+        Backing::Mem(v, base) => {
+            let a = offset.saturating_sub(*base) as usize;
             v.get(a..a.saturating_add(len as usize))
                 .map(|s| s.to_vec())
                 .ok_or_else(|| {
@@ -185,7 +188,7 @@ impl PerfInput {
     /// Builds an input over bytes in memory (no directory support).
     pub fn from_bytes(name: &Path, bytes: Vec<u8>) -> Result<PerfInput> {
         let len = bytes.len() as u64;
-        Self::from_backing(name, name, Backing::Mem(Arc::new(bytes)), len)
+        Self::from_backing(name, name, Backing::Mem(Arc::new(bytes), 0), len)
     }
 
     fn from_backing(

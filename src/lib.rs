@@ -16,6 +16,7 @@ pub mod format;
 pub mod inject;
 pub mod input;
 pub mod model;
+pub mod pipe;
 pub mod report;
 pub mod resolve;
 pub mod scan;

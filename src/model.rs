@@ -98,7 +98,7 @@ struct Proc {
 }
 
 /// Collects model events during the scan.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct ModelBuilder {
     dsos: Vec<Dso>,
     index: HashMap<(DsoKind, String, FileIdent), DsoId>,
@@ -239,6 +239,12 @@ impl ModelBuilder {
                 },
             ));
         }
+    }
+
+    /// The model of the events so far, for a stream that goes on (pipe mode): DSO ids
+    /// stay valid in later snapshots, since DSOs are only ever appended.
+    pub fn snapshot(&self) -> Model {
+        self.clone().build()
     }
 
     /// Freezes the model: sorts every process's events by key and builds checkpoints.

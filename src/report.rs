@@ -31,6 +31,9 @@ pub struct Report {
     pub input: String,
     /// Output path.
     pub output: String,
+    /// Pipe format: IDs were written as HEADER_BUILD_ID records in the stream, not as
+    /// a table.
+    pub pipe: bool,
     /// Records read (compressed ones' contents included).
     pub records: u64,
     /// Samples decoded.
@@ -49,9 +52,9 @@ pub struct Report {
     pub aux_all_hit: bool,
     /// Distinct DSOs touched by samples (or mapped, with --buildid-all).
     pub dsos_hit: usize,
-    /// DSOs with an ID in the output table.
+    /// DSOs with an ID in the output table (pipe: known to perf from the stream).
     pub ids_written: usize,
-    /// Of those, entries pdinject added.
+    /// Of those, entries (pipe: HEADER_BUILD_ID records) pdinject added.
     pub ids_new: usize,
     /// DSOs without an ID.
     pub ids_missing: usize,
@@ -81,14 +84,26 @@ pub struct Report {
 impl Report {
     /// Writes the short human summary.
     pub fn print_human(&self, w: &mut dyn Write) -> std::io::Result<()> {
+        let name = |s: &str, dash: &'static str| {
+            if s == "-" {
+                dash.to_string()
+            } else {
+                s.to_string()
+            }
+        };
         writeln!(
             w,
-            "pdinject: {} -> {}: {} samples, {} DSOs hit, {} build IDs in table ({} new), {} missing",
-            self.input,
-            self.output,
+            "pdinject: {} -> {}: {} samples, {} DSOs hit, {} build IDs {} ({} new), {} missing",
+            name(&self.input, "<stdin>"),
+            name(&self.output, "<stdout>"),
             self.samples,
             self.dsos_hit,
             self.ids_written,
+            if self.pipe {
+                "in the stream"
+            } else {
+                "in table"
+            },
             self.ids_new,
             self.ids_missing
         )?;
@@ -139,6 +154,7 @@ pub fn reason_word(r: Reason) -> &'static str {
         Reason::NoNote => "no-note",
         Reason::OtherHost => "other-host",
         Reason::NotRegular => "not-regular",
+        Reason::Undated => "undated",
         Reason::Deleted => "deleted",
         Reason::Unsupported => "unsupported",
     }

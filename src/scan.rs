@@ -307,7 +307,8 @@ pub fn scan(
     Ok(out)
 }
 
-fn on_record(
+/// Feeds one record to the model and the scan's findings (shared with pipe mode).
+pub(crate) fn on_record(
     r: &Rec<'_>,
     e: Endian,
     trailer: &TrailerLayout,

@@ -5,7 +5,8 @@
 //! and must never modify its input; when it succeeds its output must open again.
 //!
 //! Inputs: testdata/demo/demo.data, testdata/mutation/ (a `perf record -z` recording and
-//! a big-endian one) and ../shared/testdata/quipper files under 200 KB;
+//! a big-endian one) and ../shared/testdata/quipper files under 200 KB, piped ones
+//! (pipe mode) included;
 //! with neither present the test prints a SKIP notice and passes. Mutants come from a
 //! fixed-seed xorshift PRNG, so every run tests the same mutants. `PDI_MUTATION_SCALE`
 //! (a float, default 1) scales the number of random mutants per input.
@@ -112,16 +113,21 @@ fn put64(b: &mut [u8], at: usize, v: u64) {
     }
 }
 
-/// Offsets of the records of a little-endian file-mode perf.data (data section at
-/// header offsets 40/48; record size is the u16 at offset 6 of each record), then the
-/// end of the last whole record.
+/// Offsets of the records of a perf.data (file mode: the data section at header
+/// offsets 40/48; pipe mode: everything after the 16-byte header; record size is the
+/// u16 at offset 6 of each record), then the end of the last whole record.
 fn record_offsets(b: &[u8]) -> Vec<usize> {
     let mut v = Vec::new();
-    if !(b.get(..8) == Some(b"PERFILE2") || is_be(b)) || le64(b, 8) != Some(104) {
+    if !(b.get(..8) == Some(b"PERFILE2") || is_be(b)) {
         return v;
     }
-    let (Some(off), Some(size)) = (le64(b, 40), le64(b, 48)) else {
-        return v;
+    let (off, size) = match le64(b, 8) {
+        Some(16) => (16, b.len() as u64),
+        Some(104) => match (le64(b, 40), le64(b, 48)) {
+            (Some(off), Some(size)) => (off, size),
+            _ => return v,
+        },
+        _ => return v,
     };
     let end = off.saturating_add(size).min(b.len() as u64) as usize;
     let mut at = off as usize;
@@ -388,7 +394,12 @@ fn mutants_never_panic_and_fail_cleanly() {
                 }
                 Ok(Ok(_)) => {
                     ok += 1;
-                    if let Err(e) = PerfInput::open(&out_path) {
+                    let reopened = if pdinject::pipe::is_pipe_file(&out_path) {
+                        pdinject::pipe::validate(&out_path)
+                    } else {
+                        PerfInput::open(&out_path).map(|_| ())
+                    };
+                    if let Err(e) = reopened {
                         problems.push(format!("succeeded but its output does not open: {e}"));
                     }
                 }

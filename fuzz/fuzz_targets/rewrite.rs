@@ -1,4 +1,5 @@
-//! The whole pipeline, file to file: `inject::run` with default options. On error
+//! The whole pipeline, file to file: `inject::run` with default options (pipe-format
+//! inputs take the streaming pipeline). On error
 //! the output must not exist; on success it must open again; the input must never
 //! change; no temp file may be left behind either way.
 #![no_main]
@@ -39,7 +40,12 @@ fuzz_target!(|data: &[u8]| {
             output.display()
         ),
         Ok(_) => {
-            if let Err(e) = pdinject::input::PerfInput::open(&output) {
+            let reopened = if pdinject::pipe::is_pipe_file(&output) {
+                pdinject::pipe::validate(&output)
+            } else {
+                pdinject::input::PerfInput::open(&output).map(|_| ())
+            };
+            if let Err(e) = reopened {
                 panic!("run succeeded but its output does not open again: {e}");
             }
         }

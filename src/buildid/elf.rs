@@ -26,6 +26,9 @@ pub enum Reason {
     OtherHost,
     /// Not a regular file.
     NotRegular,
+    /// Nothing says when the recording was made (a replayed stream), so no local file
+    /// can be shown unchanged since.
+    Undated,
     /// The mapping was of a file already deleted at recording time.
     Deleted,
     /// Something pdinject does not handle (said in the detail).

@@ -18,6 +18,7 @@ pub mod rt {
     pub const FINISHED_ROUND: u32 = 68;
     pub const AUXTRACE_INFO: u32 = 70;
     pub const AUXTRACE: u32 = 71;
+    pub const HEADER_FEATURE: u32 = 80;
     pub const COMPRESSED: u32 = 81;
     pub const COMPRESSED2: u32 = 83;
     /// First perf-tool (user) record type; these carry no sample-id trailer.

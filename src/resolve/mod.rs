@@ -10,7 +10,7 @@ use crate::format::Endian;
 use crate::format::attr::Attr;
 use crate::format::record::{misc, rt};
 use crate::format::sample::{SampleLayout, sample_id, u64s};
-use crate::input::PerfInput;
+use crate::input::DataFile;
 use crate::model::{DsoId, KERNEL_PID, Key, MapEntry, Model};
 use crate::scan::{Chunk, Rec, Walker};
 use crate::{Error, Result};
@@ -66,7 +66,8 @@ impl Hits {
         }
     }
 
-    fn merge(&mut self, o: Hits) {
+    /// Adds `o` (a later chunk or batch) to these counts.
+    pub fn merge(&mut self, o: Hits) {
         if self.per_dso.len() < o.per_dso.len() {
             self.per_dso.resize(o.per_dso.len(), 0);
         }
@@ -153,7 +154,7 @@ impl<'a> Resolver<'a> {
     /// chunks not begun when `stop` turns true end the run with [`Error::Stopped`].
     pub fn run(
         &self,
-        input: &PerfInput,
+        files: &[DataFile],
         chunks: &[Chunk],
         progress: &(dyn Fn(u64) + Sync),
         stop: &AtomicBool,
@@ -166,7 +167,7 @@ impl<'a> Resolver<'a> {
                     if stop.load(Ordering::Relaxed) {
                         return Err(Error::Stopped);
                     }
-                    let r = self.chunk(input, c, w.as_mut());
+                    let r = self.chunk(files, c, w.as_mut());
                     progress(c.end - c.start);
                     r
                 },
@@ -182,11 +183,13 @@ impl<'a> Resolver<'a> {
     /// Resolves one chunk.
     pub fn chunk(
         &self,
-        input: &PerfInput,
+        files: &[DataFile],
         c: &Chunk,
         mut w: Option<&mut unwind::Worker>,
     ) -> Result<Hits> {
-        let df = &input.data_files[c.file];
+        let df = files
+            .get(c.file)
+            .ok_or_else(|| Error::unsupported("chunk of an unknown data file"))?;
         let mut hits = Hits::new(self.model.dsos.len());
         let mut sc = Scratch {
             touched: Vec::with_capacity(64),

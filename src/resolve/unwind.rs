@@ -112,6 +112,20 @@ impl UnwindTables {
         }
     }
 
+    /// Makes room for DSOs a growing model (pipe mode) added since; tables already
+    /// loaded are kept.
+    pub fn grow(&mut self, model: &Model) {
+        let n = model.dsos.len();
+        if self.per_dso.len() < n {
+            self.per_dso.resize_with(n, OnceLock::new);
+        }
+    }
+
+    /// Sets the recording's times (pipe mode learns them as records arrive).
+    pub fn set_times(&mut self, times: RecordingTimes) {
+        self.times = times;
+    }
+
     fn get(&self, model: &Model, d: DsoId) -> Option<&Arc<DsoUnwind>> {
         self.per_dso
             .get(d as usize)?

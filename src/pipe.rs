@@ -1,0 +1,1035 @@
+//! Pipe mode: `perf record -B -o - | pdinject --buildids - - | perf report -i -`.
+//!
+//! The file pipeline's stages, run as a stream. Whole records are read into a batch;
+//! the scan feeds the batch into the growing model and cuts it into chunks where
+//! compressed data is at a clean point; the chunks are resolved on the rayon pool
+//! against a snapshot of the model; the DSOs hit for the first time are identified;
+//! and the batch is written with a HEADER_BUILD_ID record for each new ID, placed
+//! before the batch's first sample so perf knows the ID before any sample needs it.
+//! Memory holds one batch and the model. A pipe has no header table: IDs travel as
+//! records only, and every input record is passed through byte for byte.
+
+use crate::buildid::{
+    self, Evidence, Group, HostTrust, Outcome, RecordingTimes, Source, host::HostInfo,
+};
+use crate::format::Endian;
+use crate::format::attr::{Attr, st};
+use crate::format::feature::{BuildIdTable, encode_table_entry, parse_clock_data, parse_string};
+use crate::format::header::{FEAT_ARCH, FEAT_CLOCK_DATA, FEAT_HOSTNAME, FEAT_OSRELEASE};
+use crate::format::record::{RecordHeader, TrailerLayout, misc, out_of_band_len, rt};
+use crate::inject::{Mode, Options, UnwindChoice};
+use crate::input::{Backing, DataFile};
+use crate::model::{DsoKind, ModelBuilder};
+use crate::report::{DsoReport, Report};
+use crate::resolve::unwind::{Arch, UnwindConfig, UnwindMode, UnwindTables};
+use crate::resolve::{Hits, Resolver};
+use crate::scan::{Chunk, Rec, ScanOutput, Walker, on_record};
+use crate::write::TempOutput;
+use crate::{Error, Result};
+use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+use std::io::{BufReader, BufWriter, IsTerminal, Read, Seek, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::{Duration, Instant};
+
+/// Size of `struct perf_pipe_file_header`.
+pub const PIPE_HEADER_SIZE: usize = 16;
+/// Bytes read before a batch is resolved and written.
+pub const BATCH_BYTES: usize = 8 << 20;
+/// Target size of a resolve chunk within a batch.
+const CHUNK_BYTES: u64 = 1 << 20;
+/// Largest out-of-band payload (AUXTRACE, TRACING_DATA) accepted in a stream.
+const MAX_PAYLOAD: u64 = 1 << 30;
+/// perf's `HEADER_LAST_FEATURE` terminator of the HEADER_FEATURE records.
+const FEAT_TERMINATOR: u64 = 32;
+
+/// The byte order of a pipe header, or None when `head` is not one (perf decides by
+/// the header's size field being 16, also for regular files).
+pub fn pipe_header(head: &[u8]) -> Option<Endian> {
+    let e = match head.get(..8)? {
+        b"PERFILE2" => Endian::Little,
+        b"2ELIFREP" => Endian::Big,
+        _ => return None,
+    };
+    (e.u64(head, 8)? == PIPE_HEADER_SIZE as u64).then_some(e)
+}
+
+/// True when `path` (not `-`) is a regular file in pipe format.
+pub fn is_pipe_file(path: &Path) -> bool {
+    let mut head = [0u8; PIPE_HEADER_SIZE];
+    File::open(path)
+        .and_then(|mut f| f.read_exact(&mut head))
+        .is_ok()
+        && pipe_header(&head).is_some()
+}
+
+/// Pipe mode from any reader to any writer (a live stream: the recording is taken
+/// to be running now, see [`Stream::times`]). `name` names the input in messages.
+pub fn process(r: &mut dyn Read, w: &mut dyn Write, name: &Path, opts: &Options) -> Result<Report> {
+    let pool = crate::inject::pool(opts.jobs)?;
+    let mut s = Stream::new(
+        name,
+        opts,
+        &pool,
+        None,
+        Target::Out(Box::new(w)),
+        PathBuf::from("<output>"),
+    );
+    s.run(r)?;
+    let mut report = s.finish()?;
+    report.pipe = true;
+    Ok(report)
+}
+
+/// Reads a pipe-format file through to its end without writing anything: Ok when
+/// every record parses (what a reader of pdinject's pipe output may rely on).
+pub fn validate(path: &Path) -> Result<()> {
+    let opts = Options {
+        jobs: Some(1),
+        ..Options::default()
+    };
+    let pool = crate::inject::pool(opts.jobs)?;
+    let mut f = File::open(path).map_err(|e| Error::io(path, e))?;
+    let mut s = Stream::new(path, &opts, &pool, None, Target::Dry, PathBuf::new());
+    s.run(&mut BufReader::new(&mut f))
+}
+
+/// When the recording ended, as far as the input can tell.
+#[derive(Clone, Copy, Debug)]
+enum End {
+    /// A regular file: its mtime (ns since the epoch).
+    File(i128),
+    /// A live stream: now.
+    Live,
+}
+
+fn is_dash(p: &Path) -> bool {
+    p.as_os_str() == "-"
+}
+
+/// Runs pipe mode from `input` to `output`; either may be `-` (stdin, stdout). The
+/// input must be in pipe format (`perf record -o -`); the output is too.
+pub fn run(input: &Path, output: &Path, opts: &Options) -> Result<Report> {
+    if !is_dash(input)
+        && !is_dash(output)
+        && (input == output || crate::inject::same_file(input, output))
+    {
+        return Err(Error::Usage(format!(
+            "{}: output would overwrite the input; write to another file",
+            output.display()
+        )));
+    }
+    let in_name = if is_dash(input) {
+        PathBuf::from("<stdin>")
+    } else {
+        input.to_path_buf()
+    };
+    let mut file = if is_dash(input) {
+        use std::os::fd::AsFd;
+        let fd = std::io::stdin()
+            .as_fd()
+            .try_clone_to_owned()
+            .map_err(|e| Error::io(&in_name, e))?;
+        File::from(fd)
+    } else {
+        File::open(input).map_err(|e| Error::io(input, e))?
+    };
+    let meta = file.metadata().map_err(|e| Error::io(&in_name, e))?;
+    if meta.is_dir() {
+        return Err(Error::Usage(format!(
+            "{}: a directory recording cannot be read as a stream; give an output file",
+            in_name.display()
+        )));
+    }
+    let end = if meta.is_file() {
+        use std::os::unix::fs::MetadataExt;
+        End::File(meta.mtime() as i128 * 1_000_000_000 + meta.mtime_nsec() as i128)
+    } else {
+        End::Live
+    };
+    let pool = crate::inject::pool(opts.jobs)?;
+    let pool = &pool;
+
+    // A regular file is read twice: first for the span of its times, so that the
+    // recording's start (its mtime minus the span) is known before any file is judged.
+    let start_ns = match end {
+        End::File(mtime) => {
+            let first = file.stream_position().unwrap_or(0);
+            let mut dry = Stream::new(&in_name, opts, pool, None, Target::Dry, PathBuf::new());
+            dry.run(&mut BufReader::with_capacity(1 << 20, &mut file))?;
+            file.seek(std::io::SeekFrom::Start(first))
+                .map_err(|e| Error::io(&in_name, e))?;
+            Some(dry.start_from(mtime))
+        }
+        End::Live => None,
+    };
+
+    let mut report = if is_dash(output) {
+        if std::io::stdout().is_terminal() {
+            return Err(Error::Usage(
+                "refusing to write perf data to a terminal; redirect or pipe the output".into(),
+            ));
+        }
+        let out = std::io::stdout().lock();
+        let mut s = Stream::new(
+            &in_name,
+            opts,
+            pool,
+            start_ns,
+            Target::Out(Box::new(BufWriter::with_capacity(1 << 20, out))),
+            PathBuf::from("<stdout>"),
+        );
+        s.run(&mut BufReader::with_capacity(1 << 20, &mut file))?;
+        s.finish()?
+    } else {
+        let tmp = TempOutput::create(output, false)?;
+        let w = std::fs::OpenOptions::new()
+            .write(true)
+            .truncate(true)
+            .open(&tmp.path)
+            .map_err(|e| Error::io(&tmp.path, e))?;
+        let mut s = Stream::new(
+            &in_name,
+            opts,
+            pool,
+            start_ns,
+            Target::Out(Box::new(BufWriter::with_capacity(1 << 20, w))),
+            tmp.path.clone(),
+        );
+        s.run(&mut BufReader::with_capacity(1 << 20, &mut file))
+            .and_then(|()| s.finish())
+            .map_err(|e| e.for_output(&tmp.path, output))
+            .and_then(|r| tmp.commit().map(|()| r))?
+    };
+    report.pipe = true;
+    report.input = input.display().to_string();
+    report.output = output.display().to_string();
+    report.jobs = pool.current_num_threads();
+    Ok(report)
+}
+
+/// Where a stream's records go.
+enum Target<'w> {
+    /// Nowhere: the first pass over a regular file, for its times.
+    Dry,
+    /// To a writer.
+    Out(Box<dyn Write + 'w>),
+}
+
+/// One DSO name decided: its report entry.
+struct Decided {
+    report: DsoReport,
+    dsos: Vec<u32>,
+}
+
+/// The state of one pass over a stream.
+struct Stream<'a, 'w> {
+    name: PathBuf,
+    opts: &'a Options,
+    pool: &'a rayon::ThreadPool,
+    target: Target<'w>,
+    /// The output's name in messages (the temp file, so errors name the real output).
+    out_name: PathBuf,
+    e: Endian,
+    attrs: Vec<Attr>,
+    features: HashMap<u64, Vec<u8>>,
+    trailer: Option<TrailerLayout>,
+    time_mode: Option<bool>,
+    builder: ModelBuilder,
+    scan: ScanOutput,
+    walker: Walker,
+    /// Bytes read and not yet written, starting at stream offset `base`.
+    pending: Vec<u8>,
+    base: u64,
+    /// Bytes of `pending` already scanned.
+    scanned: usize,
+    /// Chunks of `pending` ready to resolve, and where the next one starts.
+    chunks: Vec<Chunk>,
+    chunk_start: u64,
+    chunk_seq: u64,
+    /// The last point at which compressed data is clean: (offset, seq).
+    clean: (u64, u64),
+    /// Start of the recording in wall-clock ns, when known before the pass.
+    start_ns: Option<i128>,
+    /// Smallest and largest sample time seen by the scan.
+    sample_times: Option<(u64, u64)>,
+    /// Wall-clock ns when this pass began.
+    began_ns: i128,
+    /// Why local files were not trusted for some batch (an undated replay).
+    undated: Option<String>,
+    trust: Option<HostTrust>,
+    host: Option<HostInfo>,
+    unwind: Option<Option<UnwindConfig>>,
+    tables: Option<UnwindTables>,
+    decided: BTreeMap<(bool, String), Decided>,
+    hits: Hits,
+    report: Report,
+    records_written: u64,
+    t_resolve: Duration,
+    t_identify: Duration,
+}
+
+impl<'a, 'w> Stream<'a, 'w> {
+    fn new(
+        name: &Path,
+        opts: &'a Options,
+        pool: &'a rayon::ThreadPool,
+        start_ns: Option<i128>,
+        target: Target<'w>,
+        out_name: PathBuf,
+    ) -> Self {
+        Stream {
+            name: name.to_path_buf(),
+            opts,
+            pool,
+            target,
+            out_name,
+            e: Endian::Little,
+            attrs: Vec::new(),
+            features: HashMap::new(),
+            trailer: None,
+            time_mode: None,
+            builder: ModelBuilder::new(),
+            scan: ScanOutput::default(),
+            walker: Walker::new(Endian::Little, 0),
+            pending: Vec::new(),
+            base: PIPE_HEADER_SIZE as u64,
+            scanned: 0,
+            chunks: Vec::new(),
+            chunk_start: PIPE_HEADER_SIZE as u64,
+            chunk_seq: 0,
+            clean: (PIPE_HEADER_SIZE as u64, 0),
+            start_ns,
+            sample_times: None,
+            began_ns: wall_ns(),
+            undated: None,
+            trust: None,
+            host: None,
+            unwind: None,
+            tables: None,
+            decided: BTreeMap::new(),
+            hits: Hits::default(),
+            report: Report::default(),
+            records_written: 0,
+            t_resolve: Duration::ZERO,
+            t_identify: Duration::ZERO,
+        }
+    }
+
+    fn err(&self, offset: u64, what: impl Into<String>) -> Error {
+        Error::format(offset, what).in_file(&self.name)
+    }
+
+    fn write(&mut self, bytes: &[u8]) -> Result<()> {
+        match &mut self.target {
+            Target::Dry => Ok(()),
+            Target::Out(w) => w.write_all(bytes).map_err(|e| Error::io(&self.out_name, e)),
+        }
+    }
+
+    /// The whole pass: header, then batches until the end of the stream.
+    fn run(&mut self, r: &mut dyn Read) -> Result<()> {
+        let mut head = [0u8; PIPE_HEADER_SIZE];
+        read_full(r, &mut head).map_err(|e| Error::io(&self.name, e))?;
+        self.e = pipe_header(&head).ok_or_else(|| {
+            self.err(
+                0,
+                "not a pipe-format perf.data (perf record -o -); a file-format perf.data needs an output file",
+            )
+        })?;
+        self.walker = Walker::new(self.e, 0);
+        self.write(&head)?;
+        loop {
+            let eof = self.fill(r)?;
+            self.scan_pending(eof)?;
+            self.flush_batch(eof)?;
+            if eof {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Reads whole records until a batch is full; true at the end of the stream.
+    fn fill(&mut self, r: &mut dyn Read) -> Result<bool> {
+        while self.pending.len() - self.scanned < BATCH_BYTES {
+            let at = self.base + self.pending.len() as u64;
+            let mut h = [0u8; 8];
+            match read_full(r, &mut h) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                    if read_count(&e) == 0 {
+                        return Ok(true);
+                    }
+                    return Err(self.err(at, "the stream ends inside a record header"));
+                }
+                Err(e) => return Err(Error::io(&self.name, e)),
+            }
+            let hd = RecordHeader::parse(&h, self.e)
+                .ok_or_else(|| self.err(at, "truncated record header"))?;
+            let size = hd.size as usize;
+            if size < 8 {
+                return Err(self.err(
+                    at,
+                    format!(
+                        "record of type {} has size {size}, smaller than its header",
+                        hd.kind
+                    ),
+                ));
+            }
+            let start = self.pending.len();
+            self.pending.extend_from_slice(&h);
+            self.pending.resize(start + size, 0);
+            read_full(r, &mut self.pending[start + 8..]).map_err(|_| {
+                self.err(
+                    at,
+                    format!(
+                        "the stream ends inside a record of type {} and size {size}",
+                        hd.kind
+                    ),
+                )
+            })?;
+            let oob = out_of_band_len(&hd, &self.pending[start..], self.e)
+                .ok_or_else(|| self.err(at, "truncated out-of-band size"))?;
+            if oob > MAX_PAYLOAD {
+                return Err(self.err(
+                    at,
+                    format!(
+                        "record of type {} announces {oob} payload bytes (more than {MAX_PAYLOAD})",
+                        hd.kind
+                    ),
+                ));
+            }
+            if oob > 0 {
+                let got = r
+                    .take(oob)
+                    .read_to_end(&mut self.pending)
+                    .map_err(|e| Error::io(&self.name, e))?;
+                if got as u64 != oob {
+                    return Err(self.err(
+                        at,
+                        format!(
+                            "record of type {} announces {oob} payload bytes; the stream ends after {got}",
+                            hd.kind
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(false)
+    }
+
+    /// Scans the bytes read since the last scan: model, attrs, features, chunks.
+    fn scan_pending(&mut self, eof: bool) -> Result<()> {
+        let data = Arc::new(std::mem::take(&mut self.pending));
+        let df = DataFile {
+            path: self.name.clone(),
+            backing: Backing::Mem(data.clone(), self.base),
+            range: crate::format::header::Section {
+                offset: self.base,
+                size: data.len() as u64,
+            },
+        };
+        let from = self.base + self.scanned as u64;
+        let end = self.base + data.len() as u64;
+        let r = self.scan_range(&df, from, end);
+        drop(df);
+        self.pending = Arc::try_unwrap(data).unwrap_or_else(|a| a.as_ref().clone());
+        r?;
+        self.scanned = self.pending.len();
+        // Resolve up to the last clean point; at the end, everything.
+        let upto = if eof {
+            (end, self.walker.seq)
+        } else {
+            self.clean
+        };
+        if upto.0 > self.chunk_start {
+            self.chunks.push(Chunk {
+                file: 0,
+                start: self.chunk_start,
+                end: upto.0,
+                first_seq: self.chunk_seq,
+            });
+            self.chunk_start = upto.0;
+            self.chunk_seq = upto.1;
+        }
+        Ok(())
+    }
+
+    fn scan_range(&mut self, df: &DataFile, from: u64, end: u64) -> Result<()> {
+        let e = self.e;
+        let Stream {
+            attrs,
+            features,
+            trailer,
+            time_mode,
+            builder,
+            scan,
+            walker,
+            chunks,
+            chunk_start,
+            chunk_seq,
+            clean,
+            name,
+            sample_times,
+            ..
+        } = self;
+        let mut on_rec = |r: &Rec<'_>| -> Result<()> {
+            scan.records += 1;
+            match r.header.kind {
+                rt::HEADER_ATTR => {
+                    let body = r.bytes.get(8..).unwrap_or_default();
+                    let mut a = Attr::parse(body, e, e == Endian::Big).ok_or_else(|| {
+                        Error::format(r.offset, "HEADER_ATTR record holds no valid attr")
+                    })?;
+                    let ids_at = a.size as usize;
+                    a.ids = body
+                        .get(ids_at..)
+                        .unwrap_or_default()
+                        .chunks_exact(8)
+                        .filter_map(|c| e.u64(c, 0))
+                        .collect();
+                    attrs.push(a);
+                    if trailer.is_none() {
+                        *trailer = Some(TrailerLayout::new(
+                            attrs[0].sample_type,
+                            attrs[0].sample_id_all(),
+                        ));
+                    }
+                    Ok(())
+                }
+                rt::HEADER_FEATURE => {
+                    let id = e.u64(r.bytes, 8).ok_or_else(|| {
+                        Error::format(r.offset, "HEADER_FEATURE record is truncated")
+                    })?;
+                    if id != FEAT_TERMINATOR && features.len() < 256 {
+                        features.insert(id, r.bytes[16..].to_vec());
+                    }
+                    Ok(())
+                }
+                rt::SAMPLE => {
+                    scan.samples += 1;
+                    let t = attrs
+                        .first()
+                        .and_then(|a| sample_time(r.bytes, e, a.sample_type))
+                        .filter(|&t| t != 0);
+                    if let Some(t) = t {
+                        let (lo, hi) = sample_times.get_or_insert((t, t));
+                        *lo = (*lo).min(t);
+                        *hi = (*hi).max(t);
+                    }
+                    if attrs.is_empty() {
+                        return Err(Error::format(
+                            r.offset,
+                            "SAMPLE record before any HEADER_ATTR",
+                        ));
+                    }
+                    Ok(())
+                }
+                kind => {
+                    let Some(t) = trailer.as_ref() else {
+                        if matches!(
+                            kind,
+                            rt::SAMPLE | rt::MMAP | rt::MMAP2 | rt::COMM | rt::FORK
+                        ) {
+                            return Err(Error::format(
+                                r.offset,
+                                format!("record of type {kind} before any HEADER_ATTR"),
+                            ));
+                        }
+                        return Ok(());
+                    };
+                    let tm = *time_mode.get_or_insert_with(|| {
+                        attrs.iter().all(|a| a.sample_type & st::TIME != 0)
+                            && attrs[0].sample_id_all()
+                    });
+                    on_record(r, e, t, tm, builder, scan).map_err(|err| match err {
+                        Error::Format {
+                            file: None, what, ..
+                        } if r.inner => {
+                            Error::format(r.offset, format!("in compressed data: {what}"))
+                        }
+                        other => other,
+                    })
+                }
+            }
+        };
+        let mut after = |w: &Walker, next: u64| -> Result<()> {
+            if w.is_clean() {
+                *clean = (next, w.seq);
+                if next - *chunk_start >= CHUNK_BYTES {
+                    chunks.push(Chunk {
+                        file: 0,
+                        start: *chunk_start,
+                        end: next,
+                        first_seq: *chunk_seq,
+                    });
+                    *chunk_start = next;
+                    *chunk_seq = w.seq;
+                }
+            }
+            Ok(())
+        };
+        walker
+            .walk(df, from, end, u64::MAX, &mut on_rec, &mut after)
+            .map_err(|err| err.in_file(name))
+    }
+
+    /// Resolves the ready chunks, identifies DSOs hit for the first time, and writes
+    /// the ready bytes with the new build-ID records; keeps the rest for later.
+    fn flush_batch(&mut self, eof: bool) -> Result<()> {
+        let upto = self.chunk_start;
+        if upto <= self.base {
+            if self.pending.len() > 16 * BATCH_BYTES {
+                return Err(self.err(
+                    self.base,
+                    "compressed data runs for more than 128 MB without reaching a record boundary",
+                ));
+            }
+            return Ok(());
+        }
+        let chunks = std::mem::take(&mut self.chunks);
+        let mut records = Vec::new();
+        if !matches!(self.target, Target::Dry) && !self.attrs.is_empty() {
+            let data = Arc::new(std::mem::take(&mut self.pending));
+            let files = [DataFile {
+                path: self.name.clone(),
+                backing: Backing::Mem(data.clone(), self.base),
+                range: crate::format::header::Section {
+                    offset: self.base,
+                    size: data.len() as u64,
+                },
+            }];
+            let r = self.resolve_and_identify(&files, &chunks, &mut records);
+            drop(files);
+            self.pending = Arc::try_unwrap(data).unwrap_or_else(|a| a.as_ref().clone());
+            r?;
+        }
+        let n = (upto - self.base) as usize;
+        let insert_at = if records.is_empty() {
+            n
+        } else {
+            first_sampleish(&self.pending[..n], self.e)
+        };
+        let pending = std::mem::take(&mut self.pending);
+        let r = self
+            .write(&pending[..insert_at])
+            .and_then(|()| self.write(&records))
+            .and_then(|()| self.write(&pending[insert_at..n]));
+        self.pending = pending;
+        r?;
+        self.pending.drain(..n);
+        self.base = upto;
+        self.scanned = self.pending.len();
+        if eof {
+            debug_assert!(self.pending.is_empty());
+        }
+        Ok(())
+    }
+
+    fn resolve_and_identify(
+        &mut self,
+        files: &[DataFile],
+        chunks: &[Chunk],
+        records: &mut Vec<u8>,
+    ) -> Result<()> {
+        let model = self.builder.snapshot();
+        let (times, undated) = match self.times() {
+            Ok(t) => (t, None),
+            Err(why) => (RecordingTimes::default(), Some(why)),
+        };
+        let time_mode = self.time_mode.unwrap_or(false);
+        let unwind = *self.unwind.get_or_insert_with(|| {
+            unwind_config(
+                self.opts,
+                &self.attrs,
+                self.features.get(&(FEAT_ARCH as u64)),
+                self.e,
+            )
+        });
+        let mut trust = self.trust().clone();
+        let trust_before = trust.clone();
+        if let Some(why) = undated {
+            trust.local = Err(why.clone());
+            self.undated.get_or_insert(why);
+        }
+        let tables = self
+            .tables
+            .get_or_insert_with(|| UnwindTables::new(&model, trust.local.is_ok(), times));
+        tables.grow(&model);
+        tables.set_times(times);
+
+        let t = Instant::now();
+        let mut resolver = Resolver::new(&model, &self.attrs, time_mode, self.e);
+        if let Some(cfg) = unwind {
+            resolver = resolver.with_unwinding(cfg, &*tables);
+        }
+        let hits = self
+            .pool
+            .install(|| resolver.run(files, chunks, &|_| {}, &AtomicBool::new(false)))?;
+        drop(resolver);
+        self.t_resolve += t.elapsed();
+
+        // Names not decided yet that this batch touched (every code DSO with
+        // --buildid-all or AUX data).
+        let all_hit = self.opts.mode == Mode::All || self.scan.has_aux;
+        let mut groups: BTreeMap<(bool, String), Group> = BTreeMap::new();
+        for (i, d) in model.dsos.iter().enumerate() {
+            let key = (d.kind.is_kernel_space(), d.name.clone());
+            if let Some(dec) = self.decided.get_mut(&key) {
+                if !dec.dsos.contains(&(i as u32)) {
+                    dec.dsos.push(i as u32);
+                }
+                continue;
+            }
+            let g = groups.entry(key).or_insert_with(|| Group {
+                name: d.name.clone(),
+                kind: d.kind,
+                dsos: Vec::new(),
+                hits: 0,
+            });
+            g.dsos.push(i as u32);
+            g.hits += hits.per_dso.get(i).copied().unwrap_or(0);
+        }
+        let is_code = |g: &Group| {
+            g.kind != DsoKind::User
+                || g.dsos
+                    .iter()
+                    .any(|&d| !model.dsos[d as usize].exec_pgoffs.is_empty())
+        };
+        let groups: Vec<Group> = groups
+            .into_values()
+            .filter(|g| g.hits > 0 || (all_hit && is_code(g)))
+            .collect();
+        self.hits.merge(hits);
+        if groups.is_empty() {
+            return Ok(());
+        }
+        let t = Instant::now();
+        let table = BuildIdTable::default();
+        let ev = Evidence {
+            table: &table,
+            stream: &self.scan.stream_build_ids,
+            known: &self.opts.known,
+            trust: &trust,
+            times,
+        };
+        let mut outcomes = self
+            .pool
+            .install(|| buildid::identify(&groups, &model, &ev));
+        if self.undated.is_some() && trust_before.local.is_ok() {
+            for o in &mut outcomes {
+                if o.reason == Some(buildid::Reason::OtherHost) {
+                    o.reason = Some(buildid::Reason::Undated);
+                }
+            }
+        }
+        self.t_identify += t.elapsed();
+        for (g, o) in groups.into_iter().zip(outcomes) {
+            let o = self.emit(records, &g, o);
+            self.decided.insert(
+                (g.kind.is_kernel_space(), g.name.clone()),
+                Decided {
+                    report: DsoReport {
+                        path: g.name.clone(),
+                        kind: g.kind,
+                        hits: 0,
+                        build_id: o.build_id.map(|b| b.to_string()),
+                        source: o.source,
+                        reason: o.reason,
+                        detail: o.detail,
+                    },
+                    dsos: g.dsos,
+                },
+            );
+        }
+        Ok(())
+    }
+
+    /// Appends the HEADER_BUILD_ID record for a decided group, unless perf already has
+    /// the ID from the stream itself (a build-ID MMAP2 or an earlier record).
+    fn emit(&mut self, records: &mut Vec<u8>, g: &Group, o: Outcome) -> Outcome {
+        let Some(id) = o.build_id else { return o };
+        if matches!(o.source, Some(Source::Mmap2 | Source::InputTable)) {
+            return o;
+        }
+        let cpumode = if g.kind.is_kernel_space() {
+            misc::KERNEL
+        } else {
+            misc::USER
+        };
+        let at = records.len();
+        if !encode_table_entry(records, self.e, cpumode, &id, g.name.as_bytes()) {
+            return Outcome {
+                reason: Some(buildid::Reason::Unsupported),
+                detail: Some("the name is too long for a build-ID record".into()),
+                ..Outcome::default()
+            };
+        }
+        records[at..at + 4].copy_from_slice(&self.e.put_u32(rt::HEADER_BUILD_ID));
+        self.records_written += 1;
+        o
+    }
+
+    /// Host trust, decided once the stream's features and kernel map are in.
+    fn trust(&mut self) -> &HostTrust {
+        if self.trust.is_none() {
+            let host = self.host.get_or_insert_with(HostInfo::detect);
+            let s = |bit: u32| {
+                self.features
+                    .get(&(bit as u64))
+                    .and_then(|p| parse_string(p, self.e))
+            };
+            let (hostname, release) = (s(FEAT_HOSTNAME), s(FEAT_OSRELEASE));
+            let kref = self
+                .builder
+                .kernel_ref
+                .as_ref()
+                .map(|(s, a)| (s.as_str(), *a));
+            self.trust = Some(HostTrust::decide(
+                hostname.as_deref(),
+                release.as_deref(),
+                kref,
+                host,
+            ));
+        }
+        self.trust.as_ref().unwrap_or_else(|| unreachable!())
+    }
+
+    /// Smallest and largest time of the records and samples seen so far.
+    fn time_range(&self) -> (Option<u64>, Option<u64>) {
+        let (smin, smax) = self.sample_times.unzip();
+        (
+            [self.scan.min_time, smin].into_iter().flatten().min(),
+            [self.scan.max_time, smax].into_iter().flatten().max(),
+        )
+    }
+
+    /// The start CLOCK_DATA gives (perf's clock and the wall clock read together).
+    fn clock_data_start(&self, min: Option<u64>) -> Option<i128> {
+        let cd = self
+            .features
+            .get(&(FEAT_CLOCK_DATA as u64))
+            .and_then(|p| parse_clock_data(p, self.e))?;
+        Some(cd.wall_ns as i128 + min? as i128 - cd.clock_ns as i128)
+    }
+
+    /// The start of a regular file's recording: CLOCK_DATA, else its mtime (the end
+    /// of the recording) minus the span of its times.
+    fn start_from(&self, mtime_ns: i128) -> i128 {
+        let (min, max) = self.time_range();
+        if let Some(s) = self.clock_data_start(min) {
+            return s;
+        }
+        let span = match (min, max) {
+            (Some(a), Some(b)) => b.saturating_sub(a) as i128,
+            _ => 0,
+        };
+        mtime_ns - span
+    }
+
+    /// The recording's start, or why it cannot be known. A regular file's is known
+    /// from the first pass. A live stream's times are perf's clock, which is this
+    /// boot's monotonic clock: when the newest time is close to the monotonic clock
+    /// now, the recording is running now and its start maps onto the wall clock. A
+    /// stream whose times are far from now is a replay (`cat old.data |`): nothing
+    /// dates it, so no local file can be shown unchanged since.
+    fn times(&self) -> std::result::Result<RecordingTimes, String> {
+        let known = |s| Ok(RecordingTimes { start_ns: Some(s) });
+        if let Some(s) = self.start_ns {
+            return known(s);
+        }
+        let (min, max) = self.time_range();
+        if let Some(s) = self.clock_data_start(min) {
+            return known(s);
+        }
+        let (Some(min), Some(max)) = (min, max) else {
+            // No times at all: a live stream began with this process.
+            return known(self.began_ns);
+        };
+        let (mono, wall) = (monotonic_ns(), wall_ns());
+        let lag = mono - max as i128;
+        if (-5_000_000_000..=60_000_000_000).contains(&lag) {
+            known(wall - (mono - min as i128))
+        } else {
+            Err(format!(
+                "the stream's newest time ({:.3} s) is not this boot's clock now ({:.3} s): a replayed recording, and nothing says when it was made; give its file by path (its mtime dates it)",
+                max as f64 / 1e9,
+                mono as f64 / 1e9
+            ))
+        }
+    }
+
+    /// Flushes the output and builds the report.
+    fn finish(&mut self) -> Result<Report> {
+        if let Target::Out(w) = &mut self.target {
+            w.flush().map_err(|e| Error::io(&self.out_name, e))?;
+        }
+        let mut r = std::mem::take(&mut self.report);
+        r.records = self.scan.records;
+        r.samples = self.hits.samples;
+        r.guest_samples = self.hits.guest_samples;
+        r.unmapped_addresses = self.hits.unmapped;
+        r.unknown_event_samples = self.hits.unknown_event;
+        r.compressed_records = self.scan.compressed;
+        r.time_ordered = self.time_mode.unwrap_or(false);
+        r.aux_all_hit = self.scan.has_aux;
+        r.unwound_samples = self.hits.unwound_samples;
+        r.unwound_frames = self.hits.unwound_frames;
+        r.over_budget_samples = self.hits.over_budget;
+        r.frame_capped_samples = self.hits.frame_capped;
+        r.unwind_budget_us = self.unwind.flatten().map(|c| c.budget.as_secs_f64() * 1e6);
+        r.timings_ms = [("resolve", self.t_resolve), ("identify", self.t_identify)]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.as_secs_f64() * 1e3))
+            .collect();
+        if let Some(why) = &self.undated {
+            r.notes.push(format!("no local file is trusted: {why}"));
+        } else if let Some(t) = &self.trust {
+            if let Err(why) = &t.local {
+                r.notes.push(format!("no local file is trusted: {why}"));
+            } else if let Err(why) = &t.kernel {
+                r.notes.push(format!(
+                    "kernel, modules and vdso of this host are not used: {why}"
+                ));
+            }
+        }
+        for d in std::mem::take(&mut self.decided).into_values() {
+            let mut rep = d.report;
+            rep.hits = d
+                .dsos
+                .iter()
+                .map(|&i| self.hits.per_dso.get(i as usize).copied().unwrap_or(0))
+                .sum();
+            r.dsos_hit += 1;
+            if rep.build_id.is_some() {
+                r.ids_written += 1;
+                if !matches!(rep.source, Some(Source::Mmap2 | Source::InputTable)) {
+                    r.ids_new += 1;
+                }
+            } else {
+                r.ids_missing += 1;
+            }
+            r.dsos.push(rep);
+        }
+        Ok(r)
+    }
+}
+
+/// How user stacks are walked in this stream (as in file mode).
+fn unwind_config(
+    opts: &Options,
+    attrs: &[Attr],
+    arch: Option<&Vec<u8>>,
+    e: Endian,
+) -> Option<UnwindConfig> {
+    let has_stacks = attrs
+        .iter()
+        .any(|a| a.sample_type & st::STACK_USER != 0 && a.sample_type & st::REGS_USER != 0);
+    match (opts.unwind, has_stacks) {
+        (UnwindChoice::None, _) | (UnwindChoice::Auto, false) => None,
+        (choice, _) => {
+            let arch = arch
+                .and_then(|p| parse_string(p, e))
+                .as_deref()
+                .and_then(Arch::from_perf)?;
+            Some(UnwindConfig {
+                mode: if choice == UnwindChoice::Fp {
+                    UnwindMode::Fp
+                } else {
+                    UnwindMode::Dwarf
+                },
+                arch,
+                budget: opts.unwind_budget,
+                max_frames: opts.max_frames,
+            })
+        }
+    }
+}
+
+/// Offset of the first record in `bytes` that may hold a sample (a SAMPLE, or
+/// compressed data), or `bytes.len()`: new build-ID records go there.
+fn first_sampleish(bytes: &[u8], e: Endian) -> usize {
+    let mut at = 0usize;
+    while let Some(h) = bytes.get(at..).and_then(|b| RecordHeader::parse(b, e)) {
+        if matches!(h.kind, rt::SAMPLE | rt::COMPRESSED | rt::COMPRESSED2) {
+            return at;
+        }
+        let oob = out_of_band_len(&h, &bytes[at..], e).unwrap_or(0);
+        let Some(next) = (h.size as u64)
+            .checked_add(oob)
+            .and_then(|n| usize::try_from(n).ok())
+            .and_then(|n| at.checked_add(n))
+            .filter(|&n| n > at)
+        else {
+            break;
+        };
+        at = next;
+    }
+    bytes.len()
+}
+
+/// `read_exact` that reports how many bytes it got before the end of the stream.
+fn read_full(r: &mut dyn Read, buf: &mut [u8]) -> std::io::Result<()> {
+    let mut got = 0;
+    while got < buf.len() {
+        match r.read(&mut buf[got..]) {
+            Ok(0) => {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    ShortRead(got),
+                ));
+            }
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+#[derive(Debug)]
+struct ShortRead(usize);
+
+impl std::fmt::Display for ShortRead {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "the stream ended after {} bytes", self.0)
+    }
+}
+
+impl std::error::Error for ShortRead {}
+
+fn read_count(e: &std::io::Error) -> usize {
+    e.get_ref()
+        .and_then(|i| i.downcast_ref::<ShortRead>())
+        .map_or(0, |s| s.0)
+}
+
+/// A sample's time: after IDENTIFIER, IP and TID in perf's fixed sample layout.
+fn sample_time(rec: &[u8], e: Endian, sample_type: u64) -> Option<u64> {
+    if sample_type & st::TIME == 0 {
+        return None;
+    }
+    let before = [st::IDENTIFIER, st::IP, st::TID]
+        .iter()
+        .filter(|&&b| sample_type & b != 0)
+        .count();
+    e.u64(rec, 8 + 8 * before)
+}
+
+fn wall_ns() -> i128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as i128)
+}
+
+/// CLOCK_MONOTONIC in ns: perf's default clock on this boot.
+fn monotonic_ns() -> i128 {
+    // SAFETY: clock_gettime writes the timespec.
+    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
+    if unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) } != 0 {
+        return 0;
+    }
+    ts.tv_sec as i128 * 1_000_000_000 + ts.tv_nsec as i128
+}

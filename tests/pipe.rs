@@ -1,0 +1,274 @@
+//! Pipe mode end to end: `perf record -B -o - | pdinject --buildids - - | perf ...`,
+//! pipe-format files given by path or on stdin, and what must be refused. Each test
+//! skips (with a `SKIP` notice) when perf, gcc or the right to record is missing.
+
+mod common;
+
+use common::*;
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+struct Setup {
+    perf: Perf,
+    _tmp: tempfile::TempDir,
+    dir: PathBuf,
+    fx: Fixtures,
+}
+
+fn setup(test: &str) -> Option<Setup> {
+    let perf = can_record(test)?;
+    let tmp = tempfile::Builder::new()
+        .prefix(&format!("pdinject-{test}-"))
+        .tempdir()
+        .unwrap();
+    let dir = tmp.path().to_path_buf();
+    let fx = build_fixtures(&dir);
+    Some(Setup {
+        perf,
+        _tmp: tmp,
+        dir,
+        fx,
+    })
+}
+
+fn s(p: &Path) -> String {
+    p.to_string_lossy().into_owned()
+}
+
+/// Runs `sh -c SCRIPT` in `dir` with `$PERF` and `$PDINJECT` set; must succeed.
+fn sh(st: &Setup, script: &str) -> std::process::Output {
+    let mut c = Command::new("sh");
+    c.current_dir(&st.dir)
+        .arg("-c")
+        .arg(script)
+        .env("PERF", &st.perf.bin)
+        .env("PDINJECT", env!("CARGO_BIN_EXE_pdinject"))
+        .env("PERF_PAGER", "cat");
+    if let Some(l) = &st.perf.ld_library_path {
+        c.env("LD_LIBRARY_PATH", l);
+    }
+    run_ok(&mut c)
+}
+
+/// `perf record -q -B -o - OPTS -- ./prog > NAME`: a pipe-format recording.
+fn record_pipe(st: &Setup, opts: &str, name: &str) -> PathBuf {
+    sh(
+        st,
+        &format!("\"$PERF\" record -q -B -o - {opts} -- ./prog > {name}"),
+    );
+    let p = st.dir.join(name);
+    assert!(is_pipe_format(&p), "{} is not in pipe format", p.display());
+    p
+}
+
+fn is_pipe_format(p: &Path) -> bool {
+    fs::read(p)
+        .map(|b| b.len() >= 16 && &b[..8] == b"PERFILE2" && le64(&b, 8) == 16)
+        .unwrap_or(false)
+}
+
+/// The IDs perf takes from a stream's HEADER_BUILD_ID records, as `perf buildid-list
+/// -v` announces them while reading ("build id event received for PATH: ID").
+fn received_ids(perf: &Perf, file: &Path) -> BTreeMap<String, String> {
+    let o = run(perf.cmd().args(["buildid-list", "-v", "-i"]).arg(file));
+    let mut m = BTreeMap::new();
+    for l in String::from_utf8_lossy(&o.stderr).lines() {
+        if let Some(rest) = l.strip_prefix("build id event received for ")
+            && let Some((path, id)) = rest.rsplit_once(": ")
+        {
+            let id = id.split_whitespace().next().unwrap_or("");
+            m.insert(path.to_string(), id.to_lowercase());
+        }
+    }
+    m
+}
+
+/// The IDs every pipe output must carry, checked with `perf buildid-list` (or, for
+/// compressed streams, which perf's buildid-list cannot decompress in pipe mode, from
+/// the records perf reports receiving).
+fn assert_fixture_ids(perf: &Perf, st: &Setup, out: &Path, ctx: &str, compressed: bool) {
+    let table = if compressed {
+        received_ids(perf, out)
+    } else {
+        buildid_list(perf, out)
+    };
+    let want = [
+        (s(&st.fx.prog), PROG_ID.to_string()),
+        (s(&st.fx.libfix), LIB_ID.to_string()),
+    ];
+    for (path, id) in want {
+        assert_eq!(
+            table.get(&path).map(String::as_str),
+            Some(id.as_str()),
+            "{ctx} ({}): {path} in perf buildid-list of {}; got {table:?}",
+            perf.name,
+            out.display()
+        );
+    }
+    let libc = table
+        .keys()
+        .find(|k| k.ends_with("/libc.so.6"))
+        .cloned()
+        .unwrap_or_else(|| panic!("{ctx}: no libc in {table:?}"));
+    assert_eq!(
+        table.get(&libc).cloned(),
+        elf_build_id(Path::new(&libc)),
+        "{ctx}: libc's ID"
+    );
+    assert!(
+        table
+            .get(&s(&st.fx.libunused))
+            .is_none_or(|id| id.is_empty()),
+        "{ctx}: libunused (never sampled) got an ID: {table:?}"
+    );
+}
+
+/// The brief's pipeline, live: perf record into pdinject into a file (with a copy of
+/// perf's stream kept by tee), for frame-pointer, compressed and DWARF recordings.
+#[test]
+fn live_pipeline_writes_ids_and_keeps_every_record() {
+    let Some(st) = setup("live_pipeline_writes_ids_and_keeps_every_record") else {
+        return;
+    };
+    let p612 = perf612("live_pipeline_writes_ids_and_keeps_every_record");
+    for (name, opts) in [
+        ("fp", "-g"),
+        ("z", "-z -g"),
+        ("dwarf", "--call-graph dwarf,4096"),
+    ] {
+        let input = st.dir.join(format!("{name}.in.pdata"));
+        let output = st.dir.join(format!("{name}.out.pdata"));
+        let report = st.dir.join(format!("{name}.json"));
+        sh(
+            &st,
+            &format!(
+                "set -e; \"$PERF\" record -q -B -o - {opts} -- ./prog | tee {} | \"$PDINJECT\" --buildids --report {} - - > {}",
+                input.display(),
+                report.display(),
+                output.display()
+            ),
+        );
+        assert!(is_pipe_format(&output), "{name}: output not in pipe format");
+        let ctx = format!("live pipe ({name})");
+        let z = name == "z";
+        assert_fixture_ids(&st.perf, &st, &output, &ctx, z);
+        assert_same_script(&st.perf, &input, &output, SCRIPT_ARGS);
+        if let Some(p) = &p612 {
+            assert_fixture_ids(p, &st, &output, &ctx, z);
+            assert_same_script(p, &input, &output, SCRIPT_ARGS);
+        }
+        let r = read_report(&report);
+        assert!(r["ids_new"].as_u64().unwrap_or(0) >= 3, "{ctx}: report {r}");
+        if name == "dwarf" {
+            assert!(
+                r["unwound_samples"].as_u64().unwrap_or(0) > 0,
+                "{ctx}: no stack was unwound: {r}"
+            );
+        }
+        // Every input byte is in the output; only HEADER_BUILD_ID records were added.
+        let (a, b) = (fs::read(&input).unwrap(), fs::read(&output).unwrap());
+        assert!(b.len() > a.len(), "{ctx}: nothing was added");
+    }
+}
+
+/// A pipe-format file given by path, on stdin as a file, and replayed through a
+/// pipe: a binary rewritten in place after the recording gets no ID in every case.
+#[test]
+fn pipe_file_inputs_and_a_stale_binary() {
+    let Some(st) = setup("pipe_file_inputs_and_a_stale_binary") else {
+        return;
+    };
+    let input = record_pipe(&st, "-g", "in.pdata");
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    // Unchanged: the path form writes a pipe-format file with the IDs.
+    let out = st.dir.join("out.pdata");
+    let (_, report) = pdinject_ok(&input, &out, &[]);
+    assert!(is_pipe_format(&out), "output not in pipe format");
+    assert_fixture_ids(&st.perf, &st, &out, "pipe file by path", false);
+    assert_same_script(&st.perf, &input, &out, SCRIPT_ARGS);
+    assert_eq!(report["ids_missing"].as_u64(), Some(0), "report: {report}");
+
+    // Rewrite prog in place (same inode, new content and mtime).
+    let repl = st.dir.join("repl");
+    fs::create_dir(&repl).unwrap();
+    build_prog(&repl.join("prog"), PROG_ID_B, true, &st.dir);
+    run_ok(Command::new("cp").arg(repl.join("prog")).arg(&st.fx.prog));
+    let prog = s(&st.fx.prog);
+    for (how, script) in [
+        ("by path", "\"$PDINJECT\" in.pdata s1.pdata"),
+        (
+            "stdin is the file",
+            "\"$PDINJECT\" - - < in.pdata > s2.pdata",
+        ),
+        (
+            "replayed through a pipe",
+            "cat in.pdata | \"$PDINJECT\" - - > s3.pdata",
+        ),
+    ] {
+        let o = sh(&st, script);
+        let name = script
+            .split_whitespace()
+            .find(|w| w.starts_with('s') && w.ends_with(".pdata"))
+            .unwrap();
+        let table = buildid_list(&st.perf, &st.dir.join(name));
+        assert!(
+            table.get(&prog).is_none_or(|id| id.is_empty()),
+            "{how}: the rewritten {prog} got an ID: {table:?}\n{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        assert_eq!(
+            table.get(&s(&st.fx.libfix)).map(String::as_str),
+            Some(LIB_ID),
+            "{how}: libfix is unchanged and must keep its ID"
+        );
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains("stale"), "{how}: summary: {err}");
+    }
+}
+
+/// What pipe mode refuses or rejects: a file-format input to a pipe, a truncated
+/// stream (clear error, no output left), a stream that is not perf data.
+#[test]
+fn pipe_refusals_and_truncation() {
+    let Some(st) = setup("pipe_refusals_and_truncation") else {
+        return;
+    };
+    let file_fmt = st.dir.join("file.data");
+    record_in(&st.perf, &st.dir, &file_fmt, &["-B", "--", "./prog"]);
+    let o = run(pdinject().arg(&file_fmt).arg("-").stdout(Stdio::piped()));
+    assert_eq!(o.status.code(), Some(2), "file-format to pipe: {o:?}");
+    assert!(o.stdout.is_empty(), "file-format to pipe wrote data");
+
+    let input = record_pipe(&st, "-g", "in.pdata");
+    let bytes = fs::read(&input).unwrap();
+    let cut = st.dir.join("cut.pdata");
+    fs::write(&cut, &bytes[..bytes.len() * 2 / 3]).unwrap();
+    let out = st.dir.join("cut-out.pdata");
+    let o = run(pdinject().arg(&cut).arg(&out));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "truncated: {err}");
+    assert!(
+        err.starts_with(&format!("pdinject: {}: offset 0x", cut.display())),
+        "truncated: the message must name the file and offset: {err}"
+    );
+    assert!(!out.exists(), "truncated input left an output");
+    let left: Vec<_> = fs::read_dir(&st.dir)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().contains(".tmp"))
+        .collect();
+    assert!(left.is_empty(), "temp files left: {left:?}");
+
+    let o = run(Command::new("sh")
+        .arg("-c")
+        .arg("echo not perf data | \"$PDINJECT\" - - > /dev/null")
+        .env("PDINJECT", env!("CARGO_BIN_EXE_pdinject")));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "garbage on stdin: {err}");
+    assert!(
+        err.contains("<stdin>"),
+        "the message must name stdin: {err}"
+    );
+}
