@@ -55,6 +55,41 @@ pub struct Dso {
     pub exec_pgoffs: Vec<u64>,
 }
 
+/// One process's address space at one key: the newest checkpoint at or before it and
+/// the events that follow (see [`Model::space`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Space<'m> {
+    model: &'m Model,
+    pid: u32,
+    depth: u32,
+    maps: &'m [MapEntry],
+    events: &'m [Event],
+}
+
+impl Space<'_> {
+    /// The mapping covering `addr`.
+    pub fn lookup(&self, addr: u64) -> Option<MapEntry> {
+        for ev in self.events.iter().rev() {
+            match ev.kind {
+                EventKind::Map(m) if m.start <= addr && addr < m.end => return Some(m),
+                EventKind::Map(_) => {}
+                EventKind::Exec => return None,
+                EventKind::Fork { parent } => {
+                    if self.depth >= MAX_FORK_DEPTH || parent == self.pid {
+                        return None;
+                    }
+                    return self
+                        .model
+                        .lookup_depth(parent, addr, ev.key, self.depth + 1);
+                }
+            }
+        }
+        let i = self.maps.partition_point(|m| m.start <= addr);
+        let m = self.maps.get(i.checked_sub(1)?)?;
+        (addr < m.end).then_some(*m)
+    }
+}
+
 /// A mapping of a process.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MapEntry {
@@ -360,6 +395,16 @@ impl Model {
     }
 
     fn lookup_depth(&self, pid: u32, addr: u64, key: Key, depth: u32) -> Option<MapEntry> {
+        self.space_depth(pid, key, depth)?.lookup(addr)
+    }
+
+    /// `pid`'s address space as of `key`, for many lookups at that key (the entries
+    /// of one sample's callchain): the process and checkpoint are found once.
+    pub fn space(&self, pid: u32, key: Key) -> Option<Space<'_>> {
+        self.space_depth(pid, key, 0)
+    }
+
+    fn space_depth(&self, pid: u32, key: Key, depth: u32) -> Option<Space<'_>> {
         let p = self.procs.get(&pid)?;
         let n = p.events.partition_point(|e| e.key <= key);
         if n == 0 {
@@ -370,22 +415,13 @@ impl Model {
             Some(i) => (&p.checkpoints[i].maps, p.checkpoints[i].upto),
             None => (&[], 0),
         };
-        for ev in p.events[from..n].iter().rev() {
-            match ev.kind {
-                EventKind::Map(m) if m.start <= addr && addr < m.end => return Some(m),
-                EventKind::Map(_) => {}
-                EventKind::Exec => return None,
-                EventKind::Fork { parent } => {
-                    if depth >= MAX_FORK_DEPTH || parent == pid {
-                        return None;
-                    }
-                    return self.lookup_depth(parent, addr, ev.key, depth + 1);
-                }
-            }
-        }
-        let i = maps.partition_point(|m| m.start <= addr);
-        let m = maps.get(i.checked_sub(1)?)?;
-        (addr < m.end).then_some(*m)
+        Some(Space {
+            model: self,
+            pid,
+            depth,
+            maps,
+            events: &p.events[from..n],
+        })
     }
 
     /// Version of `pid`'s address space as of `key`: equal versions of one process

@@ -28,7 +28,7 @@ use crate::write::TempOutput;
 use crate::{Error, Result};
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
-use std::io::{BufReader, BufWriter, IsTerminal, Read, Seek, Write};
+use std::io::{BufWriter, IsTerminal, Read, Seek, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
@@ -40,6 +40,8 @@ pub const PIPE_HEADER_SIZE: usize = 16;
 pub const BATCH_BYTES: usize = 8 << 20;
 /// Target size of a resolve chunk within a batch.
 const CHUNK_BYTES: u64 = 1 << 20;
+/// Bytes read from the input at a time.
+const READ_BLOCK: u64 = 4 << 20;
 /// Largest out-of-band payload (AUXTRACE, TRACING_DATA) accepted in a stream.
 const MAX_PAYLOAD: u64 = 1 << 30;
 /// perf's `HEADER_LAST_FEATURE` terminator of the HEADER_FEATURE records.
@@ -93,7 +95,7 @@ pub fn validate(path: &Path) -> Result<()> {
     let pool = crate::inject::pool(opts.jobs)?;
     let mut f = File::open(path).map_err(|e| Error::io(path, e))?;
     let mut s = Stream::new(path, &opts, &pool, None, Target::Dry, PathBuf::new());
-    s.run(&mut BufReader::new(&mut f))
+    s.run(&mut f)
 }
 
 /// When the recording ended, as far as the input can tell.
@@ -158,7 +160,7 @@ pub fn run(input: &Path, output: &Path, opts: &Options) -> Result<Report> {
         End::File(mtime) => {
             let first = file.stream_position().unwrap_or(0);
             let mut dry = Stream::new(&in_name, opts, pool, None, Target::Dry, PathBuf::new());
-            dry.run(&mut BufReader::with_capacity(1 << 20, &mut file))?;
+            dry.run(&mut file)?;
             file.seek(std::io::SeekFrom::Start(first))
                 .map_err(|e| Error::io(&in_name, e))?;
             Some(dry.start_from(mtime))
@@ -181,7 +183,7 @@ pub fn run(input: &Path, output: &Path, opts: &Options) -> Result<Report> {
             Target::Out(Box::new(BufWriter::with_capacity(1 << 20, out))),
             PathBuf::from("<stdout>"),
         );
-        s.run(&mut BufReader::with_capacity(1 << 20, &mut file))?;
+        s.run(&mut file)?;
         s.finish()?
     } else {
         let tmp = TempOutput::create(output, false)?;
@@ -198,7 +200,7 @@ pub fn run(input: &Path, output: &Path, opts: &Options) -> Result<Report> {
             Target::Out(Box::new(BufWriter::with_capacity(1 << 20, w))),
             tmp.path.clone(),
         );
-        s.run(&mut BufReader::with_capacity(1 << 20, &mut file))
+        s.run(&mut file)
             .and_then(|()| s.finish())
             .map_err(|e| e.for_output(&tmp.path, output))
             .and_then(|r| tmp.commit().map(|()| r))?
@@ -245,6 +247,8 @@ struct Stream<'a, 'w> {
     base: u64,
     /// Bytes of `pending` already scanned.
     scanned: usize,
+    /// Bytes of `pending` that hold whole records (the rest is a record still arriving).
+    parsed: usize,
     /// Chunks of `pending` ready to resolve, and where the next one starts.
     chunks: Vec<Chunk>,
     chunk_start: u64,
@@ -297,6 +301,7 @@ impl<'a, 'w> Stream<'a, 'w> {
             pending: Vec::new(),
             base: PIPE_HEADER_SIZE as u64,
             scanned: 0,
+            parsed: 0,
             chunks: Vec::new(),
             chunk_start: PIPE_HEADER_SIZE as u64,
             chunk_seq: 0,
@@ -332,7 +337,15 @@ impl<'a, 'w> Stream<'a, 'w> {
     /// The whole pass: header, then batches until the end of the stream.
     fn run(&mut self, r: &mut dyn Read) -> Result<()> {
         let mut head = [0u8; PIPE_HEADER_SIZE];
-        read_full(r, &mut head).map_err(|e| Error::io(&self.name, e))?;
+        let mut got = 0;
+        while got < head.len() {
+            match r.read(&mut head[got..]) {
+                Ok(0) => break,
+                Ok(n) => got += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(Error::io(&self.name, e)),
+            }
+        }
         self.e = pipe_header(&head).ok_or_else(|| {
             self.err(
                 0,
@@ -344,80 +357,82 @@ impl<'a, 'w> Stream<'a, 'w> {
         loop {
             let eof = self.fill(r)?;
             self.scan_pending(eof)?;
-            self.flush_batch(eof)?;
+            self.flush_batch()?;
             if eof {
                 return Ok(());
             }
         }
     }
 
-    /// Reads whole records until a batch is full; true at the end of the stream.
+    /// Reads until a batch of whole records is ready; true at the end of the stream.
     fn fill(&mut self, r: &mut dyn Read) -> Result<bool> {
-        while self.pending.len() - self.scanned < BATCH_BYTES {
-            let at = self.base + self.pending.len() as u64;
-            let mut h = [0u8; 8];
-            match read_full(r, &mut h) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
-                    if read_count(&e) == 0 {
-                        return Ok(true);
-                    }
-                    return Err(self.err(at, "the stream ends inside a record header"));
-                }
-                Err(e) => return Err(Error::io(&self.name, e)),
+        loop {
+            self.parse_complete()?;
+            if self.parsed - self.scanned >= BATCH_BYTES {
+                return Ok(false);
             }
-            let hd = RecordHeader::parse(&h, self.e)
-                .ok_or_else(|| self.err(at, "truncated record header"))?;
-            let size = hd.size as usize;
+            // Straight into the batch's spare capacity: no intermediate buffer, no
+            // zeroing.
+            let got = (&mut *r)
+                .take(READ_BLOCK)
+                .read_to_end(&mut self.pending)
+                .map_err(|e| Error::io(&self.name, e))?;
+            if got == 0 {
+                if self.parsed < self.pending.len() {
+                    let at = self.base + self.parsed as u64;
+                    let what = match RecordHeader::parse(&self.pending[self.parsed..], self.e) {
+                        Some(h) => format!(
+                            "the stream ends inside a record of type {} and size {}",
+                            h.kind, h.size
+                        ),
+                        None => "the stream ends inside a record header".into(),
+                    };
+                    return Err(self.err(at, what));
+                }
+                return Ok(true);
+            }
+        }
+    }
+
+    /// Advances `parsed` over the whole records (out-of-band payloads included) that
+    /// `pending` holds.
+    fn parse_complete(&mut self) -> Result<()> {
+        loop {
+            let rest = &self.pending[self.parsed..];
+            let Some(h) = RecordHeader::parse(rest, self.e) else {
+                return Ok(());
+            };
+            let at = self.base + self.parsed as u64;
+            let size = h.size as usize;
             if size < 8 {
                 return Err(self.err(
                     at,
                     format!(
                         "record of type {} has size {size}, smaller than its header",
-                        hd.kind
+                        h.kind
                     ),
                 ));
             }
-            let start = self.pending.len();
-            self.pending.extend_from_slice(&h);
-            self.pending.resize(start + size, 0);
-            read_full(r, &mut self.pending[start + 8..]).map_err(|_| {
-                self.err(
-                    at,
-                    format!(
-                        "the stream ends inside a record of type {} and size {size}",
-                        hd.kind
-                    ),
-                )
-            })?;
-            let oob = out_of_band_len(&hd, &self.pending[start..], self.e)
+            if rest.len() < size {
+                return Ok(());
+            }
+            let oob = out_of_band_len(&h, &rest[..size], self.e)
                 .ok_or_else(|| self.err(at, "truncated out-of-band size"))?;
             if oob > MAX_PAYLOAD {
                 return Err(self.err(
                     at,
                     format!(
                         "record of type {} announces {oob} payload bytes (more than {MAX_PAYLOAD})",
-                        hd.kind
+                        h.kind
                     ),
                 ));
             }
-            if oob > 0 {
-                let got = r
-                    .take(oob)
-                    .read_to_end(&mut self.pending)
-                    .map_err(|e| Error::io(&self.name, e))?;
-                if got as u64 != oob {
-                    return Err(self.err(
-                        at,
-                        format!(
-                            "record of type {} announces {oob} payload bytes; the stream ends after {got}",
-                            hd.kind
-                        ),
-                    ));
-                }
+            let total = size as u64 + oob;
+            if (rest.len() as u64) < total {
+                return Ok(());
             }
+            self.parsed += total as usize;
         }
-        Ok(false)
     }
 
     /// Scans the bytes read since the last scan: model, attrs, features, chunks.
@@ -432,12 +447,12 @@ impl<'a, 'w> Stream<'a, 'w> {
             },
         };
         let from = self.base + self.scanned as u64;
-        let end = self.base + data.len() as u64;
+        let end = self.base + self.parsed as u64;
         let r = self.scan_range(&df, from, end);
         drop(df);
         self.pending = Arc::try_unwrap(data).unwrap_or_else(|a| a.as_ref().clone());
         r?;
-        self.scanned = self.pending.len();
+        self.scanned = self.parsed;
         // Resolve up to the last clean point; at the end, everything.
         let upto = if eof {
             (end, self.walker.seq)
@@ -578,7 +593,7 @@ impl<'a, 'w> Stream<'a, 'w> {
 
     /// Resolves the ready chunks, identifies DSOs hit for the first time, and writes
     /// the ready bytes with the new build-ID records; keeps the rest for later.
-    fn flush_batch(&mut self, eof: bool) -> Result<()> {
+    fn flush_batch(&mut self) -> Result<()> {
         let upto = self.chunk_start;
         if upto <= self.base {
             if self.pending.len() > 16 * BATCH_BYTES {
@@ -621,10 +636,8 @@ impl<'a, 'w> Stream<'a, 'w> {
         r?;
         self.pending.drain(..n);
         self.base = upto;
-        self.scanned = self.pending.len();
-        if eof {
-            debug_assert!(self.pending.is_empty());
-        }
+        self.scanned -= n;
+        self.parsed -= n;
         Ok(())
     }
 
@@ -968,42 +981,6 @@ fn first_sampleish(bytes: &[u8], e: Endian) -> usize {
         at = next;
     }
     bytes.len()
-}
-
-/// `read_exact` that reports how many bytes it got before the end of the stream.
-fn read_full(r: &mut dyn Read, buf: &mut [u8]) -> std::io::Result<()> {
-    let mut got = 0;
-    while got < buf.len() {
-        match r.read(&mut buf[got..]) {
-            Ok(0) => {
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::UnexpectedEof,
-                    ShortRead(got),
-                ));
-            }
-            Ok(n) => got += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
-}
-
-#[derive(Debug)]
-struct ShortRead(usize);
-
-impl std::fmt::Display for ShortRead {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "the stream ended after {} bytes", self.0)
-    }
-}
-
-impl std::error::Error for ShortRead {}
-
-fn read_count(e: &std::io::Error) -> usize {
-    e.get_ref()
-        .and_then(|i| i.downcast_ref::<ShortRead>())
-        .map_or(0, |s| s.0)
 }
 
 /// A sample's time: after IDENTIFIER, IP and TID in perf's fixed sample layout.

@@ -11,7 +11,7 @@ use crate::format::attr::Attr;
 use crate::format::record::{misc, rt};
 use crate::format::sample::{SampleLayout, sample_id, u64s};
 use crate::input::DataFile;
-use crate::model::{DsoId, KERNEL_PID, Key, MapEntry, Model};
+use crate::model::{DsoId, KERNEL_PID, Key, MapEntry, Model, Space};
 use crate::scan::{Chunk, Rec, Walker};
 use crate::{Error, Result};
 use rayon::prelude::*;
@@ -88,19 +88,42 @@ impl Hits {
 }
 
 /// Scratch reused for every sample of a chunk.
-struct Scratch {
+struct Scratch<'m> {
     touched: Vec<DsoId>,
     last: Option<(u32, MapEntry)>,
+    /// The sample's address spaces (kernel, process), found once per sample.
+    spaces: [Option<(u32, Option<Space<'m>>)>; 2],
 }
 
-impl Scratch {
+impl<'m> Scratch<'m> {
+    /// Forgets the previous sample.
+    fn reset(&mut self) {
+        self.touched.clear();
+        self.last = None;
+        self.spaces = [None, None];
+    }
+
+    /// The address space `pid` of the current sample (at `key`).
+    #[inline]
+    fn space(&mut self, model: &'m Model, pid: u32, key: Key) -> Option<Space<'m>> {
+        for (p, sp) in self.spaces.iter().flatten() {
+            if *p == pid {
+                return *sp;
+            }
+        }
+        let sp = model.space(pid, key);
+        let slot = if self.spaces[0].is_none() { 0 } else { 1 };
+        self.spaces[slot] = Some((pid, sp));
+        sp
+    }
+
     /// Looks `addr` up in `space` at `key` and marks its DSO; the last mapping found
     /// answers first, since neighbouring entries of one sample share DSOs.
     #[inline]
-    fn look(&mut self, model: &Model, space: u32, addr: u64, key: Key, unmapped: &mut u64) {
+    fn look(&mut self, model: &'m Model, space: u32, addr: u64, key: Key, unmapped: &mut u64) {
         let m = match self.last {
             Some((sp, m)) if sp == space && m.start <= addr && addr < m.end => m,
-            _ => match model.lookup(space, addr, key) {
+            _ => match self.space(model, space, key).and_then(|s| s.lookup(addr)) {
                 Some(m) => {
                     self.last = Some((space, m));
                     m
@@ -194,6 +217,7 @@ impl<'a> Resolver<'a> {
         let mut sc = Scratch {
             touched: Vec::with_capacity(64),
             last: None,
+            spaces: [None, None],
         };
         let mut walker = Walker::new(self.e, c.first_seq);
         let mut on_rec = |r: &Rec<'_>| -> Result<()> {
@@ -219,7 +243,7 @@ impl<'a> Resolver<'a> {
         &self,
         r: &Rec<'_>,
         hits: &mut Hits,
-        sc: &mut Scratch,
+        sc: &mut Scratch<'a>,
         w: Option<&mut unwind::Worker>,
     ) -> Result<()> {
         let e = self.e;
@@ -266,8 +290,7 @@ impl<'a> Resolver<'a> {
         );
         let pid = s.pid;
         let model = self.model;
-        sc.touched.clear();
-        sc.last = None;
+        sc.reset();
         if let Some(ip) = s.ip {
             match (cpumode, pid) {
                 (misc::KERNEL, _) => sc.look(model, KERNEL_PID, ip, key, &mut hits.unmapped),
