@@ -224,6 +224,8 @@ enum Target<'w> {
 struct Decided {
     report: DsoReport,
     dsos: Vec<u32>,
+    /// The path was mapped from another file after the decision.
+    later_file: bool,
 }
 
 /// The state of one pass over a stream.
@@ -250,11 +252,14 @@ struct Stream<'a, 'w> {
     /// Bytes of `pending` that hold whole records (the rest is a record still arriving).
     parsed: usize,
     /// Chunks of `pending` ready to resolve, and where the next one starts.
-    chunks: Vec<Chunk>,
-    chunk_start: u64,
-    chunk_seq: u64,
+    /// Clean points at least CHUNK_BYTES apart after `base`: (offset, seq).
+    cuts: Vec<(u64, u64)>,
+    /// `seq` of the record at `base`.
+    base_seq: u64,
     /// The last point at which compressed data is clean: (offset, seq).
     clean: (u64, u64),
+    /// Clean points after the last two FINISHED_ROUND records, older first.
+    rounds: [Option<(u64, u64)>; 2],
     /// Start of the recording in wall-clock ns, when known before the pass.
     start_ns: Option<i128>,
     /// Smallest and largest sample time seen by the scan.
@@ -302,10 +307,10 @@ impl<'a, 'w> Stream<'a, 'w> {
             base: PIPE_HEADER_SIZE as u64,
             scanned: 0,
             parsed: 0,
-            chunks: Vec::new(),
-            chunk_start: PIPE_HEADER_SIZE as u64,
-            chunk_seq: 0,
+            cuts: Vec::new(),
+            base_seq: 0,
             clean: (PIPE_HEADER_SIZE as u64, 0),
+            rounds: [None, None],
             start_ns,
             sample_times: None,
             began_ns: wall_ns(),
@@ -357,7 +362,7 @@ impl<'a, 'w> Stream<'a, 'w> {
         loop {
             let eof = self.fill(r)?;
             self.scan_pending(eof)?;
-            self.flush_batch()?;
+            self.flush_batch(eof)?;
             if eof {
                 return Ok(());
             }
@@ -453,23 +458,27 @@ impl<'a, 'w> Stream<'a, 'w> {
         self.pending = Arc::try_unwrap(data).unwrap_or_else(|a| a.as_ref().clone());
         r?;
         self.scanned = self.parsed;
-        // Resolve up to the last clean point; at the end, everything.
-        let upto = if eof {
-            (end, self.walker.seq)
-        } else {
-            self.clean
-        };
-        if upto.0 > self.chunk_start {
-            self.chunks.push(Chunk {
-                file: 0,
-                start: self.chunk_start,
-                end: upto.0,
-                first_seq: self.chunk_seq,
-            });
-            self.chunk_start = upto.0;
-            self.chunk_seq = upto.1;
+        if eof {
+            self.clean = (end, self.walker.seq);
         }
         Ok(())
+    }
+
+    /// Where the bytes that may be resolved now end: (offset, seq). perf writes each
+    /// CPU's buffer in turn, so a mapping can follow in the stream a sample that
+    /// needs it; but a record after a FINISHED_ROUND is never older than everything
+    /// before the round before it. Up to the second-to-last round, every mapping a
+    /// sample needs has been read. Streams without rounds (one buffer, or old perf)
+    /// resolve up to the last clean point, as does a carry grown past 4 batches.
+    fn safe_end(&self, eof: bool) -> (u64, u64) {
+        if eof {
+            return self.clean;
+        }
+        match self.rounds {
+            [Some(r), _] => r,
+            [None, Some(_)] if self.pending.len() < 4 * BATCH_BYTES => (self.base, self.base_seq),
+            _ => self.clean,
+        }
     }
 
     fn scan_range(&mut self, df: &DataFile, from: u64, end: u64) -> Result<()> {
@@ -482,16 +491,19 @@ impl<'a, 'w> Stream<'a, 'w> {
             builder,
             scan,
             walker,
-            chunks,
-            chunk_start,
-            chunk_seq,
+            cuts,
+            base,
             clean,
+            rounds,
             name,
             sample_times,
             ..
         } = self;
+        // The record just walked was a FINISHED_ROUND (read by `after`).
+        let at_round = std::cell::Cell::new(false);
         let mut on_rec = |r: &Rec<'_>| -> Result<()> {
             scan.records += 1;
+            at_round.set(r.header.kind == rt::FINISHED_ROUND && !r.inner);
             match r.header.kind {
                 rt::HEADER_ATTR => {
                     let body = r.bytes.get(8..).unwrap_or_default();
@@ -573,15 +585,12 @@ impl<'a, 'w> Stream<'a, 'w> {
         let mut after = |w: &Walker, next: u64| -> Result<()> {
             if w.is_clean() {
                 *clean = (next, w.seq);
-                if next - *chunk_start >= CHUNK_BYTES {
-                    chunks.push(Chunk {
-                        file: 0,
-                        start: *chunk_start,
-                        end: next,
-                        first_seq: *chunk_seq,
-                    });
-                    *chunk_start = next;
-                    *chunk_seq = w.seq;
+                let last = cuts.last().map_or(*base, |c| c.0);
+                if next - last >= CHUNK_BYTES {
+                    cuts.push((next, w.seq));
+                }
+                if at_round.get() {
+                    *rounds = [rounds[1], Some((next, w.seq))];
                 }
             }
             Ok(())
@@ -593,8 +602,8 @@ impl<'a, 'w> Stream<'a, 'w> {
 
     /// Resolves the ready chunks, identifies DSOs hit for the first time, and writes
     /// the ready bytes with the new build-ID records; keeps the rest for later.
-    fn flush_batch(&mut self) -> Result<()> {
-        let upto = self.chunk_start;
+    fn flush_batch(&mut self, eof: bool) -> Result<()> {
+        let (upto, upto_seq) = self.safe_end(eof);
         if upto <= self.base {
             if self.pending.len() > 16 * BATCH_BYTES {
                 return Err(self.err(
@@ -604,7 +613,24 @@ impl<'a, 'w> Stream<'a, 'w> {
             }
             return Ok(());
         }
-        let chunks = std::mem::take(&mut self.chunks);
+        let mut chunks = Vec::new();
+        let (mut start, mut seq) = (self.base, self.base_seq);
+        for &(off, s) in self.cuts.iter().filter(|c| c.0 < upto) {
+            chunks.push(Chunk {
+                file: 0,
+                start,
+                end: off,
+                first_seq: seq,
+            });
+            (start, seq) = (off, s);
+        }
+        chunks.push(Chunk {
+            file: 0,
+            start,
+            end: upto,
+            first_seq: seq,
+        });
+        self.cuts.retain(|c| c.0 > upto);
         let mut records = Vec::new();
         if !matches!(self.target, Target::Dry) && !self.attrs.is_empty() {
             let data = Arc::new(std::mem::take(&mut self.pending));
@@ -636,6 +662,7 @@ impl<'a, 'w> Stream<'a, 'w> {
         r?;
         self.pending.drain(..n);
         self.base = upto;
+        self.base_seq = upto_seq;
         self.scanned -= n;
         self.parsed -= n;
         Ok(())
@@ -692,6 +719,12 @@ impl<'a, 'w> Stream<'a, 'w> {
             let key = (d.kind.is_kernel_space(), d.name.clone());
             if let Some(dec) = self.decided.get_mut(&key) {
                 if !dec.dsos.contains(&(i as u32)) {
+                    // The record already written named the first file; perf keeps a
+                    // mapping of another inode apart, without that ID.
+                    dec.later_file |= dec
+                        .dsos
+                        .iter()
+                        .any(|&o| buildid::inode_conflict(&model.dsos[o as usize].ident, &d.ident));
                     dec.dsos.push(i as u32);
                 }
                 continue;
@@ -754,6 +787,7 @@ impl<'a, 'w> Stream<'a, 'w> {
                         detail: o.detail,
                     },
                     dsos: g.dsos,
+                    later_file: false,
                 },
             );
         }
@@ -910,6 +944,12 @@ impl<'a, 'w> Stream<'a, 'w> {
         }
         for d in std::mem::take(&mut self.decided).into_values() {
             let mut rep = d.report;
+            if d.later_file && rep.build_id.is_some() {
+                rep.detail = Some(
+                    "mapped from another file later in the stream: the ID names the first one; the later file's samples have none"
+                        .into(),
+                );
+            }
             rep.hits = d
                 .dsos
                 .iter()

@@ -155,7 +155,7 @@ fn same_space(e: &TableEntry, kind: DsoKind) -> bool {
         && e.is_kernel() == kind.is_kernel_space()
 }
 
-fn inode_conflict(a: &FileIdent, b: &FileIdent) -> bool {
+pub(crate) fn inode_conflict(a: &FileIdent, b: &FileIdent) -> bool {
     match (a, b) {
         (
             FileIdent::Inode {
