@@ -3,6 +3,9 @@
 # touch, DWARF unwinding included; anonymous memory, heap, stack and inlined-frame
 # markers left out) against the build-ID tables written by pdinject,
 # perf 6.1 `inject -b` and (if unpacked by ../shared/tools/perf612.sh) perf 6.12.
+# Pipe-format outputs have no table: there a DSO counts when perf reports receiving its
+# HEADER_BUILD_ID record (`perf buildid-list -v`: "build id event received for P: ID"),
+# since buildid-list itself lists only the DSOs of sample IPs for streams.
 # Usage: benches/coverage.sh FILE...
 set -uo pipefail
 FILES=(); for f in "$@"; do FILES+=("$(realpath "$f")"); done
@@ -12,15 +15,24 @@ PDI=$PWD/target/release/pdinject
 P612=/tmp/p612/usr/bin/perf
 p612() { LD_LIBRARY_PATH=/tmp/p612/usr/lib/x86_64-linux-gnu $P612 "$@"; }
 T=$(mktemp -d /dev/shm/pdi-cov.XXXXXX 2>/dev/null || mktemp -d); trap 'rm -rf "$T"' EXIT
+# ids PERF... -- FILE: the paths with an ID that perf takes from FILE.
+ids() {
+  local f=${*: -1} cmd=("${@:1:$#-2}")
+  if [ "$(head -c 16 "$f" | tail -c 8 | od -An -tu8 | tr -d ' ')" = 16 ]; then
+    "${cmd[@]}" buildid-list -v -i "$f" 2>&1 >/dev/null | sed -n 's/^build id event received for \(.*\): [0-9a-f]*.*$/\1/p' | sort -u
+  else
+    "${cmd[@]}" buildid-list -i "$f" 2>/dev/null | awk 'NF==2{print $2}' | sort -u
+  fi
+}
 printf '%-22s %8s %9s %9s %9s %s\n' file script pdinject perf6.1 perf6.12 "missed by pdinject (no ID and why)"
 for f in "${FILES[@]}"; do
   perf script -F ip,dso -i "$f" 2>/dev/null | grep -o '([^()]*)$' | tr -d '()' | grep -v -e '^unknown$' -e '^\[unknown\]$' -e '^inlined$' -e '^//anon' -e '^\[heap\]$' -e '^\[stack' | sort -u > "$T/script"
   "$PDI" -q "$f" "$T/pdi.data" --report "$T/r.json" 2>/dev/null
-  perf buildid-list -i "$T/pdi.data" 2>/dev/null | awk 'NF==2{print $2}' | sort -u > "$T/pdi"
+  ids perf -- "$T/pdi.data" > "$T/pdi"
   perf inject -b -i "$f" -o "$T/p61.data" 2>/dev/null
-  perf buildid-list -i "$T/p61.data" 2>/dev/null | awk 'NF==2{print $2}' | sort -u > "$T/p61"
+  ids perf -- "$T/p61.data" > "$T/p61"
   if [ -x $P612 ]; then p612 inject -b -i "$f" -o "$T/p612.data" 2>/dev/null
-    p612 buildid-list -i "$T/p612.data" 2>/dev/null | awk 'NF==2{print $2}' | sort -u > "$T/p612"; else : > "$T/p612"; fi
+    ids p612 -- "$T/p612.data" > "$T/p612"; else : > "$T/p612"; fi
   n=$(wc -l < "$T/script")
   c() { comm -12 "$T/script" "$T/$1" | wc -l; }
   missed=$(comm -23 "$T/script" "$T/pdi" | while read -r d; do

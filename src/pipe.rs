@@ -1050,3 +1050,57 @@ fn monotonic_ns() -> i128 {
     }
     ts.tv_sec as i128 * 1_000_000_000 + ts.tv_nsec as i128
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(kind: u32, size: u16) -> Vec<u8> {
+        let mut v = Vec::new();
+        v.extend_from_slice(&kind.to_le_bytes());
+        v.extend_from_slice(&0u16.to_le_bytes());
+        v.extend_from_slice(&size.to_le_bytes());
+        v.resize(size as usize, 0);
+        v
+    }
+
+    #[test]
+    fn pipe_headers() {
+        let mut h = b"PERFILE2".to_vec();
+        h.extend_from_slice(&16u64.to_le_bytes());
+        assert_eq!(pipe_header(&h), Some(Endian::Little));
+        let mut be = b"2ELIFREP".to_vec();
+        be.extend_from_slice(&16u64.to_be_bytes());
+        assert_eq!(pipe_header(&be), Some(Endian::Big));
+        h[8] = 104;
+        assert_eq!(pipe_header(&h), None, "a file header is not a pipe header");
+        assert_eq!(pipe_header(b"PERFILE2"), None);
+    }
+
+    #[test]
+    fn records_go_before_the_first_record_that_may_hold_samples() {
+        let mut b = rec(rt::HEADER_ATTR, 16);
+        b.extend(rec(rt::MMAP2, 24));
+        let at = b.len();
+        b.extend(rec(rt::COMPRESSED, 32));
+        b.extend(rec(rt::SAMPLE, 16));
+        assert_eq!(first_sampleish(&b, Endian::Little), at);
+        let only_maps = rec(rt::MMAP2, 24);
+        assert_eq!(first_sampleish(&only_maps, Endian::Little), only_maps.len());
+        // A zero size ends the walk instead of looping.
+        let mut bad = rec(rt::MMAP2, 24);
+        bad.extend_from_slice(&[1, 0, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(first_sampleish(&bad, Endian::Little), bad.len());
+    }
+
+    #[test]
+    fn sample_time_follows_identifier_ip_and_tid() {
+        let mut r = vec![0u8; 8];
+        for v in [7u64, 0x1000, 42, 123_456] {
+            r.extend_from_slice(&v.to_le_bytes());
+        }
+        let t = st::IDENTIFIER | st::IP | st::TID | st::TIME;
+        assert_eq!(sample_time(&r, Endian::Little, t), Some(123_456));
+        assert_eq!(sample_time(&r, Endian::Little, st::IP), None);
+    }
+}
