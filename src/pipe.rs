@@ -40,6 +40,8 @@ pub const PIPE_HEADER_SIZE: usize = 16;
 pub const BATCH_BYTES: usize = 8 << 20;
 /// Target size of a resolve chunk within a batch.
 const CHUNK_BYTES: u64 = 1 << 20;
+/// Window of a regular file mapped at once by the first pass.
+const DRY_WINDOW: u64 = 16 << 20;
 /// Bytes read from the input at a time.
 const READ_BLOCK: u64 = 4 << 20;
 /// Largest out-of-band payload (AUXTRACE, TRACING_DATA) accepted in a stream.
@@ -160,9 +162,7 @@ pub fn run(input: &Path, output: &Path, opts: &Options) -> Result<Report> {
         End::File(mtime) => {
             let first = file.stream_position().unwrap_or(0);
             let mut dry = Stream::new(&in_name, opts, pool, None, Target::Dry, PathBuf::new());
-            dry.run(&mut file)?;
-            file.seek(std::io::SeekFrom::Start(first))
-                .map_err(|e| Error::io(&in_name, e))?;
+            dry.scan_mapped(&file, first, meta.len())?;
             Some(dry.start_from(mtime))
         }
         End::Live => None,
@@ -369,6 +369,32 @@ impl<'a, 'w> Stream<'a, 'w> {
         }
     }
 
+    /// The first pass over a regular file: the scan alone, over a map of the file in
+    /// windows (record headers and times are touched, nothing is copied).
+    fn scan_mapped(&mut self, file: &File, first: u64, len: u64) -> Result<()> {
+        let mut head = [0u8; PIPE_HEADER_SIZE];
+        std::os::unix::fs::FileExt::read_exact_at(file, &mut head, first)
+            .map_err(|_| self.err(first, "not a pipe-format perf.data (too short)"))?;
+        self.e = pipe_header(&head).ok_or_else(|| {
+            self.err(
+                first,
+                "not a pipe-format perf.data (perf record -o -); a file-format perf.data needs an output file",
+            )
+        })?;
+        self.walker = Walker::new(self.e, 0);
+        let start = first + PIPE_HEADER_SIZE as u64;
+        self.base = start;
+        let df = DataFile {
+            path: self.name.clone(),
+            backing: Backing::File(file.try_clone().map_err(|e| Error::io(&self.name, e))?),
+            range: crate::format::header::Section {
+                offset: start,
+                size: len.saturating_sub(start),
+            },
+        };
+        self.scan_range(&df, start, len.max(start), DRY_WINDOW)
+    }
+
     /// Reads until a batch of whole records is ready; true at the end of the stream.
     fn fill(&mut self, r: &mut dyn Read) -> Result<bool> {
         loop {
@@ -453,7 +479,7 @@ impl<'a, 'w> Stream<'a, 'w> {
         };
         let from = self.base + self.scanned as u64;
         let end = self.base + self.parsed as u64;
-        let r = self.scan_range(&df, from, end);
+        let r = self.scan_range(&df, from, end, u64::MAX);
         drop(df);
         self.pending = Arc::try_unwrap(data).unwrap_or_else(|a| a.as_ref().clone());
         r?;
@@ -481,7 +507,7 @@ impl<'a, 'w> Stream<'a, 'w> {
         }
     }
 
-    fn scan_range(&mut self, df: &DataFile, from: u64, end: u64) -> Result<()> {
+    fn scan_range(&mut self, df: &DataFile, from: u64, end: u64, window: u64) -> Result<()> {
         let e = self.e;
         let Stream {
             attrs,
@@ -596,7 +622,7 @@ impl<'a, 'w> Stream<'a, 'w> {
             Ok(())
         };
         walker
-            .walk(df, from, end, u64::MAX, &mut on_rec, &mut after)
+            .walk(df, from, end, window, &mut on_rec, &mut after)
             .map_err(|err| err.in_file(name))
     }
 
