@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 /// Size of `struct perf_pipe_file_header`.
 pub const PIPE_HEADER_SIZE: usize = 16;
 /// Bytes read before a batch is resolved and written.
-pub const BATCH_BYTES: usize = 8 << 20;
+pub const BATCH_BYTES: usize = 64 << 20;
 /// Target size of a resolve chunk within a batch.
 const CHUNK_BYTES: u64 = 1 << 20;
 /// Window of a regular file mapped at once by the first pass.
