@@ -72,6 +72,19 @@ pub fn is_pipe_file(path: &Path) -> bool {
 /// Pipe mode from any reader to any writer (a live stream: the recording is taken
 /// to be running now, see [`Stream::times`]). `name` names the input in messages.
 pub fn process(r: &mut dyn Read, w: &mut dyn Write, name: &Path, opts: &Options) -> Result<Report> {
+    process_in_batches(r, w, name, opts, BATCH_BYTES)
+}
+
+/// [`process`] with batches of `batch` bytes (tests drive many small batches through
+/// the carry-over from one batch to the next).
+#[doc(hidden)]
+pub fn process_in_batches(
+    r: &mut dyn Read,
+    w: &mut dyn Write,
+    name: &Path,
+    opts: &Options,
+    batch: usize,
+) -> Result<Report> {
     let pool = crate::inject::pool(opts.jobs)?;
     let mut s = Stream::new(
         name,
@@ -81,6 +94,7 @@ pub fn process(r: &mut dyn Read, w: &mut dyn Write, name: &Path, opts: &Options)
         Target::Out(Box::new(w)),
         PathBuf::from("<output>"),
     );
+    s.batch = batch.max(1);
     s.run(r)?;
     let mut report = s.finish()?;
     report.pipe = true;
@@ -233,6 +247,8 @@ struct Stream<'a, 'w> {
     name: PathBuf,
     opts: &'a Options,
     pool: &'a rayon::ThreadPool,
+    /// Bytes of new records that make a batch.
+    batch: usize,
     target: Target<'w>,
     /// The output's name in messages (the temp file, so errors name the real output).
     out_name: PathBuf,
@@ -293,6 +309,7 @@ impl<'a, 'w> Stream<'a, 'w> {
             name: name.to_path_buf(),
             opts,
             pool,
+            batch: BATCH_BYTES,
             target,
             out_name,
             e: Endian::Little,
@@ -399,7 +416,7 @@ impl<'a, 'w> Stream<'a, 'w> {
     fn fill(&mut self, r: &mut dyn Read) -> Result<bool> {
         loop {
             self.parse_complete()?;
-            if self.parsed - self.scanned >= BATCH_BYTES {
+            if self.parsed - self.scanned >= self.batch {
                 return Ok(false);
             }
             // Straight into the batch's spare capacity: no intermediate buffer, no
@@ -502,7 +519,7 @@ impl<'a, 'w> Stream<'a, 'w> {
         }
         match self.rounds {
             [Some(r), _] => r,
-            [None, Some(_)] if self.pending.len() < 4 * BATCH_BYTES => (self.base, self.base_seq),
+            [None, Some(_)] if self.pending.len() < 4 * self.batch => (self.base, self.base_seq),
             _ => self.clean,
         }
     }
@@ -631,10 +648,13 @@ impl<'a, 'w> Stream<'a, 'w> {
     fn flush_batch(&mut self, eof: bool) -> Result<()> {
         let (upto, upto_seq) = self.safe_end(eof);
         if upto <= self.base {
-            if self.pending.len() > 16 * BATCH_BYTES {
+            if self.pending.len() > 16 * self.batch {
                 return Err(self.err(
                     self.base,
-                    "compressed data runs for more than 128 MB without reaching a record boundary",
+                    format!(
+                        "compressed data runs for more than {} MB without reaching a record boundary",
+                        (16 * self.batch) >> 20
+                    ),
                 ));
             }
             return Ok(());

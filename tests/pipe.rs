@@ -272,3 +272,43 @@ fn pipe_refusals_and_truncation() {
         "the message must name stdin: {err}"
     );
 }
+
+/// Many small batches (4 KiB, so every few records end a batch and the rest waits for
+/// the next round) give the same stream and the same IDs as one big batch.
+#[test]
+fn small_batches_match_one_batch() {
+    let Some(st) = setup("small_batches_match_one_batch") else {
+        return;
+    };
+    // Small buffers (-m 4) make perf write many FINISHED_ROUNDs.
+    for (name, opts) in [("fp", "-g -m 4"), ("dwarf", "--call-graph dwarf,1024 -m 8")] {
+        let input = record_pipe(&st, opts, &format!("{name}.pdata"));
+        let bytes = fs::read(&input).unwrap();
+        let run = |batch: usize, out: &str| -> PathBuf {
+            let mut o = Vec::new();
+            let opts = pdinject::inject::Options::default();
+            let r = pdinject::pipe::process_in_batches(
+                &mut &bytes[..],
+                &mut o,
+                Path::new(out),
+                &opts,
+                batch,
+            )
+            .unwrap_or_else(|e| panic!("{name}: batch {batch}: {e}"));
+            assert_eq!(r.ids_missing, 0, "{name}: batch {batch}: {r:?}");
+            let p = st.dir.join(out);
+            fs::write(&p, o).unwrap();
+            p
+        };
+        let big = run(64 << 20, &format!("{name}.big.pdata"));
+        let small = run(4096, &format!("{name}.small.pdata"));
+        assert_same_script(&st.perf, &input, &small, SCRIPT_ARGS);
+        assert_same_script(&st.perf, &big, &small, SCRIPT_ARGS);
+        let (a, b) = (received_ids(&st.perf, &big), received_ids(&st.perf, &small));
+        assert!(a.len() >= 3, "{name}: one batch gave {a:?}");
+        assert_eq!(
+            a, b,
+            "{name}: IDs differ between one batch and 4 KiB batches"
+        );
+    }
+}
