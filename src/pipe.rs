@@ -14,7 +14,7 @@ use crate::buildid::{
 };
 use crate::format::Endian;
 use crate::format::attr::{Attr, st};
-use crate::format::feature::{BuildIdTable, encode_table_entry, parse_clock_data, parse_string};
+use crate::format::feature::{BuildIdTable, parse_clock_data, parse_string};
 use crate::format::header::{FEAT_ARCH, FEAT_CLOCK_DATA, FEAT_HOSTNAME, FEAT_OSRELEASE};
 use crate::format::record::{RecordHeader, TrailerLayout, misc, out_of_band_len, rt};
 use crate::inject::{Mode, Options, UnwindChoice};
@@ -25,6 +25,7 @@ use crate::resolve::unwind::{Arch, UnwindConfig, UnwindMode, UnwindTables};
 use crate::resolve::{Hits, Resolver};
 use crate::scan::{Chunk, Rec, ScanOutput, Walker, on_record};
 use crate::write::TempOutput;
+use crate::write::stream::build_id_record;
 use crate::{Error, Result};
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
@@ -356,6 +357,18 @@ impl<'a, 'w> Stream<'a, 'w> {
         }
     }
 
+    /// Takes the byte order from the pipe header read at `at`.
+    fn start(&mut self, head: &[u8], at: u64) -> Result<()> {
+        self.e = pipe_header(head).ok_or_else(|| {
+            self.err(
+                at,
+                "not a pipe-format perf.data (perf record -o -); give a file-format perf.data by path, with an output file",
+            )
+        })?;
+        self.walker = Walker::new(self.e, 0);
+        Ok(())
+    }
+
     /// The whole pass: header, then batches until the end of the stream.
     fn run(&mut self, r: &mut dyn Read) -> Result<()> {
         let mut head = [0u8; PIPE_HEADER_SIZE];
@@ -368,13 +381,7 @@ impl<'a, 'w> Stream<'a, 'w> {
                 Err(e) => return Err(Error::io(&self.name, e)),
             }
         }
-        self.e = pipe_header(&head).ok_or_else(|| {
-            self.err(
-                0,
-                "not a pipe-format perf.data (perf record -o -); a file-format perf.data needs an output file",
-            )
-        })?;
-        self.walker = Walker::new(self.e, 0);
+        self.start(&head, 0)?;
         self.write(&head)?;
         loop {
             let eof = self.fill(r)?;
@@ -392,13 +399,7 @@ impl<'a, 'w> Stream<'a, 'w> {
         let mut head = [0u8; PIPE_HEADER_SIZE];
         std::os::unix::fs::FileExt::read_exact_at(file, &mut head, first)
             .map_err(|_| self.err(first, "not a pipe-format perf.data (too short)"))?;
-        self.e = pipe_header(&head).ok_or_else(|| {
-            self.err(
-                first,
-                "not a pipe-format perf.data (perf record -o -); a file-format perf.data needs an output file",
-            )
-        })?;
-        self.walker = Walker::new(self.e, 0);
+        self.start(&head, first)?;
         let start = first + PIPE_HEADER_SIZE as u64;
         self.base = start;
         let df = DataFile {
@@ -852,15 +853,13 @@ impl<'a, 'w> Stream<'a, 'w> {
         } else {
             misc::USER
         };
-        let at = records.len();
-        if !encode_table_entry(records, self.e, cpumode, &id, g.name.as_bytes()) {
+        if !build_id_record(records, self.e, cpumode, &id, g.name.as_bytes()) {
             return Outcome {
                 reason: Some(buildid::Reason::Unsupported),
                 detail: Some("the name is too long for a build-ID record".into()),
                 ..Outcome::default()
             };
         }
-        records[at..at + 4].copy_from_slice(&self.e.put_u32(rt::HEADER_BUILD_ID));
         self.records_written += 1;
         o
     }
