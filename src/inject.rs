@@ -421,15 +421,9 @@ fn analyse(
     }
     // perf always lists the vdso; --buildid-all and AUX recordings list every DSO
     // mapped as code (files only ever mapped as data, like locale archives, are not).
-    let is_code = |g: &Group| {
-        g.kind != DsoKind::User
-            || g.dsos
-                .iter()
-                .any(|&d| !model.dsos[d as usize].exec_pgoffs.is_empty())
-    };
     let groups: Vec<Group> = groups
         .into_values()
-        .filter(|g| (all_hit && is_code(g)) || g.hits > 0 || g.kind == DsoKind::Vdso)
+        .filter(|g| (all_hit && g.is_code(&model)) || g.hits > 0 || g.kind == DsoKind::Vdso)
         .collect();
 
     let table = match input.feature(FEAT_BUILD_ID) {

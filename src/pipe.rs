@@ -19,7 +19,7 @@ use crate::format::header::{FEAT_ARCH, FEAT_CLOCK_DATA, FEAT_HOSTNAME, FEAT_OSRE
 use crate::format::record::{RecordHeader, TrailerLayout, misc, out_of_band_len, rt};
 use crate::inject::{Mode, Options, UnwindChoice};
 use crate::input::{Backing, DataFile};
-use crate::model::{DsoKind, ModelBuilder};
+use crate::model::ModelBuilder;
 use crate::report::{DsoReport, Report};
 use crate::resolve::unwind::{Arch, UnwindConfig, UnwindMode, UnwindTables};
 use crate::resolve::{Hits, Resolver};
@@ -785,15 +785,9 @@ impl<'a, 'w> Stream<'a, 'w> {
             g.dsos.push(i as u32);
             g.hits += hits.per_dso.get(i).copied().unwrap_or(0);
         }
-        let is_code = |g: &Group| {
-            g.kind != DsoKind::User
-                || g.dsos
-                    .iter()
-                    .any(|&d| !model.dsos[d as usize].exec_pgoffs.is_empty())
-        };
         let groups: Vec<Group> = groups
             .into_values()
-            .filter(|g| g.hits > 0 || (all_hit && is_code(g)))
+            .filter(|g| g.hits > 0 || (all_hit && g.is_code(&model)))
             .collect();
         self.hits.merge(hits);
         if groups.is_empty() {

@@ -10,33 +10,6 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-struct Setup {
-    perf: Perf,
-    _tmp: tempfile::TempDir,
-    dir: PathBuf,
-    fx: Fixtures,
-}
-
-fn setup(test: &str) -> Option<Setup> {
-    let perf = can_record(test)?;
-    let tmp = tempfile::Builder::new()
-        .prefix(&format!("pdinject-{test}-"))
-        .tempdir()
-        .unwrap();
-    let dir = tmp.path().to_path_buf();
-    let fx = build_fixtures(&dir);
-    Some(Setup {
-        perf,
-        _tmp: tmp,
-        dir,
-        fx,
-    })
-}
-
-fn s(p: &Path) -> String {
-    p.to_string_lossy().into_owned()
-}
-
 /// Runs `sh -c SCRIPT` in `dir` with `$PERF` and `$PDINJECT` set; must succeed.
 fn sh(st: &Setup, script: &str) -> std::process::Output {
     let mut c = Command::new("sh");

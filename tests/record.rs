@@ -12,34 +12,6 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-/// A temp dir with the fixtures built, and a perf that can record.
-struct Setup {
-    perf: Perf,
-    _tmp: tempfile::TempDir,
-    dir: PathBuf,
-    fx: Fixtures,
-}
-
-fn setup(test: &str) -> Option<Setup> {
-    let perf = can_record(test)?;
-    let tmp = tempfile::Builder::new()
-        .prefix(&format!("pdinject-{test}-"))
-        .tempdir()
-        .unwrap();
-    let dir = tmp.path().to_path_buf();
-    let fx = build_fixtures(&dir);
-    Some(Setup {
-        perf,
-        _tmp: tmp,
-        dir,
-        fx,
-    })
-}
-
-fn s(p: &Path) -> String {
-    p.to_string_lossy().into_owned()
-}
-
 /// Lets the coarse file-time clock move past the end of the recording, so a change
 /// made "after the recording" has a later timestamp than the perf.data file.
 fn settle() {

@@ -50,6 +50,20 @@ pub struct Group {
     pub hits: u64,
 }
 
+impl Group {
+    /// Mapped as code at least once (a file only ever mapped as data, like a locale
+    /// archive, is not a DSO perf lists); kernel-space DSOs and the vdso always are.
+    pub fn is_code(&self, model: &Model) -> bool {
+        self.kind != DsoKind::User
+            || self.dsos.iter().any(|&d| {
+                model
+                    .dsos
+                    .get(d as usize)
+                    .is_some_and(|d| !d.exec_pgoffs.is_empty())
+            })
+    }
+}
+
 /// The answer for one group.
 #[derive(Clone, Debug, Default)]
 pub struct Outcome {

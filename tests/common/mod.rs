@@ -808,3 +808,34 @@ pub fn padded_demo(pad: usize) -> Vec<u8> {
     }
     out
 }
+
+// ---------------------------------------------------------------------------
+// Recording tests
+
+/// A temp dir with the fixtures built, and a perf that can record.
+pub struct Setup {
+    pub perf: Perf,
+    pub _tmp: tempfile::TempDir,
+    pub dir: PathBuf,
+    pub fx: Fixtures,
+}
+
+pub fn setup(test: &str) -> Option<Setup> {
+    let perf = can_record(test)?;
+    let tmp = tempfile::Builder::new()
+        .prefix(&format!("pdinject-{test}-"))
+        .tempdir()
+        .unwrap();
+    let dir = tmp.path().to_path_buf();
+    let fx = build_fixtures(&dir);
+    Some(Setup {
+        perf,
+        _tmp: tmp,
+        dir,
+        fx,
+    })
+}
+
+pub fn s(p: &Path) -> String {
+    p.to_string_lossy().into_owned()
+}
