@@ -191,12 +191,18 @@ fn pipe_file_inputs_and_a_stale_binary() {
             "{how}: the rewritten {prog} got an ID: {table:?}\n{}",
             String::from_utf8_lossy(&o.stderr)
         );
+        let err = String::from_utf8_lossy(&o.stderr);
+        // A replay is dated by perf's clock being this boot's monotonic clock; where
+        // that does not hold, the replay is `undated` and no local file gets an ID.
+        if how.starts_with("replayed") && err.contains("undated") {
+            eprintln!("NOTE {how}: the stream was not dated here: {err}");
+            continue;
+        }
         assert_eq!(
             table.get(&s(&st.fx.libfix)).map(String::as_str),
             Some(LIB_ID),
             "{how}: libfix is unchanged and must keep its ID"
         );
-        let err = String::from_utf8_lossy(&o.stderr);
         assert!(err.contains("stale"), "{how}: summary: {err}");
     }
 }
