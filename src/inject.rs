@@ -9,7 +9,6 @@ use crate::format::feature::{
 use crate::format::header::{
     FEAT_ARCH, FEAT_BUILD_ID, FEAT_CLOCK_DATA, FEAT_HOSTNAME, FEAT_OSRELEASE,
 };
-use crate::format::record::misc;
 use crate::input::PerfInput;
 use crate::model::{DsoKind, ModelBuilder};
 use crate::report::{DsoReport, Report};
@@ -549,12 +548,7 @@ fn add_entry(
     if o.in_input_table || table.legacy {
         return true;
     }
-    let cpumode = if g.kind.is_kernel_space() {
-        misc::KERNEL
-    } else {
-        misc::USER
-    };
-    encode_table_entry(out, e, cpumode, &id, g.name.as_bytes())
+    encode_table_entry(out, e, g.kind.build_id_cpumode(), &id, g.name.as_bytes())
 }
 
 /// When did the recording start, in wall-clock ns? From CLOCK_DATA when the file has

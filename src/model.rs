@@ -40,6 +40,15 @@ impl DsoKind {
     pub fn is_kernel_space(self) -> bool {
         matches!(self, DsoKind::Kernel | DsoKind::Module)
     }
+
+    /// The cpumode of its build-ID table entry or record.
+    pub fn build_id_cpumode(self) -> u16 {
+        if self.is_kernel_space() {
+            misc::KERNEL
+        } else {
+            misc::USER
+        }
+    }
 }
 
 /// One distinct mapped object: a name plus the identity the records gave it.

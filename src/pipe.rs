@@ -16,7 +16,7 @@ use crate::format::Endian;
 use crate::format::attr::{Attr, st};
 use crate::format::feature::{BuildIdTable, parse_clock_data, parse_string};
 use crate::format::header::{FEAT_ARCH, FEAT_CLOCK_DATA, FEAT_HOSTNAME, FEAT_OSRELEASE};
-use crate::format::record::{RecordHeader, TrailerLayout, misc, out_of_band_len, rt};
+use crate::format::record::{RecordHeader, TrailerLayout, out_of_band_len, rt};
 use crate::inject::{Mode, Options, UnwindChoice};
 use crate::input::{Backing, DataFile};
 use crate::model::ModelBuilder;
@@ -291,8 +291,6 @@ struct Stream<'a, 'w> {
     tables: Option<UnwindTables>,
     decided: BTreeMap<(bool, String), Decided>,
     hits: Hits,
-    report: Report,
-    records_written: u64,
     t_resolve: Duration,
     t_identify: Duration,
 }
@@ -339,8 +337,6 @@ impl<'a, 'w> Stream<'a, 'w> {
             tables: None,
             decided: BTreeMap::new(),
             hits: Hits::default(),
-            report: Report::default(),
-            records_written: 0,
             t_resolve: Duration::ZERO,
             t_identify: Duration::ZERO,
         }
@@ -837,16 +833,12 @@ impl<'a, 'w> Stream<'a, 'w> {
 
     /// Appends the HEADER_BUILD_ID record for a decided group, unless perf already has
     /// the ID from the stream itself (a build-ID MMAP2 or an earlier record).
-    fn emit(&mut self, records: &mut Vec<u8>, g: &Group, o: Outcome) -> Outcome {
+    fn emit(&self, records: &mut Vec<u8>, g: &Group, o: Outcome) -> Outcome {
         let Some(id) = o.build_id else { return o };
         if matches!(o.source, Some(Source::Mmap2 | Source::InputTable)) {
             return o;
         }
-        let cpumode = if g.kind.is_kernel_space() {
-            misc::KERNEL
-        } else {
-            misc::USER
-        };
+        let cpumode = g.kind.build_id_cpumode();
         if !build_id_record(records, self.e, cpumode, &id, g.name.as_bytes()) {
             return Outcome {
                 reason: Some(buildid::Reason::Unsupported),
@@ -854,7 +846,6 @@ impl<'a, 'w> Stream<'a, 'w> {
                 ..Outcome::default()
             };
         }
-        self.records_written += 1;
         o
     }
 
@@ -952,7 +943,7 @@ impl<'a, 'w> Stream<'a, 'w> {
         if let Target::Out(w) = &mut self.target {
             w.flush().map_err(|e| Error::io(&self.out_name, e))?;
         }
-        let mut r = std::mem::take(&mut self.report);
+        let mut r = Report::default();
         r.records = self.scan.records;
         r.samples = self.hits.samples;
         r.guest_samples = self.hits.guest_samples;
