@@ -943,24 +943,26 @@ impl<'a, 'w> Stream<'a, 'w> {
         if let Target::Out(w) = &mut self.target {
             w.flush().map_err(|e| Error::io(&self.out_name, e))?;
         }
-        let mut r = Report::default();
-        r.records = self.scan.records;
-        r.samples = self.hits.samples;
-        r.guest_samples = self.hits.guest_samples;
-        r.unmapped_addresses = self.hits.unmapped;
-        r.unknown_event_samples = self.hits.unknown_event;
-        r.compressed_records = self.scan.compressed;
-        r.time_ordered = self.time_mode.unwrap_or(false);
-        r.aux_all_hit = self.scan.has_aux;
-        r.unwound_samples = self.hits.unwound_samples;
-        r.unwound_frames = self.hits.unwound_frames;
-        r.over_budget_samples = self.hits.over_budget;
-        r.frame_capped_samples = self.hits.frame_capped;
-        r.unwind_budget_us = self.unwind.flatten().map(|c| c.budget.as_secs_f64() * 1e6);
-        r.timings_ms = [("resolve", self.t_resolve), ("identify", self.t_identify)]
-            .into_iter()
-            .map(|(k, v)| (k.to_string(), v.as_secs_f64() * 1e3))
-            .collect();
+        let mut r = Report {
+            records: self.scan.records,
+            samples: self.hits.samples,
+            guest_samples: self.hits.guest_samples,
+            unmapped_addresses: self.hits.unmapped,
+            unknown_event_samples: self.hits.unknown_event,
+            compressed_records: self.scan.compressed,
+            time_ordered: self.time_mode.unwrap_or(false),
+            aux_all_hit: self.scan.has_aux,
+            unwound_samples: self.hits.unwound_samples,
+            unwound_frames: self.hits.unwound_frames,
+            over_budget_samples: self.hits.over_budget,
+            frame_capped_samples: self.hits.frame_capped,
+            unwind_budget_us: self.unwind.flatten().map(|c| c.budget.as_secs_f64() * 1e6),
+            timings_ms: [("resolve", self.t_resolve), ("identify", self.t_identify)]
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v.as_secs_f64() * 1e3))
+                .collect(),
+            ..Report::default()
+        };
         if let Some(why) = &self.undated {
             r.notes.push(format!("no local file is trusted: {why}"));
         } else if let Some(t) = &self.trust {
