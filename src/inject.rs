@@ -321,35 +321,11 @@ fn resolve_with(
     };
 
     let mut notes = Vec::new();
-    let has_stacks = input
-        .attrs
-        .iter()
-        .any(|a| a.sample_type & st::STACK_USER != 0 && a.sample_type & st::REGS_USER != 0);
     let arch = input.feature(FEAT_ARCH).and_then(|p| parse_string(&p, e));
-    let unwind = match (opts.unwind, has_stacks) {
-        (UnwindChoice::None, _) | (UnwindChoice::Auto, false) => None,
-        (choice, _) => match arch.as_deref().and_then(Arch::from_perf) {
-            Some(arch) => Some(UnwindConfig {
-                mode: if choice == UnwindChoice::Fp {
-                    UnwindMode::Fp
-                } else {
-                    UnwindMode::Dwarf
-                },
-                arch,
-                budget: opts.unwind_budget,
-                max_frames: opts.max_frames,
-            }),
-            None => {
-                if has_stacks {
-                    notes.push(format!(
-                        "user stacks are not unwound: architecture {} is not supported (x86_64, aarch64)",
-                        arch.as_deref().unwrap_or("unknown")
-                    ));
-                }
-                None
-            }
-        },
-    };
+    let unwind = unwind_config(opts, &input.attrs, arch.as_deref()).unwrap_or_else(|note| {
+        notes.push(note);
+        None
+    });
     // Unwinding reads CFI from files proven to be the mapped ones; the recording's
     // start is estimated from the mapping records until the samples are in.
     let scan_times = recording_times(input, &scan, &crate::resolve::Hits::default());
@@ -381,6 +357,39 @@ fn resolve_with(
         timings: (t_scan, t_resolve),
         time_ordered: time_mode,
     })
+}
+
+/// How user stacks are walked, from `--unwind`, the events and the recording's ARCH;
+/// Err is a note for the user (stacks present, architecture not supported).
+pub(crate) fn unwind_config(
+    opts: &Options,
+    attrs: &[crate::format::attr::Attr],
+    arch: Option<&str>,
+) -> std::result::Result<Option<UnwindConfig>, String> {
+    let has_stacks = attrs
+        .iter()
+        .any(|a| a.sample_type & st::STACK_USER != 0 && a.sample_type & st::REGS_USER != 0);
+    let choice = match (opts.unwind, has_stacks) {
+        (UnwindChoice::None, _) | (UnwindChoice::Auto, false) => return Ok(None),
+        (choice, _) => choice,
+    };
+    match arch.and_then(Arch::from_perf) {
+        Some(arch) => Ok(Some(UnwindConfig {
+            mode: if choice == UnwindChoice::Fp {
+                UnwindMode::Fp
+            } else {
+                UnwindMode::Dwarf
+            },
+            arch,
+            budget: opts.unwind_budget,
+            max_frames: opts.max_frames,
+        })),
+        None if has_stacks => Err(format!(
+            "user stacks are not unwound: architecture {} is not supported (x86_64, aarch64)",
+            arch.unwrap_or("unknown")
+        )),
+        None => Ok(None),
+    }
 }
 
 /// Scan, model, resolve and identify; returns the report and the new BUILD_ID payload.

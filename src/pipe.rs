@@ -17,11 +17,11 @@ use crate::format::attr::{Attr, st};
 use crate::format::feature::{BuildIdTable, parse_clock_data, parse_string};
 use crate::format::header::{FEAT_ARCH, FEAT_CLOCK_DATA, FEAT_HOSTNAME, FEAT_OSRELEASE};
 use crate::format::record::{RecordHeader, TrailerLayout, out_of_band_len, rt};
-use crate::inject::{Mode, Options, UnwindChoice};
+use crate::inject::{Mode, Options};
 use crate::input::{Backing, DataFile};
 use crate::model::ModelBuilder;
 use crate::report::{DsoReport, Report};
-use crate::resolve::unwind::{Arch, UnwindConfig, UnwindMode, UnwindTables};
+use crate::resolve::unwind::{UnwindConfig, UnwindTables};
 use crate::resolve::{Hits, Resolver};
 use crate::scan::{Chunk, Rec, ScanOutput, Walker, on_record};
 use crate::write::TempOutput;
@@ -285,6 +285,8 @@ struct Stream<'a, 'w> {
     began_ns: i128,
     /// Why local files were not trusted for some batch (an undated replay).
     undated: Option<String>,
+    /// Things the user should know.
+    notes: Vec<String>,
     trust: Option<HostTrust>,
     host: Option<HostInfo>,
     unwind: Option<Option<UnwindConfig>>,
@@ -331,6 +333,7 @@ impl<'a, 'w> Stream<'a, 'w> {
             sample_times: None,
             began_ns: wall_ns(),
             undated: None,
+            notes: Vec::new(),
             trust: None,
             host: None,
             unwind: None,
@@ -723,14 +726,19 @@ impl<'a, 'w> Stream<'a, 'w> {
             Err(why) => (RecordingTimes::default(), Some(why)),
         };
         let time_mode = self.time_mode.unwrap_or(false);
-        let unwind = *self.unwind.get_or_insert_with(|| {
-            unwind_config(
-                self.opts,
-                &self.attrs,
-                self.features.get(&(FEAT_ARCH as u64)),
-                self.e,
-            )
-        });
+        if self.unwind.is_none() {
+            let arch = self
+                .features
+                .get(&(FEAT_ARCH as u64))
+                .and_then(|p| parse_string(p, self.e));
+            let cfg = crate::inject::unwind_config(self.opts, &self.attrs, arch.as_deref())
+                .unwrap_or_else(|note| {
+                    self.notes.push(note);
+                    None
+                });
+            self.unwind = Some(cfg);
+        }
+        let unwind = self.unwind.flatten();
         let mut trust = self.trust().clone();
         let trust_before = trust.clone();
         if let Some(why) = undated {
@@ -961,6 +969,7 @@ impl<'a, 'w> Stream<'a, 'w> {
                 .into_iter()
                 .map(|(k, v)| (k.to_string(), v.as_secs_f64() * 1e3))
                 .collect(),
+            notes: std::mem::take(&mut self.notes),
             ..Report::default()
         };
         if let Some(why) = &self.undated {
@@ -999,37 +1008,6 @@ impl<'a, 'w> Stream<'a, 'w> {
             r.dsos.push(rep);
         }
         Ok(r)
-    }
-}
-
-/// How user stacks are walked in this stream (as in file mode).
-fn unwind_config(
-    opts: &Options,
-    attrs: &[Attr],
-    arch: Option<&Vec<u8>>,
-    e: Endian,
-) -> Option<UnwindConfig> {
-    let has_stacks = attrs
-        .iter()
-        .any(|a| a.sample_type & st::STACK_USER != 0 && a.sample_type & st::REGS_USER != 0);
-    match (opts.unwind, has_stacks) {
-        (UnwindChoice::None, _) | (UnwindChoice::Auto, false) => None,
-        (choice, _) => {
-            let arch = arch
-                .and_then(|p| parse_string(p, e))
-                .as_deref()
-                .and_then(Arch::from_perf)?;
-            Some(UnwindConfig {
-                mode: if choice == UnwindChoice::Fp {
-                    UnwindMode::Fp
-                } else {
-                    UnwindMode::Dwarf
-                },
-                arch,
-                budget: opts.unwind_budget,
-                max_frames: opts.max_frames,
-            })
-        }
     }
 }
 
