@@ -183,23 +183,16 @@ pub fn run(input: &Path, output: &Path, opts: &Options) -> Result<Report> {
         End::Live => None,
     };
 
-    let mut report = if is_dash(output) {
+    // stdout, or a temp file renamed over the output on success.
+    let (writer, out_name, tmp): (Box<dyn Write>, PathBuf, Option<TempOutput>) = if is_dash(output)
+    {
         if std::io::stdout().is_terminal() {
             return Err(Error::Usage(
                 "refusing to write perf data to a terminal; redirect or pipe the output".into(),
             ));
         }
         let out = std::io::stdout().lock();
-        let mut s = Stream::new(
-            &in_name,
-            opts,
-            pool,
-            start_ns,
-            Target::Out(Box::new(BufWriter::with_capacity(1 << 20, out))),
-            PathBuf::from("<stdout>"),
-        );
-        s.run(&mut file)?;
-        s.finish()?
+        (Box::new(out), PathBuf::from("<stdout>"), None)
     } else {
         let tmp = TempOutput::create(output, false)?;
         let w = std::fs::OpenOptions::new()
@@ -207,19 +200,24 @@ pub fn run(input: &Path, output: &Path, opts: &Options) -> Result<Report> {
             .truncate(true)
             .open(&tmp.path)
             .map_err(|e| Error::io(&tmp.path, e))?;
-        let mut s = Stream::new(
-            &in_name,
-            opts,
-            pool,
-            start_ns,
-            Target::Out(Box::new(BufWriter::with_capacity(1 << 20, w))),
-            tmp.path.clone(),
-        );
-        s.run(&mut file)
-            .and_then(|()| s.finish())
-            .map_err(|e| e.for_output(&tmp.path, output))
-            .and_then(|r| tmp.commit().map(|()| r))?
+        (Box::new(w), tmp.path.clone(), Some(tmp))
     };
+    let mut s = Stream::new(
+        &in_name,
+        opts,
+        pool,
+        start_ns,
+        Target::Out(Box::new(BufWriter::with_capacity(1 << 20, writer))),
+        out_name.clone(),
+    );
+    let mut report = s
+        .run(&mut file)
+        .and_then(|()| s.finish())
+        .map_err(|e| e.for_output(&out_name, output))?;
+    drop(s);
+    if let Some(tmp) = tmp {
+        tmp.commit()?;
+    }
     report.pipe = true;
     report.input = input.display().to_string();
     report.output = output.display().to_string();
