@@ -162,6 +162,19 @@ fn pipe_file_inputs_and_a_stale_binary() {
     assert_fixture_ids(&st.perf, &st, &out, "pipe file by path", false);
     assert_same_script(&st.perf, &input, &out, SCRIPT_ARGS);
     assert_eq!(report["ids_missing"].as_u64(), Some(0), "report: {report}");
+    // --buildid-all also names what was mapped and never sampled.
+    let all = st.dir.join("all.pdata");
+    pdinject_ok(&input, &all, &["--buildid-all"]);
+    let got = received_ids(&st.perf, &all);
+    assert_eq!(
+        got.get(&s(&st.fx.libunused)).map(String::as_str),
+        Some(UNUSED_ID),
+        "--buildid-all in pipe mode: {got:?}"
+    );
+    assert!(
+        !received_ids(&st.perf, &out).contains_key(&s(&st.fx.libunused)),
+        "--buildids in pipe mode named the unsampled libunused"
+    );
 
     // Rewrite prog in place (same inode, new content and mtime).
     let repl = st.dir.join("repl");
