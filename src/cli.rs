@@ -128,10 +128,11 @@ fn execute(args: &Args) -> Result<()> {
             "give an input and an output: pdinject --buildids IN OUT".into(),
         ));
     };
-    // A stream in, a stream out, or a pipe-format file: the streaming pipeline.
+    // A stream in or out: the streaming pipeline, quiet apart from the summary (a
+    // pipeline's terminal belongs to perf record and perf report too).
     let dash = |p: &PathBuf| p.as_os_str() == "-";
-    let stream = dash(&input) || dash(&output) || crate::pipe::is_pipe_file(&input);
-    if stream && !dash(&input) && !crate::pipe::is_pipe_file(&input) {
+    let stream = dash(&input) || dash(&output);
+    if dash(&output) && !dash(&input) && !crate::pipe::is_pipe_file(&input) {
         return Err(Error::Usage(format!(
             "{}: a file-format perf.data cannot be written as a pipe; give an output file",
             input.display()

@@ -210,6 +210,7 @@ pub fn run(input: &Path, output: &Path, opts: &Options) -> Result<Report> {
         Target::Out(Box::new(BufWriter::with_capacity(1 << 20, writer))),
         out_name.clone(),
     );
+    s.total = meta.is_file().then_some(meta.len());
     let mut report = s
         .run(&mut file)
         .and_then(|()| s.finish())
@@ -285,6 +286,8 @@ struct Stream<'a, 'w> {
     undated: Option<String>,
     /// Things the user should know.
     notes: Vec<String>,
+    /// Size of a regular file being read (for progress).
+    total: Option<u64>,
     trust: Option<HostTrust>,
     host: Option<HostInfo>,
     unwind: Option<Option<UnwindConfig>>,
@@ -332,6 +335,7 @@ impl<'a, 'w> Stream<'a, 'w> {
             began_ns: wall_ns(),
             undated: None,
             notes: Vec::new(),
+            total: None,
             trust: None,
             host: None,
             unwind: None,
@@ -705,6 +709,9 @@ impl<'a, 'w> Stream<'a, 'w> {
         self.pending = pending;
         r?;
         self.pending.drain(..n);
+        if let (Some(p), Some(total)) = (&self.opts.progress, self.total) {
+            p("stream", upto, total);
+        }
         self.base = upto;
         self.base_seq = upto_seq;
         self.scanned -= n;
