@@ -273,7 +273,11 @@ fn small_batches_match_one_batch() {
         return;
     };
     // Small buffers (-m 4) make perf write many FINISHED_ROUNDs.
-    for (name, opts) in [("fp", "-g -m 4"), ("dwarf", "--call-graph dwarf,1024 -m 8")] {
+    for (name, opts) in [
+        ("fp", "-g -m 4"),
+        ("z", "-z -g -m 4"),
+        ("dwarf", "--call-graph dwarf,1024 -m 8"),
+    ] {
         let input = record_pipe(&st, opts, &format!("{name}.pdata"));
         let bytes = fs::read(&input).unwrap();
         let run = |batch: usize, out: &str| -> PathBuf {
