@@ -520,8 +520,9 @@ impl<'a, 'w> Stream<'a, 'w> {
             return self.clean;
         }
         match self.rounds {
-            [Some(r), _] => r,
-            [None, Some(_)] if self.pending.len() < 4 * self.batch => (self.base, self.base_seq),
+            [Some(r), _] if r.0 > self.base => r,
+            // Rounds come, but not two since the last flush: wait for the next one.
+            [_, Some(_)] if self.pending.len() < 4 * self.batch => (self.base, self.base_seq),
             _ => self.clean,
         }
     }
