@@ -179,10 +179,22 @@ fn unwinding_finds_callers_through_debug_frame_without_frame_pointers() {
     let out_none = uw.dir.path().join("none.data");
     pdinject_ok(&data, &out_none, &["--unwind", "none"]);
     let t = table(&perf, &out_none);
-    for p in [&uw.main, &uw.dbg] {
+    // A sample may still land in their own code now and then (start-up and exit stubs
+    // run there too): perf's view of the sample IPs says which may be listed anyway.
+    let ip_hits = ip_hit_dsos(&perf, &data);
+    let isolated: Vec<_> = [&uw.main, &uw.dbg]
+        .into_iter()
+        .filter(|p| !ip_hits.contains_key(p.to_str().unwrap()))
+        .collect();
+    if isolated.is_empty() {
+        eprintln!(
+            "NOTE unwinding_finds_callers...: samples landed in uwmain and libdbg themselves; the without-unwinding check is skipped"
+        );
+    }
+    for p in isolated {
         assert!(
             !t.contains_key(p.to_str().unwrap()),
-            "{} is in the table without unwinding: the fixture does not isolate the unwinder",
+            "{} is in the table without unwinding although no sample IP is in it",
             p.display()
         );
     }
