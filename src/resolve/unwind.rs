@@ -412,32 +412,22 @@ pub fn unwind(
         clock,
     } = w;
     clock.tick();
+    let mut job = Job {
+        cfg,
+        model,
+        tables,
+        modules,
+        s,
+        clock,
+        on_return,
+    };
     match arch {
         ArchState::X86 { cache, unwinders } => {
             let (Some(ip), Some(sp), Some(bp)) = (r(X86_IP), r(X86_SP), r(X86_BP)) else {
                 return Outcome::default();
             };
-            let u = unwinder_for(
-                unwinders,
-                modules,
-                cfg,
-                model,
-                tables,
-                s,
-                UnwinderX86_64::new,
-            );
-            walk(
-                u,
-                cache,
-                ip,
-                UnwindRegsX86_64::new(ip, sp, bp),
-                sp,
-                s.stack,
-                e,
-                cfg,
-                clock,
-                on_return,
-            )
+            let regs = UnwindRegsX86_64::new(ip, sp, bp);
+            job.run(unwinders, cache, UnwinderX86_64::new, ip, regs, sp)
         }
         ArchState::Arm { cache, unwinders } => {
             let (Some(pc), Some(lr), Some(sp), Some(fp)) =
@@ -445,28 +435,57 @@ pub fn unwind(
             else {
                 return Outcome::default();
             };
-            let u = unwinder_for(
-                unwinders,
-                modules,
-                cfg,
-                model,
-                tables,
-                s,
-                UnwinderAarch64::new,
-            );
-            walk(
-                u,
-                cache,
-                pc,
-                UnwindRegsAarch64::new(lr, sp, fp),
-                sp,
-                s.stack,
-                e,
-                cfg,
-                clock,
-                on_return,
-            )
+            let regs = UnwindRegsAarch64::new(lr, sp, fp);
+            job.run(unwinders, cache, UnwinderAarch64::new, pc, regs, sp)
         }
+    }
+}
+
+/// One sample's unwind, apart from the architecture's own state.
+struct Job<'j, 's> {
+    cfg: &'j UnwindConfig,
+    model: &'j Model,
+    tables: &'j UnwindTables,
+    modules: &'j mut Modules,
+    s: &'j SampleStack<'s>,
+    clock: &'j CpuAnchor,
+    on_return: &'j mut dyn FnMut(u64),
+}
+
+impl Job<'_, '_> {
+    /// Walks from `pc` with the architecture's unwinder for the sample's process.
+    fn run<U>(
+        &mut self,
+        unwinders: &mut HashMap<(u32, usize), U>,
+        cache: &mut U::Cache,
+        new: fn() -> U,
+        pc: u64,
+        regs: U::UnwindRegs,
+        sp: u64,
+    ) -> Outcome
+    where
+        U: Unwinder<Module = Module<Bytes>>,
+    {
+        let u = unwinder_for(
+            unwinders,
+            self.modules,
+            self.cfg,
+            self.model,
+            self.tables,
+            self.s,
+            new,
+        );
+        walk(
+            u,
+            cache,
+            pc,
+            regs,
+            sp,
+            self.s,
+            self.cfg,
+            self.clock,
+            self.on_return,
+        )
     }
 }
 
@@ -537,12 +556,12 @@ fn walk<U: Unwinder>(
     pc: u64,
     regs: U::UnwindRegs,
     sp: u64,
-    stack: &[u8],
-    e: Endian,
+    s: &SampleStack<'_>,
     cfg: &UnwindConfig,
     clock: &CpuAnchor,
     on_return: &mut dyn FnMut(u64),
 ) -> Outcome {
+    let (stack, e) = (s.stack, s.e);
     let mut read_stack = |addr: u64| -> Result<u64, ()> {
         let off = addr.checked_sub(sp).ok_or(())?;
         let off = usize::try_from(off).map_err(|_| ())?;
