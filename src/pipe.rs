@@ -70,8 +70,9 @@ pub fn is_pipe_file(path: &Path) -> bool {
         && pipe_header(&head).is_some()
 }
 
-/// Pipe mode from any reader to any writer (a live stream: the recording is taken
-/// to be running now, see [`Stream::times`]). `name` names the input in messages.
+/// Pipe mode from any reader to any writer. The input is taken as a live stream:
+/// dated by perf's clock against this boot's monotonic clock, or, when they are far
+/// apart (a replay), trusting no local file. `name` names the input in messages.
 pub fn process(r: &mut dyn Read, w: &mut dyn Write, name: &Path, opts: &Options) -> Result<Report> {
     process_in_batches(r, w, name, opts, BATCH_BYTES)
 }
