@@ -4,7 +4,6 @@
 //! corpus) are probed by functions that print a visible `SKIP <test>: ...` notice to
 //! stderr and return `None`/`false`; the test then returns early. Tests never fail
 //! because a tool is missing.
-#![allow(dead_code)]
 
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
@@ -72,7 +71,9 @@ impl Perf {
             c.env("LD_LIBRARY_PATH", l);
         }
         // Keep perf's own cache and config out of the way of the tests.
-        c.env("PERF_PAGER", "cat").env("PAGER", "cat");
+        c.env("PERF_PAGER", "cat")
+            .env("PAGER", "cat")
+            .env("HOME", test_home());
         c
     }
 
@@ -135,6 +136,20 @@ pub fn perf612(test: &str) -> Option<Perf> {
         );
     }
     p
+}
+
+/// This test's own HOME: an empty directory made for the test's thread (the test
+/// harness runs each test on a thread of its own) and removed when it ends. Every
+/// perf and pdinject command of the test runs with it, so the build-ID cache
+/// (`~/.debug`) and `~/.perfconfig` are the test's own, empty at its start.
+pub fn test_home() -> PathBuf {
+    thread_local! {
+        static HOME: tempfile::TempDir = tempfile::Builder::new()
+            .prefix("pdinject-home-")
+            .tempdir()
+            .expect("cannot create a temp HOME for the test");
+    }
+    HOME.with(|h| h.path().to_path_buf())
 }
 
 /// Perf usable for recording: perf exists and `perf record -o tmp -- true` works.
@@ -226,7 +241,9 @@ pub fn tail(b: &[u8]) -> String {
 
 /// The binary under test.
 pub fn pdinject() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_pdinject"))
+    let mut c = Command::new(env!("CARGO_BIN_EXE_pdinject"));
+    c.env("HOME", test_home());
+    c
 }
 
 /// Runs `pdinject ARGS`; returns the output (not checked).
@@ -303,7 +320,6 @@ pub fn report_summary(report: &serde_json::Value) -> String {
 // Fixtures
 
 pub struct Fixtures {
-    pub dir: PathBuf,
     /// `prog`, build id PROG_ID, links libfix.so and libunused.so (rpath $ORIGIN).
     pub prog: PathBuf,
     /// `libfix.so`, 16-byte build id LIB_ID.
@@ -366,7 +382,6 @@ fn build_lib_with(src: &str, out: &Path, id: &str, extra: &[&str]) {
 /// checks the ids with our own ELF note reader.
 pub fn build_fixtures(dir: &Path) -> Fixtures {
     let f = Fixtures {
-        dir: dir.to_path_buf(),
         prog: dir.join("prog"),
         libfix: dir.join("libfix.so"),
         libunused: dir.join("libunused.so"),
@@ -419,11 +434,6 @@ pub fn record_in(perf: &Perf, cwd: &Path, out: &Path, args: &[&str]) {
     c.stdout(Stdio::null());
     run_ok(&mut c);
     assert!(out.exists(), "perf record wrote no {}", out.display());
-}
-
-/// `perf record -q -o OUT ARGS`, run in the directory of `out`.
-pub fn record(perf: &Perf, args: &[&str], out: &Path) {
-    record_in(perf, out.parent().unwrap(), out, args);
 }
 
 /// Parses `perf buildid-list -i FILE`: path -> hex id ("" when perf lists the

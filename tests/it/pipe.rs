@@ -2,9 +2,7 @@
 //! pipe-format files given by path or on stdin, and what must be refused. Each test
 //! skips (with a `SKIP` notice) when perf, gcc or the right to record is missing.
 
-mod common;
-
-use common::*;
+use super::common::*;
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -18,7 +16,8 @@ fn sh(st: &Setup, script: &str) -> std::process::Output {
         .arg(script)
         .env("PERF", &st.perf.bin)
         .env("PDINJECT", env!("CARGO_BIN_EXE_pdinject"))
-        .env("PERF_PAGER", "cat");
+        .env("PERF_PAGER", "cat")
+        .env("HOME", test_home());
     if let Some(l) = &st.perf.ld_library_path {
         c.env("LD_LIBRARY_PATH", l);
     }

@@ -2,9 +2,7 @@
 //! MMAP2 records (perf record --buildid-mmap), so pdinject must write them on any
 //! machine, without the binaries.
 
-mod common;
-
-use common::*;
+use super::common::*;
 
 const DEMO_PATH: &str = "/work/main/testdata/demo/demo";
 const DEMO_ID: &str = "deadbeefdeadbeefdeadbeefdeadbeefdeadbeef";

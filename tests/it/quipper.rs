@@ -3,9 +3,7 @@
 //! checks that outputs stay readable and faithful (piped files go through pipe mode).
 //! All failures are collected and reported together.
 
-mod common;
-
-use common::*;
+use super::common::*;
 use std::fs;
 use std::path::Path;
 use std::time::Duration;

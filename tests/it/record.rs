@@ -2,9 +2,7 @@
 //! testdata/fixtures. Each test skips (with a `SKIP` notice on stderr) when perf,
 //! gcc or the right to record is missing.
 
-mod common;
-
-use common::*;
+use super::common::*;
 use std::collections::BTreeMap;
 use std::fs;
 use std::os::unix::fs::MetadataExt;

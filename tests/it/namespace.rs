@@ -1,9 +1,7 @@
 //! A process in another mount namespace maps a different file at a path the host also
 //! has: the host file's ID must never be written for it.
 
-mod common;
-
-use common::*;
+use super::common::*;
 
 const OTHER_LIB_ID: &str = "99887766554433221100ffeeddccbbaa";
 

@@ -2,9 +2,7 @@
 //! known: no frame pointers anywhere, a library whose CFI is only in `.debug_frame`,
 //! deep recursion, and stack copies cut short.
 
-mod common;
-
-use common::*;
+use super::common::*;
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 

@@ -1,9 +1,7 @@
 //! Output that cannot be written: a full disk and a read-only directory give a clear
 //! error, exit 1, no output and no temp file left behind, and the input untouched.
 
-mod common;
-
-use common::*;
+use super::common::*;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 

@@ -2,9 +2,7 @@
 //! path on filesystems that do direct I/O, and the output must still match the input
 //! byte for byte up to the end of the data.
 
-mod common;
-
-use common::*;
+use super::common::*;
 
 #[test]
 fn large_data_section_is_copied_exactly() {

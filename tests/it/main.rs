@@ -1,0 +1,17 @@
+//! The integration tests, as one test binary (one link, shared helpers in `common`).
+//!
+//! Every command a test runs (perf and pdinject) gets the test's own empty HOME, so
+//! the build-ID cache (~/.debug) and perf's config start empty for each test and the
+//! user's are never read or written (see `common::test_home`).
+
+mod common;
+
+mod demo;
+mod errors;
+mod large;
+mod mutation;
+mod namespace;
+mod pipe;
+mod quipper;
+mod record;
+mod unwind;
