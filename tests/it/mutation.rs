@@ -279,8 +279,19 @@ fn mutants(orig: &[u8], rng: &mut Rng, scale: f64) -> Vec<(String, Vec<u8>)> {
 /// `Err` inside the library, so `catch_unwind` alone would miss it).
 static PANICS: Mutex<Vec<String>> = Mutex::new(Vec::new());
 
-fn install_panic_hook() {
-    std::panic::set_hook(Box::new(|info| {
+type PanicHook = std::sync::Arc<dyn Fn(&std::panic::PanicHookInfo<'_>) + Send + Sync>;
+
+/// Records panics of this test and of the threads it starts; panics of the other
+/// tests of the binary (their threads are named after them) go to the default hook.
+fn install_panic_hook(default: PanicHook) {
+    std::panic::set_hook(Box::new(move |info| {
+        let name = std::thread::current().name().map(str::to_string);
+        if name
+            .as_deref()
+            .is_some_and(|n| n.contains("::") && !n.starts_with("mutation::"))
+        {
+            return default(info);
+        }
         let msg = info
             .payload()
             .downcast_ref::<&str>()
@@ -323,8 +334,8 @@ fn mutants_never_panic_and_fail_cleanly() {
         .and_then(|s| s.parse().ok())
         .filter(|s: &f64| *s > 0.0)
         .unwrap_or(1.0);
-    let default_hook = std::panic::take_hook();
-    install_panic_hook();
+    let default_hook: PanicHook = std::panic::take_hook().into();
+    install_panic_hook(default_hook.clone());
 
     // Watchdog: a run that takes longer than HANG aborts the process, naming the mutant.
     static STARTED_MS: AtomicU64 = AtomicU64::new(0);
@@ -428,7 +439,7 @@ fn mutants_never_panic_and_fail_cleanly() {
             }
         }
     }
-    std::panic::set_hook(default_hook);
+    std::panic::set_hook(Box::new(move |info| default_hook(info)));
     eprintln!(
         "mutation: {total} mutants of {used} inputs in {:.1?}: {ok} Ok, {err} Err, {} failures",
         epoch.elapsed(),
