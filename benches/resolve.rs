@@ -1,6 +1,7 @@
-//! `PerfInput::open` + `inject::resolve` (scan, model, resolve, DWARF unwinding of
-//! `--call-graph dwarf` samples) on one file, with unwinding and without, on a
-//! one-thread rayon pool and on a pool with every core. Throughput is in samples, so
+//! `run::analyse`: the engine with no output (scan, model, resolve with DWARF
+//! unwinding of `--call-graph dwarf` samples, identify) on one file, with unwinding
+//! and without, with one worker thread and with every core (the pool is made per
+//! run, well under a millisecond). Throughput is in samples, so
 //! criterion's elements/s is the per-sample cost; the difference between the
 //! `unwind` and `no-unwind` lines is what unwinding costs per sample.
 //!
@@ -11,8 +12,8 @@
 //! Run: `cargo bench --bench resolve` (add `-- --quick` for a short run).
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use pdinject::inject::{Options, UnwindChoice, resolve};
-use pdinject::input::PerfInput;
+use pdinject::options::{Options, UnwindChoice};
+use pdinject::run::analyse;
 use std::hint::black_box;
 use std::path::{Path, PathBuf};
 
@@ -37,10 +38,9 @@ fn bench_file() -> Option<PathBuf> {
 }
 
 fn open_and_resolve(path: &Path, opts: &Options) -> u64 {
-    let input = PerfInput::open(path).expect("open the bench file");
-    let r = resolve(&input, opts).expect("resolve the bench file");
-    black_box(&r.hits);
-    r.hits.samples
+    let r = analyse(path, opts).expect("analyse the bench file");
+    black_box(&r.dsos);
+    r.samples
 }
 
 fn bench_resolve(c: &mut Criterion) {
@@ -51,15 +51,13 @@ fn bench_resolve(c: &mut Criterion) {
         );
         return;
     };
-    let input = match PerfInput::open(&path) {
-        Ok(i) => i,
+    let samples = match analyse(&path, &Options::default()) {
+        Ok(r) => r.samples,
         Err(e) => {
             eprintln!("resolve bench: {}: {e}; nothing measured", path.display());
             return;
         }
     };
-    let samples = resolve(&input, &Options::default()).map_or(0, |r| r.hits.samples);
-    drop(input);
     let name = path
         .file_name()
         .unwrap_or_default()
@@ -79,10 +77,6 @@ fn bench_resolve(c: &mut Criterion) {
         threads.push(cores);
     }
     for n in threads {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(n)
-            .build()
-            .expect("build a rayon pool");
         for (label, unwind) in [
             ("unwind", UnwindChoice::Auto),
             ("no-unwind", UnwindChoice::None),
@@ -93,7 +87,7 @@ fn bench_resolve(c: &mut Criterion) {
                 ..Options::default()
             };
             g.bench_function(format!("{label}/{n}-thread"), |b| {
-                b.iter(|| pool.install(|| open_and_resolve(&path, &opts)))
+                b.iter(|| open_and_resolve(&path, &opts))
             });
         }
     }

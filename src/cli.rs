@@ -1,9 +1,9 @@
 //! The command line: flags as perf inject spells them, a progress bar on terminals,
 //! the summary, the JSON report, and exit codes (0 done, 1 error, 2 usage).
 
-use crate::inject::{Mode, Options, UnwindChoice, parse_known, run};
-use crate::{Error, Result};
 use clap::Parser;
+use pdinject::options::{DEFAULT_MAX_FRAMES, Mode, Options, ProgressFn, UnwindChoice, parse_known};
+use pdinject::{Error, Result, run};
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -40,7 +40,7 @@ pub struct Args {
     #[arg(long = "unwind-budget", value_name = "DURATION", value_parser = parse_duration, default_value = "1ms")]
     pub unwind_budget: Duration,
     /// Frames walked at most per sample.
-    #[arg(long = "unwind-max-frames", value_name = "N", default_value_t = crate::inject::DEFAULT_MAX_FRAMES)]
+    #[arg(long = "unwind-max-frames", value_name = "N", default_value_t = DEFAULT_MAX_FRAMES)]
     pub unwind_max_frames: usize,
     /// Also write the summary as JSON to FILE.
     #[arg(long = "report", value_name = "FILE")]
@@ -94,7 +94,7 @@ pub fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
 
 /// Runs the binary; returns the exit code.
 pub fn main() -> i32 {
-    crate::write::interrupt::install();
+    pdinject::write::interrupt::install();
     let args = match Args::try_parse() {
         Ok(a) => a,
         Err(e) => {
@@ -132,12 +132,6 @@ fn execute(args: &Args) -> Result<()> {
     // pipeline's terminal belongs to perf record and perf report too).
     let dash = |p: &PathBuf| p.as_os_str() == "-";
     let stream = dash(&input) || dash(&output);
-    if dash(&output) && !dash(&input) && !crate::pipe::is_pipe_file(&input) {
-        return Err(Error::Usage(format!(
-            "{}: a file-format perf.data cannot be written as a pipe; give an output file",
-            input.display()
-        )));
-    }
     if args.jobs == Some(0) {
         return Err(Error::Usage("--jobs must be at least 1".into()));
     }
@@ -171,7 +165,7 @@ fn execute(args: &Args) -> Result<()> {
                 b.set_message(stage.to_string());
             }
             b.set_position(done);
-        }) as crate::inject::ProgressFn
+        }) as ProgressFn
     });
     let unwind = match args.unwind {
         UnwindArg::Auto => UnwindChoice::Auto,

@@ -46,6 +46,10 @@ pub enum Error {
     /// The command line asks for something impossible.
     #[error("{0}")]
     Usage(String),
+    /// Something inside pdinject failed (a worker pool that cannot start, a thread
+    /// that panicked): not the input's fault, not the user's.
+    #[error("internal error: {0}")]
+    Internal(String),
     /// The stage stopped early because another part of the run failed (that part's
     /// error is the one to report).
     #[error("stopped: another part of the run failed")]

@@ -51,6 +51,13 @@ impl Deref for Window {
     }
 }
 
+impl crate::format::walk::Windows for DataFile {
+    type Window = Window;
+    fn window(&self, offset: u64, len: u64) -> Result<Window> {
+        DataFile::window(self, offset, len)
+    }
+}
+
 impl DataFile {
     /// Maps `len` bytes at `offset` (which the caller keeps within the file), every
     /// page at once: one bulk fault instead of one per page, which is faster even

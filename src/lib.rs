@@ -1,26 +1,28 @@
 //! pdinject: fast, parallel, truthful build-ID injection for Linux `perf.data` files.
 //!
 //! The library mirrors the pipeline described in the README:
-//! [`format`](mod@format) (zero-copy, endian-aware views over perf.data bytes) →
-//! [`scan`] (one sequential pass over record headers, chunk boundaries, model events) →
-//! [`model`] (an immutable, time-versioned picture of every process's mappings) →
-//! [`resolve`] (chunks of samples on a rayon pool mapped to DSOs) →
-//! [`buildid`] (finding each hit DSO's build ID, with provenance or a reason) →
-//! [`write`](mod@write) (layout-preserving output with the BUILD_ID feature merged in).
-//! [`inject`] ties the stages together for files, [`pipe`] runs them as a stream
-//! (`perf record -o - | pdinject - -`); [`cli`] is the command-line front end.
+//! [`format`](mod@format) (zero-copy, endian-aware views over perf.data bytes and the
+//! one record-framing primitive) → [`engine`] (scan into the [`model`], [`resolve`]
+//! on a rayon pool, [`buildid`] identification with provenance or a reason, over one
+//! batch for a file or many for a stream) → a [`sink`] (a file-format perf.data with
+//! the BUILD_ID table, or a stream with HEADER_BUILD_ID records). [`run`] classifies
+//! the input, picks the sink by the output and drives the engine; [`options`] is
+//! what a run is asked to do; [`report`] what it says it did. The command line lives
+//! in the binary (`src/main.rs`), not here.
 
 pub mod buildid;
-pub mod cli;
+pub mod engine;
 pub mod error;
 pub mod format;
-pub mod inject;
 pub mod input;
 pub mod model;
-pub mod pipe;
+pub mod options;
 pub mod report;
 pub mod resolve;
-pub mod scan;
+pub mod run;
+pub mod sink;
 pub mod write;
 
 pub use error::{Error, Result};
+pub use options::Options;
+pub use run::run;

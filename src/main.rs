@@ -1,3 +1,8 @@
+//! The `pdinject` command: a thin front end over the library (flags, progress bars,
+//! the printed summary, exit codes); see `cli`.
+
+mod cli;
+
 fn main() {
-    std::process::exit(pdinject::cli::main());
+    std::process::exit(cli::main());
 }

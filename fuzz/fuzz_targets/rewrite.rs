@@ -5,7 +5,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use pdinject::inject::{Options, run};
+use pdinject::{Options, run};
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
@@ -40,11 +40,7 @@ fuzz_target!(|data: &[u8]| {
             output.display()
         ),
         Ok(_) => {
-            let reopened = if pdinject::pipe::is_pipe_file(&output) {
-                pdinject::pipe::validate(&output)
-            } else {
-                pdinject::input::PerfInput::open(&output).map(|_| ())
-            };
+            let reopened = pdinject::run::validate(&output);
             if let Err(e) = reopened {
                 panic!("run succeeded but its output does not open again: {e}");
             }

@@ -4,8 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use pdinject::inject::Options;
-use std::path::Path;
+use pdinject::Options;
 
 fuzz_target!(|data: &[u8]| {
     let opts = Options {
@@ -13,7 +12,7 @@ fuzz_target!(|data: &[u8]| {
         ..Options::default()
     };
     let mut out = Vec::new();
-    if pdinject::pipe::process(&mut &data[..], &mut out, Path::new("fuzz"), &opts).is_ok() {
+    if pdinject::run::stream(&mut &data[..], &mut out, &opts, 1 << 20).is_ok() {
         assert!(
             out.len() >= 16 && out[..16] == data[..16],
             "a successful run must copy the pipe header"

@@ -38,11 +38,16 @@ pub enum Reason {
 /// A failed proof: the reason and a sentence for the user.
 pub type Refusal = (Reason, String);
 
-/// What the recording says about when it ran (wall-clock ns since the epoch).
-#[derive(Clone, Copy, Debug, Default)]
-pub struct RecordingTimes {
-    /// Earliest moment the samples may have been taken; files modified after it are stale.
-    pub start_ns: Option<i128>,
+/// The recording's start in wall-clock ns since the epoch, or why it is not known.
+/// "Unknown" refuses every local file ([`Reason::Undated`]); there is no value that
+/// skips the staleness check.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RecordingStart {
+    /// Samples may have been taken from this moment on: files modified after it are stale.
+    Known(i128),
+    /// Nothing dates the recording (a replayed stream): no local file can be shown
+    /// unchanged since, so none is used.
+    Unknown(String),
 }
 
 /// Reads the GNU build ID of an ELF image in memory.
@@ -143,8 +148,12 @@ pub fn prove_and_read(
     path: &Path,
     ident: &FileIdent,
     exec_pgoffs: &[u64],
-    times: &RecordingTimes,
+    start: &RecordingStart,
 ) -> Result<Proven, Refusal> {
+    let start = match start {
+        RecordingStart::Known(ns) => *ns,
+        RecordingStart::Unknown(why) => return Err((Reason::Undated, why.clone())),
+    };
     let file = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
@@ -194,7 +203,7 @@ pub fn prove_and_read(
             ));
         }
     }
-    if let Some(start) = times.start_ns {
+    {
         let mtime = meta.mtime() as i128 * 1_000_000_000 + meta.mtime_nsec() as i128;
         let ctime = meta.ctime() as i128 * 1_000_000_000 + meta.ctime_nsec() as i128;
         if mtime > start {

@@ -12,7 +12,7 @@ pub mod host;
 use crate::format::feature::{BuildId, BuildIdTable, TableEntry};
 use crate::format::record::FileIdent;
 use crate::model::{DsoId, DsoKind, Model};
-pub use elf::{Reason, RecordingTimes, Refusal};
+pub use elf::{Reason, RecordingStart, Refusal};
 use host::HostInfo;
 use rayon::prelude::*;
 use std::path::Path;
@@ -99,10 +99,11 @@ impl Outcome {
 /// Whether the recording's host, and its kernel, are this machine's.
 #[derive(Clone, Debug)]
 pub struct HostTrust {
-    /// Local files may be opened (same hostname and kernel release).
-    pub local: Result<(), String>,
+    /// Local files may be opened (same hostname and kernel release), or the reason
+    /// every local file is refused for (another host; a recording nothing dates).
+    pub local: Result<(), Refusal>,
     /// The kernel, modules and vdso of this boot are the recorded ones.
-    pub kernel: Result<(), String>,
+    pub kernel: Result<(), Refusal>,
 }
 
 impl HostTrust {
@@ -113,36 +114,37 @@ impl HostTrust {
         kernel_ref: Option<(&str, u64)>,
         host: &HostInfo,
     ) -> HostTrust {
+        let other = |why: String| (Reason::OtherHost, why);
         let local = match (hostname, release) {
             (Some(h), Some(r)) if h == host.hostname && r == host.release => Ok(()),
             // Files older than OSRELEASE (2011) or rewritten without it: the hostname
             // and the per-file inode proof have to carry the decision.
             (Some(h), None) if h == host.hostname => Ok(()),
-            (Some(h), Some(r)) => Err(format!(
+            (Some(h), Some(r)) => Err(other(format!(
                 "recorded on host '{h}' running {r}; this is '{}' running {}",
                 host.hostname, host.release
-            )),
-            _ => Err(
+            ))),
+            _ => Err(other(
                 "the recording does not say which host it was made on (no HOSTNAME/OSRELEASE)"
                     .into(),
-            ),
+            )),
         };
         let kernel = match (&local, kernel_ref) {
             (Err(e), _) => Err(e.clone()),
-            (Ok(()), _) if release.is_none() => {
-                Err("the recording does not say which kernel it ran (no OSRELEASE)".into())
-            }
-            (Ok(()), None) => {
-                Err("the recording has no kernel reference map to prove the kernel".into())
-            }
+            (Ok(()), _) if release.is_none() => Err(other(
+                "the recording does not say which kernel it ran (no OSRELEASE)".into(),
+            )),
+            (Ok(()), None) => Err(other(
+                "the recording has no kernel reference map to prove the kernel".into(),
+            )),
             (Ok(()), Some((sym, addr))) => match host::kernel_symbol(sym) {
                 Some(a) if a == addr => Ok(()),
-                Some(a) => Err(format!(
+                Some(a) => Err(other(format!(
                     "recorded kernel {sym} at {addr:#x}, this boot has it at {a:#x}: another boot"
-                )),
-                None => Err(format!(
+                ))),
+                None => Err(other(format!(
                     "cannot read this boot's address of {sym} from /proc/kallsyms to prove the kernel"
-                )),
+                ))),
             },
         };
         HostTrust { local, kernel }
@@ -160,7 +162,7 @@ pub struct Evidence<'a> {
     /// Host trust.
     pub trust: &'a HostTrust,
     /// When the recording ran.
-    pub times: RecordingTimes,
+    pub times: RecordingStart,
 }
 
 fn same_space(e: &TableEntry, kind: DsoKind) -> bool {
@@ -300,7 +302,7 @@ fn identify_one(
     match g.kind {
         DsoKind::User => {
             if let Err(why) = &ev.trust.local {
-                return Outcome::refused((Reason::OtherHost, why.clone()));
+                return Outcome::refused(why.clone());
             }
             if g.name.ends_with(" (deleted)") {
                 return Outcome::refused((
@@ -321,7 +323,7 @@ fn identify_one(
             }
         }
         DsoKind::Kernel => match &ev.trust.kernel {
-            Err(why) => Outcome::refused((Reason::OtherHost, why.clone())),
+            Err(why) => Outcome::refused(why.clone()),
             Ok(()) => match kernel_id.get_or_init(host::kernel_build_id) {
                 Some(id) => Outcome::found(*id, Source::KernelNotes),
                 None => {
@@ -330,7 +332,7 @@ fn identify_one(
             },
         },
         DsoKind::Module => match &ev.trust.kernel {
-            Err(why) => Outcome::refused((Reason::OtherHost, why.clone())),
+            Err(why) => Outcome::refused(why.clone()),
             Ok(()) => match host::module_name(&g.name) {
                 None => {
                     Outcome::refused((Reason::Unsupported, "cannot tell the module's name".into()))
@@ -345,7 +347,7 @@ fn identify_one(
             },
         },
         DsoKind::Vdso => match &ev.trust.kernel {
-            Err(why) => Outcome::refused((Reason::OtherHost, why.clone())),
+            Err(why) => Outcome::refused(why.clone()),
             Ok(()) if g.name != "[vdso]" => Outcome::refused((
                 Reason::Unsupported,
                 format!("{} images of this kernel are not read", g.name),

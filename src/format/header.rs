@@ -236,3 +236,25 @@ fn read_bitmap(buf: &[u8], e: Endian) -> Result<([u64; 4], BitmapWords)> {
         Ok((w64, BitmapWords::U64))
     }
 }
+
+/// The byte order of a pipe header (`struct perf_pipe_file_header`), or None when
+/// `head` is not one: perf decides by the header's size field being 16.
+pub fn pipe_header(head: &[u8]) -> Option<Endian> {
+    let e = match head.get(..8)? {
+        b"PERFILE2" => Endian::Little,
+        b"2ELIFREP" => Endian::Big,
+        _ => return None,
+    };
+    (e.u64(head, 8)? == PIPE_HEADER_SIZE).then_some(e)
+}
+
+/// A pipe header in byte order `e`.
+pub fn encode_pipe_header(e: Endian) -> [u8; 16] {
+    let mut h = [0u8; 16];
+    h[..8].copy_from_slice(match e {
+        Endian::Little => b"PERFILE2",
+        Endian::Big => b"2ELIFREP",
+    });
+    h[8..].copy_from_slice(&e.put_u64(PIPE_HEADER_SIZE));
+    h
+}

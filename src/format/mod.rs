@@ -10,6 +10,7 @@ pub mod feature;
 pub mod header;
 pub mod record;
 pub mod sample;
+pub mod walk;
 
 /// Byte order of the writer of a perf.data file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -13,6 +13,7 @@ pub mod rt {
     pub const MMAP2: u32 = 10;
     pub const AUX: u32 = 11;
     pub const HEADER_ATTR: u32 = 64;
+    pub const HEADER_EVENT_TYPE: u32 = 65;
     pub const HEADER_TRACING_DATA: u32 = 66;
     pub const HEADER_BUILD_ID: u32 = 67;
     pub const FINISHED_ROUND: u32 = 68;

@@ -14,7 +14,7 @@
 //! list until a mapping changes. Section data is read into memory (not mapped), so a
 //! file changing under us cannot fault the process.
 
-use crate::buildid::RecordingTimes;
+use crate::buildid::RecordingStart;
 use crate::buildid::elf::prove_and_read;
 use crate::format::Endian;
 use crate::model::{DsoId, DsoKind, Key, Model};
@@ -97,21 +97,25 @@ pub struct UnwindTables {
     /// Loaded tables by `(st_dev, st_ino)`: a file reached by several paths (merged
     /// /usr, symlinks, hard links) or mapped under several identities is read once.
     by_file: Mutex<HashMap<(u64, u64), Arc<DsoUnwind>>>,
+    /// Local files may be read (the recording is of this host) and when it started:
+    /// the proof the IDs obey, set for each batch.
     allow_local: bool,
-    times: RecordingTimes,
+    start: RecordingStart,
+}
+
+impl Default for UnwindTables {
+    /// No tables yet, and no local file trusted until [`UnwindTables::set_proof`].
+    fn default() -> Self {
+        UnwindTables {
+            per_dso: Vec::new(),
+            by_file: Mutex::new(HashMap::new()),
+            allow_local: false,
+            start: RecordingStart::Unknown("not dated yet".into()),
+        }
+    }
 }
 
 impl UnwindTables {
-    /// Tables for `model`'s DSOs; local files are read only when `allow_local`.
-    pub fn new(model: &Model, allow_local: bool, times: RecordingTimes) -> Self {
-        UnwindTables {
-            per_dso: (0..model.dsos.len()).map(|_| OnceLock::new()).collect(),
-            by_file: Mutex::new(HashMap::new()),
-            allow_local,
-            times,
-        }
-    }
-
     /// Makes room for DSOs a growing model (pipe mode) added since; tables already
     /// loaded are kept.
     pub fn grow(&mut self, model: &Model) {
@@ -121,9 +125,12 @@ impl UnwindTables {
         }
     }
 
-    /// Sets the recording's times (pipe mode learns them as records arrive).
-    pub fn set_times(&mut self, times: RecordingTimes) {
-        self.times = times;
+    /// Sets the proof for the DSOs loaded from now on: whether local files may be
+    /// read at all, and the recording's start (an unknown start loads nothing, as it
+    /// gives no ID). Tables loaded before keep the proof they were loaded under.
+    pub fn set_proof(&mut self, allow_local: bool, start: RecordingStart) {
+        self.allow_local = allow_local;
+        self.start = start;
     }
 
     fn get(&self, model: &Model, d: DsoId) -> Option<&Arc<DsoUnwind>> {
@@ -144,7 +151,7 @@ impl UnwindTables {
             Path::new(&dso.name),
             &dso.ident,
             &dso.exec_pgoffs,
-            &self.times,
+            &self.start,
         )
         .ok()?;
         if let Some(t) = self.by_file.lock().ok()?.get(&proven.key) {

@@ -2,10 +2,7 @@
 //! copied verbatim (kernel side, with copy_file_range, while the other stages run);
 //! then the feature table is rebuilt with BUILD_ID merged in and every other feature
 //! copied byte for byte. Output goes to a temp file renamed over the target on
-//! success, so an error never leaves a partial output. `stream` holds the records
-//! pipe mode adds to a stream.
-
-pub mod stream;
+//! success, so an error never leaves a partial output.
 
 use crate::format::header::{FEAT_BUILD_ID, FileHeader};
 use crate::input::PerfInput;

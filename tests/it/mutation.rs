@@ -1,6 +1,6 @@
 //! Deterministic mutation test: small real perf.data files are truncated, bit-flipped
 //! and given corrupt record and header sizes, and every mutant goes through the whole
-//! library pipeline (`inject::run`, in-process). Whatever the bytes, a run must not
+//! library pipeline (`pdinject::run`, in-process). Whatever the bytes, a run must not
 //! panic (in any thread), must leave no output and no temp file behind when it fails,
 //! and must never modify its input; when it succeeds its output must open again.
 //!
@@ -11,8 +11,7 @@
 //! fixed-seed xorshift PRNG, so every run tests the same mutants. `PDI_MUTATION_SCALE`
 //! (a float, default 1) scales the number of random mutants per input.
 
-use pdinject::inject::{Options, run};
-use pdinject::input::PerfInput;
+use pdinject::{Options, run};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -405,11 +404,7 @@ fn mutants_never_panic_and_fail_cleanly() {
                 }
                 Ok(Ok(_)) => {
                     ok += 1;
-                    let reopened = if pdinject::pipe::is_pipe_file(&out_path) {
-                        pdinject::pipe::validate(&out_path)
-                    } else {
-                        PerfInput::open(&out_path).map(|_| ())
-                    };
+                    let reopened = pdinject::run::validate(&out_path);
                     if let Err(e) = reopened {
                         problems.push(format!("succeeded but its output does not open: {e}"));
                     }

@@ -6,7 +6,7 @@ use super::common::*;
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 /// Runs `sh -c SCRIPT` in `dir` with `$PERF` and `$PDINJECT` set; must succeed.
 fn sh(st: &Setup, script: &str) -> std::process::Output {
@@ -154,24 +154,30 @@ fn pipe_file_inputs_and_a_stale_binary() {
     };
     let input = record_pipe(&st, "-g", "in.pdata");
     std::thread::sleep(std::time::Duration::from_millis(50));
-    // Unchanged: the path form writes a pipe-format file with the IDs.
-    let out = st.dir.join("out.pdata");
+    // Unchanged: a saved stream given with a file output becomes a file-format
+    // perf.data with the IDs in its table.
+    let out = st.dir.join("out.data");
     let (_, report) = pdinject_ok(&input, &out, &[]);
-    assert!(is_pipe_format(&out), "output not in pipe format");
+    assert!(
+        !is_pipe_format(&out),
+        "a file output must be in file format"
+    );
     assert_fixture_ids(&st.perf, &st, &out, "pipe file by path", false);
     assert_same_script(&st.perf, &input, &out, SCRIPT_ARGS);
     assert_eq!(report["ids_missing"].as_u64(), Some(0), "report: {report}");
     // --buildid-all also names what was mapped and never sampled.
-    let all = st.dir.join("all.pdata");
+    let all = st.dir.join("all.data");
     pdinject_ok(&input, &all, &["--buildid-all"]);
-    let got = received_ids(&st.perf, &all);
+    let got = buildid_list(&st.perf, &all);
     assert_eq!(
         got.get(&s(&st.fx.libunused)).map(String::as_str),
         Some(UNUSED_ID),
         "--buildid-all in pipe mode: {got:?}"
     );
     assert!(
-        !received_ids(&st.perf, &out).contains_key(&s(&st.fx.libunused)),
+        buildid_list(&st.perf, &out)
+            .get(&s(&st.fx.libunused))
+            .is_none_or(|id| id.is_empty()),
         "--buildids in pipe mode named the unsampled libunused"
     );
 
@@ -182,7 +188,7 @@ fn pipe_file_inputs_and_a_stale_binary() {
     run_ok(Command::new("cp").arg(repl.join("prog")).arg(&st.fx.prog));
     let prog = s(&st.fx.prog);
     for (how, script) in [
-        ("by path", "\"$PDINJECT\" in.pdata s1.pdata"),
+        ("by path", "\"$PDINJECT\" in.pdata - > s1.pdata"),
         (
             "stdin is the file",
             "\"$PDINJECT\" - - < in.pdata > s2.pdata",
@@ -219,19 +225,77 @@ fn pipe_file_inputs_and_a_stale_binary() {
     }
 }
 
-/// What pipe mode refuses or rejects: a file-format input to a pipe, a truncated
-/// stream (clear error, no output left), a stream that is not perf data.
+/// Any input reaches any sink: a file-format recording written to `-` becomes a
+/// stream, a stream given with a file output becomes a file-format perf.data with
+/// the table. perf 6.1 and 6.12 read both: `perf script` equal to the input's, the
+/// IDs listed.
+#[test]
+fn file_to_stream_and_stream_to_file() {
+    let Some(st) = setup("file_to_stream_and_stream_to_file") else {
+        return;
+    };
+    let p612 = perf612("file_to_stream_and_stream_to_file");
+    let perfs: Vec<&Perf> = std::iter::once(&st.perf).chain(p612.as_ref()).collect();
+    for (name, opts) in [
+        ("fp", "-g"),
+        ("z", "-z -g"),
+        ("dwarf", "--call-graph dwarf,4096"),
+    ] {
+        let file = st.dir.join(format!("{name}.data"));
+        let args: Vec<&str> = opts
+            .split_whitespace()
+            .chain(["-B", "--", "./prog"])
+            .collect();
+        record_in(&st.perf, &st.dir, &file, &args);
+        let f2s = st.dir.join(format!("{name}.f2s.pdata"));
+        sh(
+            &st,
+            &format!("\"$PDINJECT\" {} - > {}", file.display(), f2s.display()),
+        );
+        assert!(is_pipe_format(&f2s), "{name}: file to -: not a stream");
+        let stream = record_pipe(&st, opts, &format!("{name}.pdata"));
+        let s2f = st.dir.join(format!("{name}.s2f.data"));
+        sh(
+            &st,
+            &format!(
+                "cat {} | \"$PDINJECT\" - {}",
+                stream.display(),
+                s2f.display()
+            ),
+        );
+        assert!(
+            !is_pipe_format(&s2f),
+            "{name}: stream to a file: not file format"
+        );
+        for p in &perfs {
+            let ctx = format!("{name} file to stream");
+            assert_same_script(p, &file, &f2s, SCRIPT_ARGS);
+            let got = received_ids(p, &f2s);
+            assert_eq!(
+                got.get(&s(&st.fx.prog)).map(String::as_str),
+                Some(PROG_ID),
+                "{ctx} ({}): {got:?}",
+                p.name
+            );
+            assert_eq!(
+                got.get(&s(&st.fx.libfix)).map(String::as_str),
+                Some(LIB_ID),
+                "{ctx} ({}): {got:?}",
+                p.name
+            );
+            assert_same_script(p, &stream, &s2f, SCRIPT_ARGS);
+            assert_fixture_ids(p, &st, &s2f, &format!("{name} stream to file"), false);
+        }
+    }
+}
+
+/// What pipe mode rejects: a truncated stream (clear error, no output left), a
+/// stream that is not perf data.
 #[test]
 fn pipe_refusals_and_truncation() {
     let Some(st) = setup("pipe_refusals_and_truncation") else {
         return;
     };
-    let file_fmt = st.dir.join("file.data");
-    record_in(&st.perf, &st.dir, &file_fmt, &["-B", "--", "./prog"]);
-    let o = run(pdinject().arg(&file_fmt).arg("-").stdout(Stdio::piped()));
-    assert_eq!(o.status.code(), Some(2), "file-format to pipe: {o:?}");
-    assert!(o.stdout.is_empty(), "file-format to pipe wrote data");
-
     let input = record_pipe(&st, "-g", "in.pdata");
     let bytes = fs::read(&input).unwrap();
     // Cut inside the body of the record that starts past two thirds of the stream
@@ -289,15 +353,9 @@ fn small_batches_match_one_batch() {
         let bytes = fs::read(&input).unwrap();
         let run = |batch: usize, out: &str| -> PathBuf {
             let mut o = Vec::new();
-            let opts = pdinject::inject::Options::default();
-            let r = pdinject::pipe::process_in_batches(
-                &mut &bytes[..],
-                &mut o,
-                Path::new(out),
-                &opts,
-                batch,
-            )
-            .unwrap_or_else(|e| panic!("{name}: batch {batch}: {e}"));
+            let opts = pdinject::Options::default();
+            let r = pdinject::run::stream(&mut &bytes[..], &mut o, &opts, batch)
+                .unwrap_or_else(|e| panic!("{name}: batch {batch}: {e}"));
             assert_eq!(r.ids_missing, 0, "{name}: batch {batch}: {r:?}");
             let p = st.dir.join(out);
             fs::write(&p, o).unwrap();

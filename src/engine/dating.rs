@@ -1,0 +1,139 @@
+//! When was the recording made? The staleness proof compares a file's times with
+//! the recording's start, so every input needs an answer, and "unknown" must be an
+//! answer that refuses local files, never one that skips the check.
+
+use crate::format::feature::ClockData;
+
+pub use crate::buildid::RecordingStart;
+
+/// What the input tells about the end of the recording.
+#[derive(Clone, Debug)]
+pub enum Dating {
+    /// A finished file: its mtime is the end of the recording.
+    Ended {
+        /// mtime in ns since the epoch.
+        mtime_ns: i128,
+    },
+    /// A live stream (perf record writing now): perf's clock is this boot's
+    /// monotonic clock.
+    Live {
+        /// Wall-clock ns when reading began.
+        began_ns: i128,
+    },
+    /// Already decided (by a first pass over a saved stream).
+    Fixed(RecordingStart),
+}
+
+/// Times the input holds: smallest and largest non-zero record and sample time.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Span {
+    /// Smallest time seen.
+    pub min: Option<u64>,
+    /// Largest time seen.
+    pub max: Option<u64>,
+}
+
+impl Span {
+    /// Takes `t` into the span (0 means "no time").
+    pub fn note(&mut self, t: u64) {
+        if t != 0 {
+            self.min = Some(self.min.map_or(t, |m| m.min(t)));
+            self.max = Some(self.max.map_or(t, |m| m.max(t)));
+        }
+    }
+}
+
+impl Dating {
+    /// The start, given the times seen so far and the recording's CLOCK_DATA.
+    pub fn start(&self, span: Span, clock: Option<&ClockData>) -> RecordingStart {
+        if let Dating::Fixed(s) = self {
+            return s.clone();
+        }
+        // CLOCK_DATA (perf record -k) pairs perf's clock with the wall clock.
+        if let (Some(cd), Some(min)) = (clock, span.min) {
+            return RecordingStart::Known(cd.wall_ns as i128 + min as i128 - cd.clock_ns as i128);
+        }
+        match *self {
+            Dating::Fixed(_) => unreachable!("handled above"),
+            Dating::Ended { mtime_ns } => {
+                let len = match (span.min, span.max) {
+                    (Some(a), Some(b)) => b.saturating_sub(a) as i128,
+                    _ => 0,
+                };
+                RecordingStart::Known(mtime_ns - len)
+            }
+            Dating::Live { began_ns } => {
+                let (Some(min), Some(max)) = (span.min, span.max) else {
+                    // No times at all: a live stream began with this process.
+                    return RecordingStart::Known(began_ns);
+                };
+                let (mono, wall) = (monotonic_ns(), wall_ns());
+                let lag = mono - max as i128;
+                if (-5_000_000_000..=60_000_000_000).contains(&lag) {
+                    RecordingStart::Known(wall - (mono - min as i128))
+                } else {
+                    RecordingStart::Unknown(format!(
+                        "the stream's newest time ({:.3} s) is not this boot's clock now ({:.3} s): a replayed recording, and nothing says when it was made; give its file by path (its mtime dates it)",
+                        max as f64 / 1e9,
+                        mono as f64 / 1e9
+                    ))
+                }
+            }
+        }
+    }
+}
+
+/// The wall clock in ns since the epoch.
+pub fn wall_ns() -> i128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as i128)
+}
+
+/// CLOCK_MONOTONIC in ns: perf's default clock on this boot.
+fn monotonic_ns() -> i128 {
+    // SAFETY: clock_gettime writes the timespec.
+    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
+    if unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) } != 0 {
+        return 0;
+    }
+    ts.tv_sec as i128 * 1_000_000_000 + ts.tv_nsec as i128
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_file_starts_its_span_before_its_mtime() {
+        let mut s = Span::default();
+        s.note(0);
+        s.note(5_000);
+        s.note(2_000);
+        let d = Dating::Ended {
+            mtime_ns: 1_000_000,
+        };
+        assert_eq!(d.start(s, None), RecordingStart::Known(1_000_000 - 3_000));
+        let cd = ClockData {
+            clock_ns: 1_000,
+            wall_ns: 9_000_000,
+        };
+        assert_eq!(
+            d.start(s, Some(&cd)),
+            RecordingStart::Known(9_000_000 + 1_000)
+        );
+    }
+
+    #[test]
+    fn a_replay_far_from_this_boots_clock_is_undated() {
+        let mut s = Span::default();
+        s.note(1);
+        s.note(2);
+        let d = Dating::Live { began_ns: 0 };
+        assert!(matches!(d.start(s, None), RecordingStart::Unknown(_)));
+        assert_eq!(
+            Dating::Live { began_ns: 42 }.start(Span::default(), None),
+            RecordingStart::Known(42)
+        );
+    }
+}

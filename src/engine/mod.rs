@@ -1,0 +1,950 @@
+//! The one engine: scan → model → resolve → identify, over a sequence of batches.
+//!
+//! A mapped file is one batch that ends at its end; a stream is many. The engine does
+//! not know which sink the bytes go to: after each batch it hands the sink the bytes
+//! that are final and the DSOs whose IDs those bytes need first ([`crate::sink`]).
+//! Everything that decides an ID lives here once: the scan of records into the model,
+//! dating the recording, whether this host may speak for it, the unwind
+//! configuration, grouping DSOs into table entries, and the counts of the report.
+//! [`source`] holds the two ways batches arrive: a file, or a stream read in batches.
+
+pub mod dating;
+pub mod rounds;
+pub mod source;
+
+use crate::buildid::{self, Evidence, Group, HostTrust, Outcome, Reason, host::HostInfo};
+use crate::format::Endian;
+use crate::format::attr::{Attr, st};
+use crate::format::feature::{
+    BuildId, BuildIdTable, ClockData, TableEntry, encode_table_entry, parse_build_id_table,
+    parse_clock_data, parse_string,
+};
+use crate::format::header::{FEAT_ARCH, FEAT_CLOCK_DATA, FEAT_HOSTNAME, FEAT_OSRELEASE};
+use crate::format::record::{TrailerLayout, misc, parse_build_id_entry, parse_mmap, rt};
+use crate::format::walk::{Chunk, Rec, Walker, Windows};
+use crate::input::DataFile;
+use crate::model::{DsoId, DsoKind, Key, Model, ModelBuilder};
+use crate::options::{Mode, Options, UnwindChoice};
+use crate::report::{DsoReport, Report};
+use crate::resolve::unwind::{Arch, UnwindConfig, UnwindMode, UnwindTables};
+use crate::resolve::{Hits, Resolver};
+use crate::sink::SinkReport;
+use crate::{Error, Result};
+use dating::{Dating, RecordingStart, Span};
+use rounds::{Point, Rounds};
+use std::collections::{BTreeMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// Target size of a resolve chunk: small enough to spread a batch over the cores,
+/// large enough that per-chunk work (a walker, a hit vector) does not count.
+pub const CHUNK_BYTES: u64 = 4 << 20;
+
+/// Events a stream may declare (perf record opens one per event, not per CPU).
+pub const MAX_STREAM_ATTRS: usize = 4096;
+
+/// Distinct HEADER_BUILD_ID records a stream may carry (one per DSO it touched).
+pub const MAX_STREAM_BUILD_IDS: usize = 65536;
+
+/// perf's `HEADER_LAST_FEATURE`: the HEADER_FEATURE record that ends the features.
+pub const FEAT_TERMINATOR: u64 = 32;
+
+/// Whether the engine may look outside the input (host identity, local files).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Host {
+    /// This machine's files, kernel and vdso may speak for the recording once it is
+    /// proven to be of this host.
+    Consult,
+    /// Nothing outside the input is read (validation, fuzzing).
+    Closed,
+}
+
+/// What every input of a run shares: the options, the worker pool, and whether the
+/// host may be consulted. Copied into each engine (a batch of many inputs shares one).
+#[derive(Clone, Copy)]
+pub struct Context<'a> {
+    /// What the run is asked to do.
+    pub opts: &'a Options,
+    /// The worker pool.
+    pub pool: &'a rayon::ThreadPool,
+    /// Whether the host may speak for recordings.
+    pub host: Host,
+}
+
+/// What the recording says about itself, read once for either input format.
+#[derive(Clone, Debug, Default)]
+pub struct Metadata {
+    /// HOSTNAME feature.
+    pub hostname: Option<String>,
+    /// OSRELEASE feature.
+    pub release: Option<String>,
+    /// ARCH feature.
+    pub arch: Option<String>,
+    /// CLOCK_DATA feature.
+    pub clock: Option<ClockData>,
+    /// The input's BUILD_ID table (file format only; a stream carries records).
+    pub table: BuildIdTable,
+}
+
+impl Metadata {
+    /// Reads the features through `feature` (payload by feature bit).
+    pub fn read(e: Endian, feature: impl Fn(u32) -> Option<Vec<u8>>, table: Option<&[u8]>) -> Self {
+        let s = |bit| feature(bit).and_then(|p| parse_string(&p, e));
+        Metadata {
+            hostname: s(FEAT_HOSTNAME),
+            release: s(FEAT_OSRELEASE),
+            arch: s(FEAT_ARCH),
+            clock: feature(FEAT_CLOCK_DATA).and_then(|p| parse_clock_data(&p, e)),
+            table: table
+                .map(|t| parse_build_id_table(t, e))
+                .unwrap_or_default(),
+        }
+    }
+}
+
+/// What the scan counts and collects besides the model.
+#[derive(Debug, Default)]
+pub struct ScanOutput {
+    /// HEADER_BUILD_ID records found in the data (a stream's, or an earlier injection's).
+    pub stream_build_ids: Vec<TableEntry>,
+    /// AUX area data is present (Intel PT, CoreSight, SPE, ...): every mapped DSO counts.
+    pub has_aux: bool,
+    /// Records seen (outer and inner).
+    pub records: u64,
+    /// SAMPLE records seen.
+    pub samples: u64,
+    /// COMPRESSED records seen.
+    pub compressed: u64,
+}
+
+/// One table entry decided: the DSOs behind one name in one address space, and the
+/// answer for them.
+#[derive(Clone, Debug)]
+pub struct Decision {
+    /// The group (name, kind, DSOs, hits when decided).
+    pub group: Group,
+    /// The answer.
+    pub outcome: Outcome,
+    /// The path was mapped from another file after the decision (streams).
+    pub later_file: bool,
+}
+
+impl Decision {
+    /// The ID a table entry must be added for: any ID the input's own table lacks.
+    pub fn id_for_table(&self) -> Option<BuildId> {
+        (!self.outcome.in_input_table)
+            .then_some(self.outcome.build_id)
+            .flatten()
+    }
+
+    /// The ID a stream record must be added for: one perf is not told by the input
+    /// itself (its table, its build-ID MMAP2 records, its HEADER_BUILD_ID records).
+    pub fn id_for_stream(&self) -> Option<BuildId> {
+        use buildid::Source::{InputTable, Mmap2};
+        if matches!(self.outcome.source, Some(InputTable | Mmap2)) {
+            return None;
+        }
+        self.id_for_table()
+    }
+
+    /// The ID came from the input itself (its table or records): not new.
+    pub fn from_input(&self) -> bool {
+        self.outcome.in_input_table || self.outcome.source == Some(buildid::Source::InputTable)
+    }
+
+    /// The cpumode of its table entry or record.
+    pub fn cpumode(&self) -> u16 {
+        self.group.kind.build_id_cpumode()
+    }
+}
+
+/// Where chunk boundaries fall in one data file, and how far it may be resolved.
+#[derive(Debug)]
+pub struct Cuts {
+    file: usize,
+    /// Where the unresolved part starts.
+    base: Point,
+    /// Clean points at least CHUNK_BYTES apart after `base`.
+    points: Vec<Point>,
+    /// Clean points and rounds.
+    pub rounds: Rounds,
+}
+
+impl Cuts {
+    /// Cuts for data file `file` whose records start at `start`.
+    pub fn new(file: usize, start: Point) -> Self {
+        Cuts {
+            file,
+            base: start,
+            points: Vec::new(),
+            rounds: Rounds::new(start),
+        }
+    }
+
+    /// Where the unresolved part starts.
+    pub fn base(&self) -> Point {
+        self.base
+    }
+
+    /// A record ended at `next`; `clean` when a chunk may start there, `round` when
+    /// the record was a FINISHED_ROUND. True when a chunk boundary was placed.
+    fn after(&mut self, next: Point, clean: bool, round: bool) -> bool {
+        if !clean {
+            return false;
+        }
+        self.rounds.clean(next, round);
+        let last = self.points.last().map_or(self.base.0, |p| p.0);
+        if next.0 - last >= CHUNK_BYTES {
+            self.points.push(next);
+            return true;
+        }
+        false
+    }
+
+    /// The chunks from the base up to `upto` (a clean point); the base moves there.
+    pub fn take(&mut self, upto: Point) -> Vec<Chunk> {
+        let mut chunks = Vec::new();
+        if upto.0 <= self.base.0 {
+            return chunks;
+        }
+        let mut from = self.base;
+        for &p in self.points.iter().filter(|p| p.0 < upto.0) {
+            chunks.push(self.chunk(from, p));
+            from = p;
+        }
+        chunks.push(self.chunk(from, upto));
+        self.points.retain(|p| p.0 > upto.0);
+        self.base = upto;
+        chunks
+    }
+
+    fn chunk(&self, from: Point, to: Point) -> Chunk {
+        Chunk {
+            file: self.file,
+            start: from.0,
+            end: to.0,
+            first_seq: from.1,
+        }
+    }
+}
+
+/// The engine's state over one input.
+pub struct Engine<'a> {
+    opts: &'a Options,
+    pool: &'a rayon::ThreadPool,
+    host: Host,
+    /// The input's name in messages.
+    name: PathBuf,
+    e: Endian,
+    attrs: Vec<Attr>,
+    /// The bodies of a stream's HEADER_ATTR records (attr, then ids), for a file
+    /// written from the stream.
+    attr_records: Vec<Vec<u8>>,
+    /// Attrs and features arrive as records (a stream), not in a header.
+    from_records: bool,
+    /// Feature payloads of HEADER_FEATURE records, by feature bit.
+    stream_features: BTreeMap<u32, Vec<u8>>,
+    meta: Option<Metadata>,
+    trailer: Option<TrailerLayout>,
+    time_mode: Option<bool>,
+    walker: Walker,
+    builder: ModelBuilder,
+    scan: ScanOutput,
+    /// HEADER_BUILD_ID records already taken (a stream may repeat them).
+    seen_ids: HashSet<(u16, BuildId, String)>,
+    span: Span,
+    dating: Dating,
+    trust: Option<HostTrust>,
+    unwind: Option<Option<UnwindConfig>>,
+    tables: Option<UnwindTables>,
+    decided: BTreeMap<(bool, String), Decision>,
+    hits: Hits,
+    notes: Vec<String>,
+    timings: BTreeMap<&'static str, Duration>,
+}
+
+impl<'a> Engine<'a> {
+    /// An engine for a file-format input whose attrs and metadata come from its header.
+    pub fn for_file(
+        cx: Context<'a>,
+        name: &Path,
+        e: Endian,
+        attrs: Vec<Attr>,
+        meta: Metadata,
+        dating: Dating,
+    ) -> Self {
+        let mut s = Self::new(cx, name, e, dating);
+        s.trailer = attrs
+            .first()
+            .map(|a| TrailerLayout::new(a.sample_type, a.sample_id_all()));
+        s.attrs = attrs;
+        s.meta = Some(meta);
+        s
+    }
+
+    /// An engine for a stream, whose attrs and features arrive as records.
+    pub fn for_stream(cx: Context<'a>, name: &Path, e: Endian, dating: Dating) -> Self {
+        let mut s = Self::new(cx, name, e, dating);
+        s.from_records = true;
+        s
+    }
+
+    fn new(cx: Context<'a>, name: &Path, e: Endian, dating: Dating) -> Self {
+        Engine {
+            opts: cx.opts,
+            pool: cx.pool,
+            host: cx.host,
+            name: name.to_path_buf(),
+            e,
+            attrs: Vec::new(),
+            attr_records: Vec::new(),
+            from_records: false,
+            stream_features: BTreeMap::new(),
+            meta: None,
+            trailer: None,
+            time_mode: None,
+            walker: Walker::new(e, 0),
+            builder: ModelBuilder::new(),
+            scan: ScanOutput::default(),
+            seen_ids: HashSet::new(),
+            span: Span::default(),
+            dating,
+            trust: None,
+            unwind: None,
+            tables: None,
+            decided: BTreeMap::new(),
+            hits: Hits::default(),
+            notes: Vec::new(),
+            timings: BTreeMap::new(),
+        }
+    }
+
+    /// The input's byte order.
+    pub fn endian(&self) -> Endian {
+        self.e
+    }
+
+    /// The events so far.
+    pub fn attrs(&self) -> &[Attr] {
+        &self.attrs
+    }
+
+    /// The bodies of a stream's HEADER_ATTR records (attr bytes, then u64 ids).
+    pub fn attr_records(&self) -> &[Vec<u8>] {
+        &self.attr_records
+    }
+
+    /// Feature payloads a stream carried in HEADER_FEATURE records, by bit.
+    pub fn stream_features(&self) -> &BTreeMap<u32, Vec<u8>> {
+        &self.stream_features
+    }
+
+    /// What the scan collected.
+    pub fn scan_output(&self) -> &ScanOutput {
+        &self.scan
+    }
+
+    /// Every decision so far, in table order (address space, then name).
+    pub fn decisions(&self) -> impl Iterator<Item = &Decision> {
+        self.decided.values()
+    }
+
+    /// The recording's start as far as the records seen so far tell.
+    pub fn start(&self) -> RecordingStart {
+        let clock = match &self.meta {
+            Some(m) => m.clock,
+            None => self
+                .stream_features
+                .get(&FEAT_CLOCK_DATA)
+                .and_then(|p| parse_clock_data(p, self.e)),
+        };
+        self.dating.start(self.span, clock.as_ref())
+    }
+
+    fn add_time(&mut self, stage: &'static str, d: Duration) {
+        *self.timings.entry(stage).or_default() += d;
+    }
+
+    /// Scans `src[from..end)`, `window` bytes at a time: model events, attrs and
+    /// features of a stream, counts, times, and chunk boundaries into `cuts`. When
+    /// `stop` turns true the scan ends at the next chunk boundary with
+    /// [`Error::Stopped`]; `progress` gets the offset reached at each boundary.
+    pub fn scan<W: Windows + ?Sized>(
+        &mut self,
+        src: &W,
+        range: std::ops::Range<u64>,
+        window: u64,
+        cuts: &mut Cuts,
+        stop: &AtomicBool,
+        progress: &dyn Fn(u64),
+    ) -> Result<()> {
+        let t = Instant::now();
+        let mut walker = std::mem::replace(&mut self.walker, Walker::new(self.e, 0));
+        let round = std::cell::Cell::new(false);
+        let r = walker.walk(
+            src,
+            range.start,
+            range.end,
+            window,
+            &mut |r| {
+                round.set(r.header.kind == rt::FINISHED_ROUND && !r.inner);
+                self.on_record(r).map_err(|err| match err {
+                    Error::Format {
+                        file: None, what, ..
+                    } if r.inner => Error::format(r.offset, format!("in compressed data: {what}")),
+                    other => other,
+                })
+            },
+            &mut |w, next| {
+                if cuts.after((next, w.seq), w.is_clean(), round.get()) {
+                    progress(next);
+                    if stop.load(Ordering::Relaxed) {
+                        return Err(Error::Stopped);
+                    }
+                }
+                Ok(())
+            },
+        );
+        self.walker = walker;
+        self.add_time("scan", t.elapsed());
+        r.map_err(|e| e.in_file(&self.name))
+    }
+
+    /// One record of the scan.
+    fn on_record(&mut self, r: &Rec<'_>) -> Result<()> {
+        let e = self.e;
+        self.scan.records += 1;
+        let kind = r.header.kind;
+        match kind {
+            rt::HEADER_ATTR if self.from_records => return self.attr_record(r),
+            rt::HEADER_FEATURE if self.from_records => {
+                let id = e
+                    .u64(r.bytes, 8)
+                    .ok_or_else(|| Error::format(r.offset, "HEADER_FEATURE record is truncated"))?;
+                if id < FEAT_TERMINATOR && self.stream_features.len() < 256 {
+                    self.stream_features
+                        .insert(id as u32, r.bytes[16..].to_vec());
+                }
+                return Ok(());
+            }
+            rt::HEADER_BUILD_ID => {
+                if let Some(entry) = parse_build_id_entry(&r.header, r.bytes) {
+                    // perf keeps the first ID it is told for a name; repeats add nothing.
+                    let name = String::from_utf8_lossy(entry.filename).into_owned();
+                    if !self
+                        .seen_ids
+                        .insert((entry.cpumode, entry.build_id, name.clone()))
+                    {
+                        return Ok(());
+                    }
+                    if self.scan.stream_build_ids.len() >= MAX_STREAM_BUILD_IDS {
+                        return Err(Error::format(
+                            r.offset,
+                            format!(
+                                "more than {MAX_STREAM_BUILD_IDS} distinct HEADER_BUILD_ID records"
+                            ),
+                        ));
+                    }
+                    self.scan.stream_build_ids.push(TableEntry {
+                        cpumode: entry.cpumode,
+                        pid: entry.pid,
+                        build_id: entry.build_id,
+                        filename: name,
+                    });
+                }
+                return Ok(());
+            }
+            rt::AUX | rt::AUXTRACE | rt::AUXTRACE_INFO => self.scan.has_aux = true,
+            rt::COMPRESSED | rt::COMPRESSED2 => {
+                self.scan.compressed += 1;
+                return Ok(());
+            }
+            _ => {}
+        }
+        if kind >= rt::USER_START
+            || !matches!(
+                kind,
+                rt::SAMPLE | rt::MMAP | rt::MMAP2 | rt::COMM | rt::FORK
+            )
+        {
+            return Ok(());
+        }
+        let (Some(trailer), Some(first)) = (self.trailer, self.attrs.first()) else {
+            return Err(Error::format(
+                r.offset,
+                format!("record of type {kind} before any HEADER_ATTR"),
+            ));
+        };
+        let sample_type = first.sample_type;
+        let time_mode = *self.time_mode.get_or_insert_with(|| {
+            self.attrs.iter().all(|a| a.sample_type & st::TIME != 0)
+                && self.attrs[0].sample_id_all()
+        });
+        let key = |t: Option<u64>| -> Key { (if time_mode { t.unwrap_or(0) } else { 0 }, r.seq) };
+        match kind {
+            rt::SAMPLE => {
+                self.scan.samples += 1;
+                if let Some(t) = sample_time(r.bytes, e, sample_type) {
+                    self.span.note(t);
+                }
+            }
+            rt::MMAP | rt::MMAP2 => {
+                let fixed = if kind == rt::MMAP { 40 } else { 72 };
+                let body_end = r
+                    .bytes
+                    .len()
+                    .checked_sub(trailer.size)
+                    .filter(|&b| b >= fixed)
+                    .ok_or_else(|| {
+                        Error::format(
+                            r.offset,
+                            format!(
+                                "{} record of size {} is shorter than its header says",
+                                if kind == rt::MMAP { "MMAP" } else { "MMAP2" },
+                                r.bytes.len()
+                            ),
+                        )
+                    })?;
+                let sid = trailer.read(r.bytes, e);
+                if let Some(t) = sid.time {
+                    self.span.note(t);
+                }
+                if let Some(m) = parse_mmap(&r.header, r.bytes, body_end, e) {
+                    self.builder.mmap(key(sid.time), r.header.cpumode(), &m);
+                }
+            }
+            rt::COMM => {
+                if r.header.misc & misc::COMM_EXEC != 0 {
+                    let sid = trailer.read(r.bytes, e);
+                    if let Some(t) = sid.time {
+                        self.span.note(t);
+                    }
+                    let pid = e
+                        .u32(r.bytes, 8)
+                        .ok_or_else(|| Error::format(r.offset, "COMM record is truncated"))?;
+                    self.builder.exec(key(sid.time), pid);
+                }
+            }
+            _ => {
+                // FORK: pid, ppid, tid, ptid, time.
+                let (Some(pid), Some(ppid)) = (e.u32(r.bytes, 8), e.u32(r.bytes, 12)) else {
+                    return Err(Error::format(r.offset, "FORK record is truncated"));
+                };
+                let t = trailer.read(r.bytes, e).time.or(e.u64(r.bytes, 24));
+                if let Some(t) = t {
+                    self.span.note(t);
+                }
+                self.builder.fork(key(t), pid, ppid);
+            }
+        }
+        Ok(())
+    }
+
+    /// A stream's HEADER_ATTR: one event and its sample ids.
+    fn attr_record(&mut self, r: &Rec<'_>) -> Result<()> {
+        let e = self.e;
+        let body = r.bytes.get(8..).unwrap_or_default();
+        let mut a = Attr::parse(body, e, e == Endian::Big)
+            .ok_or_else(|| Error::format(r.offset, "HEADER_ATTR record holds no valid attr"))?;
+        a.ids = body
+            .get(a.size as usize..)
+            .unwrap_or_default()
+            .chunks_exact(8)
+            .filter_map(|c| e.u64(c, 0))
+            .collect();
+        if self.attrs.len() >= MAX_STREAM_ATTRS {
+            return Err(Error::format(
+                r.offset,
+                format!("more than {MAX_STREAM_ATTRS} HEADER_ATTR records"),
+            ));
+        }
+        if self.trailer.is_none() {
+            self.trailer = Some(TrailerLayout::new(a.sample_type, a.sample_id_all()));
+        }
+        self.attrs.push(a);
+        self.attr_records.push(body.to_vec());
+        Ok(())
+    }
+
+    /// Resolves `chunks` of `files` against the model so far (all of it when `last`),
+    /// then identifies the DSOs decided for the first time; returns those decisions,
+    /// which the sink must make known before the resolved bytes.
+    pub fn resolve(
+        &mut self,
+        files: &[DataFile],
+        chunks: &[Chunk],
+        last: bool,
+        stop: &AtomicBool,
+        progress: &(dyn Fn(u64) + Sync),
+    ) -> Result<Vec<Decision>> {
+        if self.attrs.is_empty() {
+            // Nothing can have been sampled or mapped without an event.
+            return Ok(Vec::new());
+        }
+        let model = if last {
+            std::mem::take(&mut self.builder).build()
+        } else {
+            self.builder.snapshot()
+        };
+        let meta = self.metadata();
+        let start = self.start();
+        let trust = self.effective_trust(&meta, &model, &start);
+        let unwind = self.unwind_config(&meta);
+        let time_mode = self.time_mode.unwrap_or(false);
+
+        let t = Instant::now();
+        let tables = self.tables.get_or_insert_with(UnwindTables::default);
+        tables.grow(&model);
+        // Unwind tables obey the proof the IDs obey, batch by batch.
+        tables.set_proof(trust.local.is_ok(), start.clone());
+        let mut resolver = Resolver::new(&model, &self.attrs, time_mode, self.e);
+        if let Some(cfg) = unwind {
+            resolver = resolver.with_unwinding(cfg, &*tables);
+        }
+        let hits = self
+            .pool
+            .install(|| resolver.run(files, chunks, progress, stop))?;
+        drop(resolver);
+        self.add_time("resolve", t.elapsed());
+
+        // Group the DSOs not decided yet by (address space, name): one entry each.
+        let all_hit = self.opts.mode == Mode::All || self.scan.has_aux;
+        let mut groups: BTreeMap<(bool, String), Group> = BTreeMap::new();
+        for (i, d) in model.dsos.iter().enumerate() {
+            let key = (d.kind.is_kernel_space(), d.name.clone());
+            let id = i as DsoId;
+            if let Some(dec) = self.decided.get_mut(&key) {
+                if !dec.group.dsos.contains(&id) {
+                    // The entry already written named the first file; perf keeps a
+                    // mapping of another inode apart, without that ID.
+                    dec.later_file |=
+                        dec.group.dsos.iter().any(|&o| {
+                            buildid::inode_conflict(&model.dsos[o as usize].ident, &d.ident)
+                        });
+                    dec.group.dsos.push(id);
+                }
+                continue;
+            }
+            let g = groups.entry(key).or_insert_with(|| Group {
+                name: d.name.clone(),
+                kind: d.kind,
+                dsos: Vec::new(),
+                hits: 0,
+            });
+            g.dsos.push(id);
+            g.hits += hits.per_dso.get(i).copied().unwrap_or(0);
+        }
+        self.hits.merge(hits);
+        // Listed: what samples touched; every DSO mapped as code with --buildid-all or
+        // AUX data; and the vdso, which perf always lists.
+        let groups: Vec<Group> = groups
+            .into_values()
+            .filter(|g| g.hits > 0 || g.kind == DsoKind::Vdso || (all_hit && g.is_code(&model)))
+            .collect();
+        if groups.is_empty() {
+            return Ok(Vec::new());
+        }
+        let t = Instant::now();
+        let ev = Evidence {
+            table: &meta.table,
+            stream: &self.scan.stream_build_ids,
+            known: &self.opts.known,
+            trust: &trust,
+            times: start,
+        };
+        let outcomes = self
+            .pool
+            .install(|| buildid::identify(&groups, &model, &ev));
+        self.add_time("identify", t.elapsed());
+        let mut new = Vec::with_capacity(groups.len());
+        for (group, outcome) in groups.into_iter().zip(outcomes) {
+            let d = Decision {
+                outcome: encodable(&group, outcome, self.e),
+                group,
+                later_file: false,
+            };
+            self.decided.insert(
+                (d.group.kind.is_kernel_space(), d.group.name.clone()),
+                d.clone(),
+            );
+            new.push(d);
+        }
+        Ok(new)
+    }
+
+    /// The metadata: a file's from its header; a stream's from its HEADER_FEATURE
+    /// records, fixed at the first batch that needs them (perf sends them first).
+    fn metadata(&mut self) -> Metadata {
+        let (e, f) = (self.e, &self.stream_features);
+        self.meta
+            .get_or_insert_with(|| Metadata::read(e, |bit| f.get(&bit).cloned(), None))
+            .clone()
+    }
+
+    /// Host trust for this batch: decided once from the metadata and the kernel map;
+    /// local files are refused, with their own reason, while the recording cannot be
+    /// dated.
+    fn effective_trust(
+        &mut self,
+        meta: &Metadata,
+        model: &Model,
+        start: &RecordingStart,
+    ) -> HostTrust {
+        let trust = self
+            .trust
+            .get_or_insert_with(|| match self.host {
+                Host::Closed => {
+                    let no = || Err((Reason::OtherHost, "the host was not consulted".to_string()));
+                    HostTrust {
+                        local: no(),
+                        kernel: no(),
+                    }
+                }
+                Host::Consult => HostTrust::decide(
+                    meta.hostname.as_deref(),
+                    meta.release.as_deref(),
+                    model.kernel_ref.as_ref().map(|(s, a)| (s.as_str(), *a)),
+                    &HostInfo::detect(),
+                ),
+            })
+            .clone();
+        match start {
+            RecordingStart::Unknown(why) if trust.local.is_ok() => HostTrust {
+                local: Err((Reason::Undated, why.clone())),
+                ..trust
+            },
+            _ => trust,
+        }
+    }
+
+    /// How user stacks are walked, decided once from `--unwind`, the events and ARCH.
+    fn unwind_config(&mut self, meta: &Metadata) -> Option<UnwindConfig> {
+        if let Some(c) = self.unwind {
+            return c;
+        }
+        let has_stacks = self
+            .attrs
+            .iter()
+            .any(|a| a.sample_type & st::STACK_USER != 0 && a.sample_type & st::REGS_USER != 0);
+        let choice = match (self.opts.unwind, has_stacks) {
+            (UnwindChoice::None, _) | (UnwindChoice::Auto, false) => None,
+            (choice, _) => Some(choice),
+        };
+        let arch = meta.arch.as_deref();
+        let cfg = choice.and_then(|choice| match arch.and_then(Arch::from_perf) {
+            Some(arch) => Some(UnwindConfig {
+                mode: if choice == UnwindChoice::Fp {
+                    UnwindMode::Fp
+                } else {
+                    UnwindMode::Dwarf
+                },
+                arch,
+                budget: self.opts.unwind_budget,
+                max_frames: self.opts.max_frames,
+            }),
+            None => {
+                if has_stacks {
+                    self.notes.push(format!(
+                        "user stacks are not unwound: architecture {} is not supported (x86_64, aarch64)",
+                        arch.unwrap_or("unknown")
+                    ));
+                }
+                None
+            }
+        });
+        self.unwind = Some(cfg);
+        cfg
+    }
+
+    /// The report: counts, notes and one line per decided DSO. `sink` says how many
+    /// entries the output gained and what the user should know about it.
+    pub fn finish(mut self, sink: SinkReport, jobs: usize) -> Report {
+        let mut r = Report {
+            records: self.scan.records,
+            samples: self.hits.samples,
+            guest_samples: self.hits.guest_samples,
+            unmapped_addresses: self.hits.unmapped,
+            unknown_event_samples: self.hits.unknown_event,
+            compressed_records: self.scan.compressed,
+            time_ordered: self.time_mode.unwrap_or(false),
+            aux_all_hit: self.scan.has_aux,
+            unwound_samples: self.hits.unwound_samples,
+            unwound_frames: self.hits.unwound_frames,
+            over_budget_samples: self.hits.over_budget,
+            frame_capped_samples: self.hits.frame_capped,
+            unwind_budget_us: self.unwind.flatten().map(|c| c.budget.as_secs_f64() * 1e6),
+            ids_new: sink.ids_new,
+            jobs,
+            timings_ms: self
+                .timings
+                .iter()
+                .chain(sink.timings.iter())
+                .map(|(k, v)| (k.to_string(), v.as_secs_f64() * 1e3))
+                .collect(),
+            ..Report::default()
+        };
+        r.notes.append(&mut self.notes);
+        let meta = self.meta.take().unwrap_or_default();
+        if meta.table.legacy {
+            r.notes.push(
+                "the input's build-ID table uses the pre-2010 layout; no entries are added to it"
+                    .into(),
+            );
+        }
+        if meta.table.malformed {
+            r.notes.push(
+                "the input's build-ID table ends in a damaged entry; it is copied as it is".into(),
+            );
+        }
+        let undated = match self.start() {
+            RecordingStart::Unknown(why) => Some(why),
+            RecordingStart::Known(_) => None,
+        };
+        match (&self.trust, undated) {
+            (Some(t), _) if t.local.is_err() => {
+                if let Err((_, why)) = &t.local {
+                    r.notes.push(format!("no local file is trusted: {why}"));
+                }
+            }
+            (Some(_), Some(why)) => r.notes.push(format!("no local file is trusted: {why}")),
+            (Some(t), None) => {
+                if let Err((_, why)) = &t.kernel {
+                    r.notes.push(format!(
+                        "kernel, modules and vdso of this host are not used: {why}"
+                    ));
+                }
+            }
+            (None, _) => {}
+        }
+        r.notes.extend(sink.notes);
+        let ids_lost = sink.ids_lost;
+        for d in std::mem::take(&mut self.decided).into_values() {
+            let o = d.outcome;
+            let detail = if d.later_file && o.build_id.is_some() {
+                Some(
+                    "mapped from another file later in the stream: the ID names the first one; the later file's samples have none"
+                        .into(),
+                )
+            } else {
+                o.detail
+            };
+            let hits = d
+                .group
+                .dsos
+                .iter()
+                .map(|&i| self.hits.per_dso.get(i as usize).copied().unwrap_or(0))
+                .sum();
+            r.dsos_hit += 1;
+            if o.build_id.is_some() {
+                r.ids_written += 1;
+            } else {
+                r.ids_missing += 1;
+            }
+            r.dsos.push(DsoReport {
+                path: d.group.name,
+                kind: d.group.kind,
+                hits,
+                build_id: o.build_id.map(|b| b.to_string()),
+                source: o.source,
+                reason: o.reason,
+                detail,
+            });
+        }
+        r.ids_written = r.ids_written.saturating_sub(ids_lost);
+        r
+    }
+}
+
+/// An outcome whose ID cannot be written as a table entry or record (a name longer
+/// than a record can hold) becomes a refusal: what perf cannot read is never written.
+fn encodable(g: &Group, o: Outcome, e: Endian) -> Outcome {
+    let Some(id) = o.build_id else { return o };
+    if encode_table_entry(
+        &mut Vec::new(),
+        e,
+        g.kind.build_id_cpumode(),
+        &id,
+        g.name.as_bytes(),
+    ) {
+        return o;
+    }
+    Outcome {
+        reason: Some(Reason::Unsupported),
+        detail: Some("the name is too long for a build-ID record".into()),
+        ..Outcome::default()
+    }
+}
+
+/// A sample's time: after IDENTIFIER, IP and TID in perf's fixed sample layout.
+fn sample_time(rec: &[u8], e: Endian, sample_type: u64) -> Option<u64> {
+    if sample_type & st::TIME == 0 {
+        return None;
+    }
+    let before = [st::IDENTIFIER, st::IP, st::TID]
+        .iter()
+        .filter(|&&b| sample_type & b != 0)
+        .count();
+    e.u64(rec, 8 + 8 * before)
+}
+
+/// Bytes of progress counted across the resolve workers.
+pub(crate) struct Counter<'p> {
+    done: AtomicU64,
+    total: u64,
+    stage: &'static str,
+    opts: &'p Options,
+}
+
+impl<'p> Counter<'p> {
+    pub(crate) fn new(opts: &'p Options, stage: &'static str, total: u64) -> Self {
+        Counter {
+            done: AtomicU64::new(0),
+            total,
+            stage,
+            opts,
+        }
+    }
+
+    pub(crate) fn add(&self, n: u64) {
+        let d = self.done.fetch_add(n, Ordering::Relaxed) + n;
+        self.opts.progress(self.stage, d, self.total);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sample_time_follows_identifier_ip_and_tid() {
+        let mut r = vec![0u8; 8];
+        for v in [7u64, 0x1000, 42, 123_456] {
+            r.extend_from_slice(&v.to_le_bytes());
+        }
+        let t = st::IDENTIFIER | st::IP | st::TID | st::TIME;
+        assert_eq!(sample_time(&r, Endian::Little, t), Some(123_456));
+        assert_eq!(sample_time(&r, Endian::Little, st::IP), None);
+    }
+
+    #[test]
+    fn cuts_split_at_chunk_points_and_the_safe_end() {
+        let mut c = Cuts::new(0, (16, 0));
+        assert!(!c.after((100, 1), true, false));
+        assert!(c.after((16 + CHUNK_BYTES, 9), true, false));
+        assert!(
+            !c.after((16 + CHUNK_BYTES + 8, 10), false, false),
+            "unclean"
+        );
+        assert!(c.after((16 + 2 * CHUNK_BYTES, 20), true, false));
+        let chunks = c.take((16 + CHUNK_BYTES + 100, 12));
+        assert_eq!(chunks.len(), 2);
+        assert_eq!((chunks[0].start, chunks[0].end), (16, 16 + CHUNK_BYTES));
+        assert_eq!(chunks[1].first_seq, 9);
+        assert_eq!(c.base(), (16 + CHUNK_BYTES + 100, 12));
+        let rest = c.take((16 + 2 * CHUNK_BYTES, 20));
+        assert_eq!(rest.len(), 1);
+        assert_eq!(rest[0].first_seq, 12);
+        assert!(c.take((16, 0)).is_empty(), "never backwards");
+    }
+}

@@ -1,0 +1,337 @@
+//! Record framing, once: where a record ends (its `header.size` plus the out-of-band
+//! payload of TRACING_DATA and AUXTRACE) and the one size policy every reader
+//! applies, and the walker that visits every record of a range, COMPRESSED contents
+//! included, through windows of any byte source.
+
+use super::Endian;
+use super::compressed::{InnerError, InnerStream, payload};
+use super::record::{RecordHeader, out_of_band_len, rt};
+use crate::{Error, Result};
+use std::ops::Deref;
+
+/// Largest out-of-band payload (AUXTRACE, TRACING_DATA) one record may announce.
+/// perf's AUX buffers are a few MB; a size beyond this is damage, not data.
+pub const MAX_PAYLOAD: u64 = 1 << 30;
+
+/// The framing of one record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Frame {
+    /// Its header.
+    pub header: RecordHeader,
+    /// Bytes out of band after the record (AUXTRACE and TRACING_DATA payloads).
+    pub oob: u64,
+}
+
+impl Frame {
+    /// `header.size`: the bytes of the record proper.
+    pub fn size(&self) -> usize {
+        self.header.size as usize
+    }
+
+    /// The record and its payload: where the next record starts.
+    pub fn total(&self) -> u64 {
+        self.header.size as u64 + self.oob
+    }
+}
+
+/// Frames the record at the start of `bytes` (at offset `at` of its file, for
+/// messages). `Ok(None)` when `bytes` ends before the record proper does (more bytes
+/// are needed); an error when no valid record can start here: a size smaller than
+/// the header, an unreadable or oversized payload length. The payload itself need
+/// not be in `bytes`.
+pub fn frame(bytes: &[u8], e: Endian, at: u64) -> Result<Option<Frame>> {
+    let Some(header) = RecordHeader::parse(bytes, e) else {
+        return Ok(None);
+    };
+    let size = header.size as usize;
+    if size < 8 {
+        return Err(Error::format(
+            at,
+            format!(
+                "record of type {} has size {size}, smaller than its header",
+                header.kind
+            ),
+        ));
+    }
+    let Some(body) = bytes.get(..size) else {
+        return Ok(None);
+    };
+    let oob = out_of_band_len(&header, body, e)
+        .ok_or_else(|| Error::format(at, "truncated out-of-band size"))?;
+    if oob > MAX_PAYLOAD {
+        return Err(Error::format(
+            at,
+            format!(
+                "record of type {} announces {oob} payload bytes (more than {MAX_PAYLOAD})",
+                header.kind
+            ),
+        ));
+    }
+    Ok(Some(Frame { header, oob }))
+}
+
+/// Bytes of a record stream readable in windows: a mapped file, a buffer.
+pub trait Windows {
+    /// A window's bytes.
+    type Window: Deref<Target = [u8]>;
+    /// `len` bytes at `offset` (the caller keeps the range inside the stream).
+    fn window(&self, offset: u64, len: u64) -> Result<Self::Window>;
+}
+
+/// A record handed to a walker callback.
+#[derive(Clone, Copy, Debug)]
+pub struct Rec<'a> {
+    /// File offset of the record (for inner records: of the COMPRESSED record).
+    pub offset: u64,
+    /// True for records decoded from compressed data.
+    pub inner: bool,
+    /// Sequential number of the record in the whole input.
+    pub seq: u64,
+    /// Its header.
+    pub header: RecordHeader,
+    /// Its bytes, header included.
+    pub bytes: &'a [u8],
+}
+
+/// A contiguous range of one data file that a worker resolves on its own.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Chunk {
+    /// Index into the input's data files.
+    pub file: usize,
+    /// First byte.
+    pub start: u64,
+    /// One past the last byte.
+    pub end: u64,
+    /// `seq` of the first record.
+    pub first_seq: u64,
+}
+
+/// Walks records of a range in windows, decompressing COMPRESSED records.
+pub struct Walker {
+    e: Endian,
+    inner: Option<InnerStream>,
+    /// The `seq` the next record gets.
+    pub seq: u64,
+}
+
+impl Walker {
+    /// A walker whose first record gets `first_seq`.
+    pub fn new(e: Endian, first_seq: u64) -> Self {
+        Walker {
+            e,
+            inner: None,
+            seq: first_seq,
+        }
+    }
+
+    /// True when a chunk may begin at the next record (no compressed frame or inner
+    /// record is half-way).
+    pub fn is_clean(&self) -> bool {
+        self.inner.as_ref().is_none_or(|i| i.is_clean())
+    }
+
+    /// Calls `f` for every record (outer and inner) of `src[start..end)`, reading
+    /// `window` bytes at a time; `after` is called after each outer record with the
+    /// offset following it.
+    pub fn walk<W: Windows + ?Sized>(
+        &mut self,
+        src: &W,
+        start: u64,
+        end: u64,
+        window: u64,
+        f: &mut dyn FnMut(&Rec<'_>) -> Result<()>,
+        after: &mut dyn FnMut(&Walker, u64) -> Result<()>,
+    ) -> Result<()> {
+        let e = self.e;
+        let mut pos = start;
+        while pos < end {
+            let wlen = (end - pos).min(window.max(1 << 16));
+            let win = src.window(pos, wlen)?;
+            let buf: &[u8] = &win;
+            let mut local = 0usize;
+            loop {
+                let off = pos + local as u64;
+                if off >= end {
+                    pos = off;
+                    break;
+                }
+                let rest = &buf[local..];
+                let Some(fr) = frame(rest, e, off)? else {
+                    // The record does not fit in what is left of the window: the next
+                    // window starts with it, unless the data ends first.
+                    let what = match RecordHeader::parse(rest, e) {
+                        Some(h) if off + h.size as u64 > end => format!(
+                            "record of type {} and size {} runs past the end of the data ({end:#x})",
+                            h.kind, h.size
+                        ),
+                        Some(_) => {
+                            pos = off;
+                            break;
+                        }
+                        None if off + 8 > end => format!(
+                            "{} bytes of a truncated record header at the end of the data",
+                            end - off
+                        ),
+                        None => {
+                            pos = off;
+                            break;
+                        }
+                    };
+                    return Err(Error::format(off, what));
+                };
+                let bytes = &rest[..fr.size()];
+                self.record(off, fr.header, bytes, f)?;
+                let next = off
+                    .checked_add(fr.total())
+                    .filter(|&n| n <= end)
+                    .ok_or_else(|| {
+                        Error::format(
+                            off,
+                            format!(
+                                "record of type {} announces {} payload bytes past the end of the data",
+                                fr.header.kind, fr.oob
+                            ),
+                        )
+                    })?;
+                after(self, next)?;
+                if next - pos >= buf.len() as u64 {
+                    pos = next;
+                    break;
+                }
+                local = (next - pos) as usize;
+            }
+        }
+        Ok(())
+    }
+
+    fn record(
+        &mut self,
+        off: u64,
+        h: RecordHeader,
+        bytes: &[u8],
+        f: &mut dyn FnMut(&Rec<'_>) -> Result<()>,
+    ) -> Result<()> {
+        let seq = self.seq;
+        self.seq += 1;
+        f(&Rec {
+            offset: off,
+            inner: false,
+            seq,
+            header: h,
+            bytes,
+        })?;
+        if h.kind != rt::COMPRESSED && h.kind != rt::COMPRESSED2 {
+            return Ok(());
+        }
+        let data = payload(&h, bytes, self.e).ok_or_else(|| {
+            Error::format(off, "COMPRESSED2 record's data size exceeds the record")
+        })?;
+        let inner = match &mut self.inner {
+            Some(i) => i,
+            slot => slot.insert(
+                InnerStream::new(self.e).map_err(|e| Error::format(off, format!("zstd: {e}")))?,
+            ),
+        };
+        let seqr = &mut self.seq;
+        let mut err = None;
+        let r = inner.feed(data, |ih, irec| {
+            let s = *seqr;
+            *seqr += 1;
+            if ih.kind == rt::COMPRESSED || ih.kind == rt::COMPRESSED2 {
+                return Err(InnerError::BadRecord(
+                    "compressed record inside compressed data",
+                ));
+            }
+            f(&Rec {
+                offset: off,
+                inner: true,
+                seq: s,
+                header: ih,
+                bytes: irec,
+            })
+            .map_err(|e| {
+                err = Some(e);
+                InnerError::BadRecord("")
+            })
+        });
+        if let Some(e) = err {
+            return Err(e);
+        }
+        r.map_err(|e| match e {
+            InnerError::Zstd(m) => Error::format(off, format!("compressed record: zstd: {m}")),
+            InnerError::BadRecord(m) => Error::format(off, format!("compressed record: {m}")),
+        })
+    }
+}
+
+/// Offset of the first record in `bytes` that may hold a sample (a SAMPLE, or
+/// compressed data), or `bytes.len()`: records a sample needs go before it.
+pub fn first_sampleish(bytes: &[u8], e: Endian) -> usize {
+    let mut at = 0usize;
+    while let Ok(Some(fr)) = frame(&bytes[at..], e, at as u64) {
+        if matches!(
+            fr.header.kind,
+            rt::SAMPLE | rt::COMPRESSED | rt::COMPRESSED2
+        ) {
+            return at;
+        }
+        match usize::try_from(fr.total())
+            .ok()
+            .and_then(|n| at.checked_add(n))
+        {
+            Some(next) if next <= bytes.len() => at = next,
+            _ => break,
+        }
+    }
+    bytes.len()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(kind: u32, size: u16) -> Vec<u8> {
+        let mut v = Vec::new();
+        v.extend_from_slice(&kind.to_le_bytes());
+        v.extend_from_slice(&0u16.to_le_bytes());
+        v.extend_from_slice(&size.to_le_bytes());
+        v.resize(size as usize, 0);
+        v
+    }
+
+    #[test]
+    fn frames_need_the_whole_record_but_not_its_payload() {
+        let e = Endian::Little;
+        assert_eq!(frame(&[1, 0, 0], e, 0).unwrap(), None);
+        let r = rec(rt::MMAP2, 24);
+        assert_eq!(frame(&r[..16], e, 0).unwrap(), None);
+        assert_eq!(frame(&r, e, 0).unwrap().map(|f| f.total()), Some(24));
+        let mut aux = rec(rt::AUXTRACE, 48);
+        aux[8..16].copy_from_slice(&4096u64.to_le_bytes());
+        assert_eq!(
+            frame(&aux, e, 0).unwrap().map(|f| f.total()),
+            Some(48 + 4096)
+        );
+        aux[8..16].copy_from_slice(&(MAX_PAYLOAD + 1).to_le_bytes());
+        assert!(frame(&aux, e, 0).is_err(), "payload over the policy");
+        let mut small = rec(rt::MMAP2, 8);
+        small[6] = 4;
+        assert!(frame(&small, e, 7).is_err(), "size under the header");
+    }
+
+    #[test]
+    fn records_go_before_the_first_record_that_may_hold_samples() {
+        let mut b = rec(rt::HEADER_ATTR, 16);
+        b.extend(rec(rt::MMAP2, 24));
+        let at = b.len();
+        b.extend(rec(rt::COMPRESSED, 32));
+        b.extend(rec(rt::SAMPLE, 16));
+        assert_eq!(first_sampleish(&b, Endian::Little), at);
+        let only_maps = rec(rt::MMAP2, 24);
+        assert_eq!(first_sampleish(&only_maps, Endian::Little), only_maps.len());
+        // A zero size ends the walk instead of looping.
+        let mut bad = rec(rt::MMAP2, 24);
+        bad.extend_from_slice(&[1, 0, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(first_sampleish(&bad, Endian::Little), bad.len());
+    }
+}

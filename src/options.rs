@@ -1,0 +1,123 @@
+//! What a run is asked to do: the mode, the build IDs the user knows, the worker
+//! count, unwinding and progress reporting. Filled in by the command line (or any
+//! other caller of the library); read by the engine and the sinks.
+
+use crate::format::feature::BuildId;
+use crate::{Error, Result};
+use std::time::Duration;
+
+/// Which DSOs get build IDs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Mode {
+    /// DSOs touched by samples (`-b`, `--buildids`).
+    #[default]
+    Hit,
+    /// Every DSO mapped as code (`--buildid-all`).
+    All,
+}
+
+/// `--unwind`: how user stacks (`--call-graph dwarf` samples) are walked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum UnwindChoice {
+    /// DWARF when the samples carry user stacks, else nothing.
+    #[default]
+    Auto,
+    /// Never.
+    None,
+    /// Frame pointers only.
+    Fp,
+    /// DWARF CFI (frame pointers where CFI is missing).
+    Dwarf,
+}
+
+/// Progress callback: `(stage, done, total)` in bytes.
+pub type ProgressFn = std::sync::Arc<dyn Fn(&str, u64, u64) + Send + Sync>;
+
+/// Default per-sample unwinding budget (see the README for the measurement).
+pub const DEFAULT_UNWIND_BUDGET: Duration = Duration::from_millis(1);
+/// Default frame cap: perf's own PERF_MAX_STACK_DEPTH is 127; deeper DWARF stacks exist.
+pub const DEFAULT_MAX_FRAMES: usize = 512;
+
+/// Options of a run.
+#[derive(Clone)]
+pub struct Options {
+    /// Hit or all.
+    pub mode: Mode,
+    /// `--known-build-ids`.
+    pub known: Vec<(BuildId, String)>,
+    /// Worker threads (default: all cores).
+    pub jobs: Option<usize>,
+    /// Progress reporting.
+    pub progress: Option<ProgressFn>,
+    /// How user stacks are walked.
+    pub unwind: UnwindChoice,
+    /// Time allowed to unwind one sample.
+    pub unwind_budget: Duration,
+    /// Frames walked at most per sample.
+    pub max_frames: usize,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            mode: Mode::Hit,
+            known: Vec::new(),
+            jobs: None,
+            progress: None,
+            unwind: UnwindChoice::Auto,
+            unwind_budget: DEFAULT_UNWIND_BUDGET,
+            max_frames: DEFAULT_MAX_FRAMES,
+        }
+    }
+}
+
+impl std::fmt::Debug for Options {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Options")
+            .field("mode", &self.mode)
+            .field("known", &self.known)
+            .field("jobs", &self.jobs)
+            .field("unwind", &self.unwind)
+            .field("unwind_budget", &self.unwind_budget)
+            .field("max_frames", &self.max_frames)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Options {
+    /// Reports progress of `stage`, if anyone listens.
+    pub(crate) fn progress(&self, stage: &str, done: u64, total: u64) {
+        if let Some(p) = &self.progress {
+            p(stage, done, total)
+        }
+    }
+
+    /// The worker pool: `jobs` threads, all cores by default.
+    pub fn pool(&self) -> Result<rayon::ThreadPool> {
+        let jobs = self
+            .jobs
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+            .max(1);
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(jobs)
+            .build()
+            .map_err(|e| Error::Internal(format!("cannot start {jobs} worker threads: {e}")))
+    }
+}
+
+/// Parses `--known-build-ids='HEX PATH,HEX PATH'`.
+pub fn parse_known(s: &str) -> Result<Vec<(BuildId, String)>> {
+    let mut out = Vec::new();
+    for item in s.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+        let (hex, path) = item.split_once(char::is_whitespace).ok_or_else(|| {
+            Error::Usage(format!("--known-build-ids: '{item}' is not 'HEX PATH'"))
+        })?;
+        let id = BuildId::from_hex(hex).ok_or_else(|| {
+            Error::Usage(format!(
+                "--known-build-ids: '{hex}' is not an even-length hex build ID of at most 40 digits"
+            ))
+        })?;
+        out.push((id, path.trim().to_string()));
+    }
+    Ok(out)
+}

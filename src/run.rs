@@ -1,0 +1,247 @@
+//! One run from an input path to an output path: the input is classified once, the
+//! sink chosen by the output (`-` is a stream, anything else a file-format
+//! perf.data), and the engine driven by the input's kind. Any input reaches any sink.
+
+use crate::engine::dating::{Dating, wall_ns};
+use crate::engine::source::{
+    BATCH_BYTES, StreamInput, date_saved_stream, is_stream_header, run_file, run_stream,
+};
+use crate::engine::{Context, Host, dating::RecordingStart};
+use crate::format::header::PIPE_HEADER_SIZE;
+use crate::input::PerfInput;
+use crate::options::Options;
+use crate::report::Report;
+use crate::sink::stream::StreamSink;
+use crate::sink::table::TableSink;
+use crate::sink::{NullSink, Sink};
+use crate::write::TempOutput;
+use crate::{Error, Result};
+use std::fs::File;
+use std::io::{BufWriter, IsTerminal, Read, Seek};
+use std::path::{Path, PathBuf};
+
+/// What the input path names.
+pub enum Input {
+    /// A file-format perf.data (or a `perf record --threads` directory).
+    File(Box<PerfInput>),
+    /// A stream saved to a regular file (`perf record -o - > FILE`).
+    SavedStream(File),
+    /// A stream on stdin (a pipe, or a redirected file).
+    Stdin(File),
+}
+
+fn is_dash(p: &Path) -> bool {
+    p.as_os_str() == "-"
+}
+
+impl Input {
+    /// Classifies `path` (`-` for stdin): the one place that looks at what an input is.
+    pub fn open(path: &Path) -> Result<Input> {
+        if is_dash(path) {
+            use std::os::fd::AsFd;
+            let fd = std::io::stdin()
+                .as_fd()
+                .try_clone_to_owned()
+                .map_err(|e| Error::io("<stdin>", e))?;
+            return Ok(Input::Stdin(File::from(fd)));
+        }
+        let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
+        if meta.is_file() {
+            let mut f = File::open(path).map_err(|e| Error::io(path, e))?;
+            let mut head = [0u8; PIPE_HEADER_SIZE as usize];
+            if f.read_exact(&mut head).is_ok() && is_stream_header(&head) {
+                f.rewind().map_err(|e| Error::io(path, e))?;
+                return Ok(Input::SavedStream(f));
+            }
+        }
+        PerfInput::open(path).map(|i| Input::File(Box::new(i)))
+    }
+
+    /// True for a directory recording.
+    fn is_dir(&self) -> bool {
+        matches!(self, Input::File(i) if i.is_dir)
+    }
+}
+
+/// True when `a` and `b` name the same file.
+pub fn same_file(a: &Path, b: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
+        _ => false,
+    }
+}
+
+/// Runs the whole job from `input` to `output`; either may be `-` (stdin, stdout).
+pub fn run(input: &Path, output: &Path, opts: &Options) -> Result<Report> {
+    if !is_dash(input) && !is_dash(output) && (input == output || same_file(input, output)) {
+        return Err(Error::Usage(format!(
+            "{}: output would overwrite the input; write to another file",
+            output.display()
+        )));
+    }
+    let pool = opts.pool()?;
+    let cx = Context {
+        opts,
+        pool: &pool,
+        host: Host::Consult,
+    };
+    let src = Input::open(input)?;
+    let in_name = if is_dash(input) {
+        PathBuf::from("<stdin>")
+    } else {
+        input.to_path_buf()
+    };
+    let mut report = if is_dash(output) {
+        if std::io::stdout().is_terminal() {
+            return Err(Error::Usage(
+                "refusing to write perf data to a terminal; redirect or pipe the output".into(),
+            ));
+        }
+        let out = Path::new("<stdout>");
+        let w = BufWriter::with_capacity(1 << 20, std::io::stdout().lock());
+        let mut sink = StreamSink::new(Box::new(w), out);
+        drive(cx, &in_name, src, &mut sink)?
+    } else {
+        let tmp = TempOutput::create(output, src.is_dir())?;
+        if src.is_dir()
+            && let Ok(m) = std::fs::metadata(input)
+        {
+            let _ = std::fs::set_permissions(&tmp.path, m.permissions());
+        }
+        let header_out = tmp.header_file_path();
+        let r = {
+            let mut sink = TableSink::new(&header_out, src.is_dir().then_some(tmp.path.as_path()));
+            drive(cx, &in_name, src, &mut sink)
+        };
+        let r = r.map_err(|e| e.for_output(&tmp.path, output))?;
+        tmp.commit()?;
+        r
+    };
+    report.pipe = is_dash(output);
+    report.input = input.display().to_string();
+    report.output = output.display().to_string();
+    Ok(report)
+}
+
+/// Drives the engine over `src` into `sink`.
+fn drive(cx: Context<'_>, name: &Path, src: Input, sink: &mut dyn Sink) -> Result<Report> {
+    match src {
+        Input::File(input) => run_file(cx, &input, sink),
+        Input::SavedStream(mut f) | Input::Stdin(mut f) => {
+            let meta = f.metadata().map_err(|e| Error::io(name, e))?;
+            // A regular file (by path, or redirected to stdin) is read twice: first
+            // for the span of its times, so that the recording's start is known
+            // before any file is judged. Anything else is a live stream.
+            let dating = if meta.is_file() {
+                let first = f.stream_position().unwrap_or(0);
+                let start = match cx.host {
+                    Host::Consult => date_saved_stream(cx.opts, cx.pool, name, &f, first)?,
+                    Host::Closed => RecordingStart::Unknown("the host is not consulted".into()),
+                };
+                Dating::Fixed(start)
+            } else {
+                Dating::Live {
+                    began_ns: wall_ns(),
+                }
+            };
+            let input = StreamInput {
+                name: name.to_path_buf(),
+                reader: &mut f,
+                total: meta.is_file().then_some(meta.len()),
+                dating,
+                batch: BATCH_BYTES,
+            };
+            run_stream(cx, input, sink)
+        }
+    }
+}
+
+fn closed<'a>(opts: &'a Options, pool: &'a rayon::ThreadPool) -> Context<'a> {
+    Context {
+        opts,
+        pool,
+        host: Host::Closed,
+    }
+}
+
+/// Reads an input through to its end, samples decoded, writing nothing and asking
+/// the host nothing: Ok when perf's reader could take every record (what a reader of
+/// pdinject's output may rely on; the mutation test and fuzzers check outputs so).
+pub fn validate(path: &Path) -> Result<Report> {
+    let opts = Options {
+        jobs: Some(1),
+        unwind: crate::options::UnwindChoice::None,
+        ..Options::default()
+    };
+    let pool = opts.pool()?;
+    let src = Input::open(path)?;
+    drive(closed(&opts, &pool), path, src, &mut NullSink)
+}
+
+/// The engine over `path` (file or stream format) with this host consulted and no
+/// output written: scan, model, resolve (unwinding included) and identify. The
+/// criterion bench drives this.
+pub fn analyse(path: &Path, opts: &Options) -> Result<Report> {
+    let pool = opts.pool()?;
+    let cx = Context {
+        opts,
+        pool: &pool,
+        host: Host::Consult,
+    };
+    let src = Input::open(path)?;
+    drive(cx, path, src, &mut NullSink)
+}
+
+/// [`validate`] over bytes in memory (file or stream format): what the fuzzers drive.
+pub fn validate_bytes(bytes: &[u8]) -> Result<Report> {
+    let opts = Options {
+        jobs: Some(1),
+        unwind: crate::options::UnwindChoice::None,
+        ..Options::default()
+    };
+    let pool = opts.pool()?;
+    let name = Path::new("<memory>");
+    if is_stream_header(bytes) {
+        let input = StreamInput {
+            name: name.to_path_buf(),
+            reader: &mut &bytes[..],
+            total: None,
+            dating: Dating::Fixed(RecordingStart::Unknown("in memory".into())),
+            batch: BATCH_BYTES,
+        };
+        return run_stream(closed(&opts, &pool), input, &mut NullSink);
+    }
+    let input = PerfInput::from_bytes(name, bytes.to_vec())?;
+    run_file(closed(&opts, &pool), &input, &mut NullSink)
+}
+
+/// A stream from any reader to any writer, in batches of `batch` bytes, taken as a
+/// live stream (dated by this boot's clock). Tests drive many small batches through
+/// the carry-over from one batch to the next; the stream fuzzer drives this.
+pub fn stream(
+    r: &mut dyn Read,
+    w: &mut dyn std::io::Write,
+    opts: &Options,
+    batch: usize,
+) -> Result<Report> {
+    let pool = opts.pool()?;
+    let mut sink = StreamSink::new(Box::new(w), Path::new("<output>"));
+    let input = StreamInput {
+        name: PathBuf::from("<stdin>"),
+        reader: r,
+        total: None,
+        dating: Dating::Live {
+            began_ns: wall_ns(),
+        },
+        batch,
+    };
+    let cx = Context {
+        opts,
+        pool: &pool,
+        host: Host::Consult,
+    };
+    let mut report = run_stream(cx, input, &mut sink)?;
+    report.pipe = true;
+    Ok(report)
+}

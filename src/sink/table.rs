@@ -1,0 +1,412 @@
+//! File-format output: a perf.data with the BUILD_ID table.
+//!
+//! From a file-format input, everything before the end of the data section is copied
+//! verbatim beside the stages (kernel side: direct I/O, copy_file_range) and the
+//! feature tail is rebuilt with BUILD_ID merged in ([`crate::write::write_tail`]).
+//! From a stream, the records become the data section as they are resolved; the
+//! records a file keeps in its header instead (HEADER_ATTR, HEADER_FEATURE,
+//! HEADER_TRACING_DATA, HEADER_BUILD_ID) become the attrs section and the features,
+//! the stream's build-ID records entries of the table.
+
+use super::{Batch, Begin, Sink, SinkReport};
+use crate::engine::Engine;
+use crate::engine::source::is_header_record;
+use crate::format::Endian;
+use crate::format::feature::encode_table_entry;
+use crate::format::header::{FEAT_BUILD_ID, FILE_HEADER_SIZE};
+use crate::format::record::rt;
+use crate::format::walk::frame;
+use crate::input::PerfInput;
+use crate::write::{copy_prefix, write_tail};
+use crate::{Error, Result};
+use std::fs::File;
+use std::io::{BufWriter, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// `sizeof(struct perf_event_attr)` in perf 6.1 (PERF_ATTR_SIZE_VER8).
+const PERF_ATTR_SIZE_6_1: usize = 128;
+
+/// Feature bit of TRACING_DATA (tracepoint formats).
+const FEAT_TRACING_DATA: u32 = 1;
+
+/// Writes a file-format perf.data at `out` (the header file; data.N files of a
+/// directory input go into `dir`).
+pub struct TableSink {
+    out: PathBuf,
+    dir: Option<PathBuf>,
+    state: State,
+    report: SinkReport,
+}
+
+enum State {
+    Idle,
+    /// A file input: the copy runs beside the stages.
+    Copy {
+        copier: Option<JoinHandle<Result<Duration>>>,
+        stop: Arc<AtomicBool>,
+    },
+    /// A stream input: its records are the data section.
+    Stream(Box<FromStream>),
+}
+
+struct FromStream {
+    w: BufWriter<File>,
+    e: Endian,
+    data_size: u64,
+    /// TRACING_DATA payloads of the stream.
+    tracing: Vec<u8>,
+    /// The stream's HEADER_BUILD_ID records, as table entries.
+    entries: Vec<u8>,
+}
+
+impl TableSink {
+    /// A sink writing the header file `out` (and a directory input's data.N files
+    /// into `dir`).
+    pub fn new(out: &Path, dir: Option<&Path>) -> Self {
+        TableSink {
+            out: out.to_path_buf(),
+            dir: dir.map(Path::to_path_buf),
+            state: State::Idle,
+            report: SinkReport::default(),
+        }
+    }
+
+    fn io(&self, e: std::io::Error) -> Error {
+        Error::io(&self.out, e)
+    }
+
+    /// A table entry can be added: a feature bitmap (104-byte header) and a non-empty
+    /// data section (perf reads a data size of 0 as "to the end of the file", which
+    /// would swallow a feature table written after it).
+    fn can_write_table(input: &PerfInput) -> bool {
+        input.header.header_size == FILE_HEADER_SIZE && input.header.data.size > 0
+    }
+
+    fn finish_copy(&mut self, input: &PerfInput, engine: &Engine<'_>) -> Result<()> {
+        let State::Copy { copier, .. } = &mut self.state else {
+            return Err(Error::Internal("table sink: no copy under way".into()));
+        };
+        let t_copy = copier
+            .take()
+            .ok_or_else(|| Error::Internal("table sink: copy joined twice".into()))?
+            .join()
+            .map_err(|_| Error::Internal("the copy thread panicked".into()))??;
+        self.report.timings.insert("copy", t_copy);
+        let mut entries = Vec::new();
+        let mut added = 0;
+        for d in engine.decisions() {
+            if let Some(id) = d.id_for_table() {
+                encode_table_entry(
+                    &mut entries,
+                    input.header.endian,
+                    d.cpumode(),
+                    &id,
+                    d.group.name.as_bytes(),
+                );
+                added += usize::from(!d.from_input());
+            }
+        }
+        let old = input
+            .header
+            .has_feature(FEAT_BUILD_ID)
+            .then(|| input.feature(FEAT_BUILD_ID))
+            .flatten();
+        let legacy = old.as_deref().is_some_and(|p| {
+            crate::format::feature::parse_build_id_table(p, input.header.endian).legacy
+        });
+        if !Self::can_write_table(input) {
+            if added > 0 {
+                self.report.notes.push(
+                    "the input has no feature bitmap (pre-2010 header) or no records: no build-ID table can be added"
+                        .into(),
+                );
+            }
+            self.report.ids_lost = added;
+            return Ok(());
+        }
+        // The BUILD_ID section is rewritten only when it changes or did not exist.
+        let payload = if legacy || (entries.is_empty() && old.is_some()) {
+            None
+        } else {
+            let mut p = old.unwrap_or_default();
+            p.extend_from_slice(&entries);
+            self.report.ids_new = added;
+            Some(p)
+        };
+        let t = Instant::now();
+        write_tail(input, &self.out, payload.as_deref())
+            .map_err(|e| e.in_file(&input.header_path))?;
+        self.report.timings.insert("write-tail", t.elapsed());
+        Ok(())
+    }
+}
+
+impl Sink for TableSink {
+    fn begin(&mut self, begin: &Begin<'_>, stop: &Arc<AtomicBool>) -> Result<()> {
+        match begin {
+            Begin::File(input) => {
+                let copy_len = if Self::can_write_table(input) {
+                    input.header.feature_table_offset()
+                } else {
+                    input.file_len
+                };
+                let src = input.header_path.clone();
+                let out = self.out.clone();
+                let parts: Vec<(PathBuf, PathBuf, u64)> = input
+                    .data_files
+                    .iter()
+                    .skip(1)
+                    .filter_map(|df| {
+                        let dir = self.dir.as_ref()?;
+                        Some((
+                            df.path.clone(),
+                            dir.join(df.path.file_name()?),
+                            df.range.size,
+                        ))
+                    })
+                    .collect();
+                let flag = stop.clone();
+                let copier = std::thread::spawn(move || {
+                    let t = Instant::now();
+                    let r = copy_prefix(&src, &out, copy_len, &flag).and_then(|()| {
+                        parts
+                            .iter()
+                            .try_for_each(|(s, d, n)| copy_prefix(s, d, *n, &flag))
+                    });
+                    if r.is_err() {
+                        // Stop the stages at their next chunk: the run has failed.
+                        flag.store(true, Ordering::Relaxed);
+                    }
+                    r.map(|()| t.elapsed())
+                });
+                self.state = State::Copy {
+                    copier: Some(copier),
+                    stop: stop.clone(),
+                };
+            }
+            Begin::Stream { endian, .. } => {
+                let mut f = std::fs::OpenOptions::new()
+                    .write(true)
+                    .truncate(true)
+                    .open(&self.out)
+                    .map_err(|e| self.io(e))?;
+                // The header is written last, when the sections are known.
+                f.write_all(&[0u8; FILE_HEADER_SIZE as usize])
+                    .map_err(|e| self.io(e))?;
+                self.state = State::Stream(Box::new(FromStream {
+                    w: BufWriter::with_capacity(1 << 20, f),
+                    e: *endian,
+                    data_size: 0,
+                    tracing: Vec::new(),
+                    entries: Vec::new(),
+                }));
+            }
+        }
+        Ok(())
+    }
+
+    fn batch(&mut self, batch: &Batch<'_>, engine: &Engine<'_>) -> Result<()> {
+        match batch {
+            Batch::File { input, .. } => self.finish_copy(input, engine),
+            Batch::Bytes { bytes, offset, .. } => {
+                let out = self.out.clone();
+                let State::Stream(s) = &mut self.state else {
+                    return Err(Error::Internal("table sink: bytes without a stream".into()));
+                };
+                s.records(bytes, *offset).map_err(|e| match e {
+                    Error::Io { source, .. } => Error::io(&out, source),
+                    other => other,
+                })
+            }
+        }
+    }
+
+    fn finish(&mut self, engine: &Engine<'_>) -> Result<SinkReport> {
+        if let State::Stream(s) = std::mem::replace(&mut self.state, State::Idle) {
+            let t = Instant::now();
+            let mut s = *s;
+            self.report.ids_new = s.write_header_sections(engine, &self.out)?;
+            self.report.timings.insert("write-tail", t.elapsed());
+        }
+        Ok(std::mem::take(&mut self.report))
+    }
+
+    fn abort(&mut self) -> Option<Error> {
+        if let State::Copy { copier, stop } = &mut self.state {
+            stop.store(true, Ordering::Relaxed);
+            if let Some(Ok(Err(e))) = copier.take().map(JoinHandle::join) {
+                return Some(e);
+            }
+        }
+        None
+    }
+}
+
+impl FromStream {
+    /// Appends a stream's records to the data section, keeping back the records a
+    /// file holds in its header.
+    fn records(&mut self, bytes: &[u8], offset: u64) -> Result<()> {
+        let e = self.e;
+        let io = |err| Error::io("", err);
+        let mut at = 0usize;
+        let mut run = 0usize;
+        while at < bytes.len() {
+            let fr = frame(&bytes[at..], e, offset + at as u64)?.ok_or_else(|| {
+                Error::Internal("table sink: a batch ends inside a record".into())
+            })?;
+            let next = at + fr.total() as usize;
+            let kind = fr.header.kind;
+            if is_header_record(kind) {
+                self.w.write_all(&bytes[run..at]).map_err(io)?;
+                self.data_size += (at - run) as u64;
+                run = next;
+                let rec = &bytes[at..next];
+                match kind {
+                    rt::HEADER_TRACING_DATA => self.tracing.extend_from_slice(&rec[fr.size()..]),
+                    rt::HEADER_BUILD_ID => {
+                        // The same bytes as a table entry, whose type field is 0.
+                        let start = self.entries.len();
+                        self.entries.extend_from_slice(&rec[..fr.size()]);
+                        self.entries[start..start + 4].copy_from_slice(&e.put_u32(0));
+                    }
+                    _ => {}
+                }
+            }
+            at = next;
+        }
+        self.w.write_all(&bytes[run..]).map_err(io)?;
+        self.data_size += (bytes.len() - run) as u64;
+        Ok(())
+    }
+
+    /// Writes the features, ids and attrs after the data, then the header; returns
+    /// how many table entries pdinject added.
+    fn write_header_sections(&mut self, engine: &Engine<'_>, out: &Path) -> Result<usize> {
+        let e = self.e;
+        let io = |err| Error::io(out, err);
+        let attrs = engine.attrs();
+        let bodies = engine.attr_records();
+        if attrs.is_empty() {
+            return Err(Error::format(
+                16,
+                "the stream declares no events (no HEADER_ATTR record): a perf.data file needs them",
+            )
+            .in_file(out));
+        }
+        if self.data_size == 0 {
+            // perf reads a data size of 0 as "to the end of the file": one
+            // FINISHED_ROUND keeps the features out of the data.
+            let mut r = Vec::new();
+            r.extend_from_slice(&e.put_u32(rt::FINISHED_ROUND));
+            r.extend_from_slice(&e.put_u16(0));
+            r.extend_from_slice(&e.put_u16(8));
+            self.w.write_all(&r).map_err(io)?;
+            self.data_size = 8;
+        }
+        let mut added = 0;
+        for d in engine.decisions() {
+            if let Some(id) = d.id_for_table()
+                && !d.from_input()
+            {
+                encode_table_entry(
+                    &mut self.entries,
+                    e,
+                    d.cpumode(),
+                    &id,
+                    d.group.name.as_bytes(),
+                );
+                added += 1;
+            }
+        }
+        let mut features: Vec<(u32, &[u8])> = engine
+            .stream_features()
+            .iter()
+            .filter(|(bit, _)| ![FEAT_BUILD_ID, FEAT_TRACING_DATA].contains(bit))
+            .map(|(b, p)| (*b, p.as_slice()))
+            .collect();
+        if !self.tracing.is_empty() {
+            features.push((FEAT_TRACING_DATA, &self.tracing));
+        }
+        if !self.entries.is_empty() {
+            features.push((FEAT_BUILD_ID, &self.entries));
+        }
+        features.sort_by_key(|f| f.0);
+        let data_end = FILE_HEADER_SIZE + self.data_size;
+        let mut pos = data_end + 16 * features.len() as u64;
+        let mut bitmap = [0u64; 4];
+        for (bit, p) in &features {
+            bitmap[(*bit / 64) as usize] |= 1 << (bit % 64);
+            self.w.write_all(&e.put_u64(pos)).map_err(io)?;
+            self.w.write_all(&e.put_u64(p.len() as u64)).map_err(io)?;
+            pos += p.len() as u64;
+        }
+        for (_, p) in &features {
+            self.w.write_all(p).map_err(io)?;
+        }
+        // Ids, then the attrs section: every attr at one size, then its ids section.
+        // That size is the largest attr's, except that zeros past perf 6.1's 128
+        // bytes (perf 6.8+ sends 136-byte attrs whose config3 is usually 0) are
+        // dropped: perf 6.1 refuses a file whose attrs are larger than it knows.
+        let own = |a: &crate::format::attr::Attr, body: &[u8]| {
+            let n = (if a.size == 0 { 64 } else { a.size } as usize).min(body.len());
+            if n > PERF_ATTR_SIZE_6_1 && body[PERF_ATTR_SIZE_6_1..n].iter().all(|&b| b == 0) {
+                (n, PERF_ATTR_SIZE_6_1)
+            } else {
+                (n, n)
+            }
+        };
+        let attr_len = attrs
+            .iter()
+            .zip(bodies)
+            .map(|(a, b)| own(a, b).1)
+            .max()
+            .unwrap_or(64);
+        let mut ids_at = Vec::with_capacity(attrs.len());
+        for (a, body) in attrs.iter().zip(bodies) {
+            let ids = &body[own(a, body).0..];
+            self.w.write_all(ids).map_err(io)?;
+            ids_at.push((pos, ids.len() as u64));
+            pos += ids.len() as u64;
+        }
+        let attrs_at = pos;
+        for ((a, body), (off, len)) in attrs.iter().zip(bodies).zip(&ids_at) {
+            let mut attr = body[..own(a, body).1].to_vec();
+            attr.resize(attr_len, 0);
+            // attr.size says how many bytes of the struct are meaningful.
+            attr[4..8].copy_from_slice(&e.put_u32(attr_len as u32));
+            self.w.write_all(&attr).map_err(io)?;
+            self.w.write_all(&e.put_u64(*off)).map_err(io)?;
+            self.w.write_all(&e.put_u64(*len)).map_err(io)?;
+        }
+        let attr_size = attr_len as u64 + 16;
+        let mut h = Vec::with_capacity(FILE_HEADER_SIZE as usize);
+        h.extend_from_slice(match e {
+            Endian::Little => b"PERFILE2",
+            Endian::Big => b"2ELIFREP",
+        });
+        for v in [
+            FILE_HEADER_SIZE,
+            attr_size,
+            attrs_at,
+            attr_size * attrs.len() as u64,
+            FILE_HEADER_SIZE,
+            self.data_size,
+            0,
+            0,
+        ] {
+            h.extend_from_slice(&e.put_u64(v));
+        }
+        for w in bitmap {
+            h.extend_from_slice(&e.put_u64(w));
+        }
+        self.w.flush().map_err(io)?;
+        let f = self.w.get_mut();
+        f.seek(SeekFrom::Start(0)).map_err(io)?;
+        f.write_all(&h).map_err(io)?;
+        Ok(added)
+    }
+}
