@@ -9,6 +9,7 @@
 //! [`source`] holds the two ways batches arrive: a file, or a stream read in batches.
 
 pub mod dating;
+mod flat;
 pub mod rounds;
 pub mod source;
 
@@ -189,11 +190,13 @@ impl Cuts {
 
     /// A record ended at `next`; `clean` when a chunk may start there, `round` when
     /// the record was a FINISHED_ROUND. True when a chunk boundary was placed.
+    /// Every record boundary may end a batch (compressed data is resolved through one
+    /// decompressor that goes on across batches); only clean ones start chunks.
     fn after(&mut self, next: Point, clean: bool, round: bool) -> bool {
+        self.rounds.clean(next, round);
         if !clean {
             return false;
         }
-        self.rounds.clean(next, round);
         let last = self.points.last().map_or(self.base.0, |p| p.0);
         if next.0 - last >= CHUNK_BYTES {
             self.points.push(next);
@@ -260,6 +263,10 @@ pub struct Engine<'a> {
     tables: Option<UnwindTables>,
     decided: BTreeMap<(bool, String), Decision>,
     hits: Hits,
+    /// A stream's decompressor on the resolve side: compressed data has no clean
+    /// point (perf keeps one zstd frame open for the whole recording), so it is
+    /// resolved in order, batch after batch, through one decompressor.
+    flat_walker: Option<Walker>,
     notes: Vec<String>,
     timings: BTreeMap<&'static str, Duration>,
 }
@@ -315,6 +322,7 @@ impl<'a> Engine<'a> {
             tables: None,
             decided: BTreeMap::new(),
             hits: Hits::default(),
+            flat_walker: None,
             notes: Vec::new(),
             timings: BTreeMap::new(),
         }
@@ -602,9 +610,18 @@ impl<'a> Engine<'a> {
         if let Some(cfg) = unwind {
             resolver = resolver.with_unwinding(cfg, &*tables);
         }
-        let hits = self
-            .pool
-            .install(|| resolver.run(files, chunks, progress, stop))?;
+        let hits = if self.scan.compressed > 0 {
+            let mut w = match self.flat_walker.take() {
+                Some(w) if self.from_records => w,
+                _ => Walker::new(self.e, chunks.first().map_or(0, |c| c.first_seq)),
+            };
+            let r = flat::resolve(self.pool, &resolver, &mut w, files, chunks, stop, progress);
+            self.flat_walker = Some(w);
+            r?
+        } else {
+            self.pool
+                .install(|| resolver.run(files, chunks, progress, stop))?
+        };
         drop(resolver);
         self.add_time("resolve", t.elapsed());
 

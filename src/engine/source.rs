@@ -164,6 +164,10 @@ pub fn run_stream(cx: Context<'_>, input: StreamInput<'_>, sink: &mut dyn Sink) 
             };
             engine.scan(&mem, from..end, u64::MAX, &mut cuts, &stop, &|_| {})?;
             s.scanned = s.parsed;
+            if eof {
+                // The end of the stream ends every record: all of it is safe.
+                cuts.rounds.clean((end, engine.walker.seq), false);
+            }
             flush(&mut engine, &mut s, &mut cuts, sink, eof, batch, total)?;
             if eof {
                 return sink.finish(&engine);
@@ -211,7 +215,8 @@ fn read_full(r: &mut dyn Read, buf: &mut [u8]) -> std::io::Result<usize> {
 /// batch is resolved up to its last clean point) or, with no clean point at all,
 /// the stream is refused.
 fn carry_limit(batch: usize) -> usize {
-    2 * batch
+    // Never less than a few of the largest records (64 KiB) plus their payloads.
+    (2 * batch).max(1 << 20)
 }
 
 /// Reads until a batch of whole records is ready; true at the end of the stream.

@@ -93,9 +93,9 @@ impl FileHeader {
         };
         let header_size = rd(8)?;
         if header_size == PIPE_HEADER_SIZE {
-            return Err(Error::unsupported(
-                "pipe-format perf.data (perf record -o -) is not supported yet; \
-                 record to a file or convert with `perf inject -i IN -o OUT`",
+            return Err(Error::format(
+                8,
+                "pipe-format data (perf record -o -) where a file-format header is expected",
             ));
         }
         if header_size != FILE_HEADER_SIZE && header_size != OLD_FILE_HEADER_SIZE {

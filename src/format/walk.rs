@@ -124,6 +124,11 @@ impl Walker {
         }
     }
 
+    /// The byte order of the records walked.
+    pub fn endian(&self) -> Endian {
+        self.e
+    }
+
     /// True when a chunk may begin at the next record (no compressed frame or inner
     /// record is half-way).
     pub fn is_clean(&self) -> bool {

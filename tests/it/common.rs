@@ -849,3 +849,29 @@ pub fn setup(test: &str) -> Option<Setup> {
 pub fn s(p: &Path) -> String {
     p.to_string_lossy().into_owned()
 }
+
+// ---------------------------------------------------------------------------
+// Streams
+
+/// True for a pipe-format (`perf record -o -`) file.
+pub fn is_pipe_format(p: &Path) -> bool {
+    fs::read(p)
+        .map(|b| b.len() >= 16 && &b[..8] == b"PERFILE2" && le64(&b, 8) == 16)
+        .unwrap_or(false)
+}
+
+/// The IDs perf takes from a stream's HEADER_BUILD_ID records, as `perf buildid-list
+/// -v` announces them while reading ("build id event received for PATH: ID").
+pub fn received_ids(perf: &Perf, file: &Path) -> BTreeMap<String, String> {
+    let o = run(perf.cmd().args(["buildid-list", "-v", "-i"]).arg(file));
+    let mut m = BTreeMap::new();
+    for l in String::from_utf8_lossy(&o.stderr).lines() {
+        if let Some(rest) = l.strip_prefix("build id event received for ")
+            && let Some((path, id)) = rest.rsplit_once(": ")
+        {
+            let id = id.split_whitespace().next().unwrap_or("");
+            m.insert(path.to_string(), id.to_lowercase());
+        }
+    }
+    m
+}

@@ -7,6 +7,7 @@
 mod common;
 
 mod demo;
+mod engine;
 mod errors;
 mod large;
 mod mutation;

@@ -3,7 +3,6 @@
 //! skips (with a `SKIP` notice) when perf, gcc or the right to record is missing.
 
 use super::common::*;
-use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -33,28 +32,6 @@ fn record_pipe(st: &Setup, opts: &str, name: &str) -> PathBuf {
     let p = st.dir.join(name);
     assert!(is_pipe_format(&p), "{} is not in pipe format", p.display());
     p
-}
-
-fn is_pipe_format(p: &Path) -> bool {
-    fs::read(p)
-        .map(|b| b.len() >= 16 && &b[..8] == b"PERFILE2" && le64(&b, 8) == 16)
-        .unwrap_or(false)
-}
-
-/// The IDs perf takes from a stream's HEADER_BUILD_ID records, as `perf buildid-list
-/// -v` announces them while reading ("build id event received for PATH: ID").
-fn received_ids(perf: &Perf, file: &Path) -> BTreeMap<String, String> {
-    let o = run(perf.cmd().args(["buildid-list", "-v", "-i"]).arg(file));
-    let mut m = BTreeMap::new();
-    for l in String::from_utf8_lossy(&o.stderr).lines() {
-        if let Some(rest) = l.strip_prefix("build id event received for ")
-            && let Some((path, id)) = rest.rsplit_once(": ")
-        {
-            let id = id.split_whitespace().next().unwrap_or("");
-            m.insert(path.to_string(), id.to_lowercase());
-        }
-    }
-    m
 }
 
 /// The IDs every pipe output must carry, checked with `perf buildid-list` (or, for
