@@ -289,3 +289,24 @@ mod tests {
         assert!(build_id_from_notes(&n[..20]).is_none());
     }
 }
+
+#[cfg(test)]
+mod proof_tests {
+    use super::*;
+
+    /// An undated recording refuses every local file before opening anything: the
+    /// proof cannot be skipped, for IDs or for unwind tables (both go through here).
+    #[test]
+    fn an_unknown_start_refuses_before_opening() {
+        let unknown = RecordingStart::Unknown("nothing dates it".into());
+        let r = prove_and_read(Path::new("/nonexistent/lib.so"), &FileIdent::None, &[], &unknown);
+        assert_eq!(r.err().map(|e| e.0), Some(Reason::Undated));
+        let r = prove_and_read(
+            Path::new("/nonexistent/lib.so"),
+            &FileIdent::None,
+            &[],
+            &RecordingStart::Known(0),
+        );
+        assert_eq!(r.err().map(|e| e.0), Some(Reason::Missing));
+    }
+}

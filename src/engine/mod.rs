@@ -726,13 +726,7 @@ impl<'a> Engine<'a> {
                 ),
             })
             .clone();
-        match start {
-            RecordingStart::Unknown(why) if trust.local.is_ok() => HostTrust {
-                local: Err((Reason::Undated, why.clone())),
-                ..trust
-            },
-            _ => trust,
-        }
+        batch_trust(trust, start)
     }
 
     /// How user stacks are walked, decided once from `--unwind`, the events and ARCH.
@@ -873,6 +867,19 @@ impl<'a> Engine<'a> {
     }
 }
 
+/// Host trust for one batch: while the recording cannot be dated, local files are
+/// refused as `undated`; every other refusal (another host, another boot) keeps its
+/// own reason.
+fn batch_trust(trust: HostTrust, start: &RecordingStart) -> HostTrust {
+    match start {
+        RecordingStart::Unknown(why) if trust.local.is_ok() => HostTrust {
+            local: Err((Reason::Undated, why.clone())),
+            ..trust
+        },
+        _ => trust,
+    }
+}
+
 /// An outcome whose ID cannot be written as a table entry or record (a name longer
 /// than a record can hold) becomes a refusal: what perf cannot read is never written.
 fn encodable(g: &Group, o: Outcome, e: Endian) -> Outcome {
@@ -942,6 +949,26 @@ mod tests {
         let t = st::IDENTIFIER | st::IP | st::TID | st::TIME;
         assert_eq!(sample_time(&r, Endian::Little, t), Some(123_456));
         assert_eq!(sample_time(&r, Endian::Little, st::IP), None);
+    }
+
+    #[test]
+    fn an_undated_batch_refuses_local_files_and_keeps_other_reasons() {
+        let boot = (Reason::OtherHost, "another boot".to_string());
+        let t = HostTrust {
+            local: Ok(()),
+            kernel: Err(boot.clone()),
+        };
+        let undated = RecordingStart::Unknown("a replay".into());
+        let b = batch_trust(t.clone(), &undated);
+        assert_eq!(b.local, Err((Reason::Undated, "a replay".to_string())));
+        assert_eq!(b.kernel, Err(boot.clone()), "another boot stays another boot");
+        let dated = batch_trust(t, &RecordingStart::Known(1));
+        assert_eq!(dated.local, Ok(()));
+        let other = HostTrust {
+            local: Err(boot.clone()),
+            kernel: Err(boot.clone()),
+        };
+        assert_eq!(batch_trust(other, &undated).local, Err(boot));
     }
 
     #[test]
