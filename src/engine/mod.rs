@@ -43,7 +43,7 @@ use std::time::{Duration, Instant};
 pub const CHUNK_BYTES: u64 = 4 << 20;
 
 /// Events a stream may declare (perf record opens one per event, not per CPU).
-pub const MAX_STREAM_ATTRS: usize = 4096;
+pub const MAX_STREAM_ATTRS: usize = 1024;
 
 /// Distinct HEADER_BUILD_ID records a stream may carry (one per DSO it touched).
 pub const MAX_STREAM_BUILD_IDS: usize = 65536;
@@ -346,11 +346,6 @@ impl<'a> Engine<'a> {
     /// Feature payloads a stream carried in HEADER_FEATURE records, by bit.
     pub fn stream_features(&self) -> &BTreeMap<u32, Vec<u8>> {
         &self.stream_features
-    }
-
-    /// What the scan collected.
-    pub fn scan_output(&self) -> &ScanOutput {
-        &self.scan
     }
 
     /// Every decision so far, in table order (address space, then name).

@@ -43,11 +43,6 @@ impl Rounds {
         }
     }
 
-    /// The newest clean point.
-    pub fn last_clean(&self) -> Point {
-        self.clean
-    }
-
     /// Where resolution may end now. `base` is where the unresolved bytes start;
     /// `carried` how many bytes wait there and `limit` how many may wait at most;
     /// `eof` that the stream has ended (everything is safe then). Never before `base`:
