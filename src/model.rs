@@ -192,14 +192,15 @@ impl ModelBuilder {
     }
 
     /// Records an MMAP or MMAP2 at `key` with the record's cpumode.
-    pub fn mmap(&mut self, key: Key, cpumode: u16, m: &Mmap<'_>) {
+    /// Returns the DSO the mapping names, if it names one.
+    pub fn mmap(&mut self, key: Key, cpumode: u16, m: &Mmap<'_>) -> Option<DsoId> {
         let pid = match cpumode {
             misc::KERNEL => KERNEL_PID,
             misc::USER | misc::HYPERVISOR | 0 => m.pid,
-            _ => return, // guest machines are not modelled
+            _ => return None, // guest machines are not modelled
         };
         if m.len == 0 {
-            return;
+            return None;
         }
         let end = m.start.saturating_add(m.len);
         let dso = classify(m.filename, cpumode, m.flags).map(|(kind, name)| {
@@ -242,6 +243,7 @@ impl ModelBuilder {
                 }),
             },
         ));
+        dso
     }
 
     fn intern(&mut self, kind: DsoKind, name: String, ident: FileIdent) -> DsoId {

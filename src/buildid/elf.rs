@@ -299,7 +299,12 @@ mod proof_tests {
     #[test]
     fn an_unknown_start_refuses_before_opening() {
         let unknown = RecordingStart::Unknown("nothing dates it".into());
-        let r = prove_and_read(Path::new("/nonexistent/lib.so"), &FileIdent::None, &[], &unknown);
+        let r = prove_and_read(
+            Path::new("/nonexistent/lib.so"),
+            &FileIdent::None,
+            &[],
+            &unknown,
+        );
         assert_eq!(r.err().map(|e| e.0), Some(Reason::Undated));
         let r = prove_and_read(
             Path::new("/nonexistent/lib.so"),

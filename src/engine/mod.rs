@@ -119,6 +119,18 @@ pub struct ScanOutput {
     pub compressed: u64,
 }
 
+/// A mapping record of the input, outside compressed data: where it is and the DSO
+/// it names (what a sink that rewrites MMAP2 records needs, without a second pass).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MappingRecord {
+    /// Index of the data file (0 for a stream, or the header file's data section).
+    pub file: usize,
+    /// Offset of the record.
+    pub offset: u64,
+    /// The DSO it maps.
+    pub dso: DsoId,
+}
+
 /// One table entry decided: the DSOs behind one name in one address space, and the
 /// answer for them.
 #[derive(Clone, Debug)]
@@ -267,6 +279,10 @@ pub struct Engine<'a> {
     /// point (perf keeps one zstd frame open for the whole recording), so it is
     /// resolved in order, batch after batch, through one decompressor.
     flat_walker: Option<Walker>,
+    /// Mapping records outside compressed data, in input order.
+    mappings: Vec<MappingRecord>,
+    /// The data file being scanned.
+    file: usize,
     notes: Vec<String>,
     timings: BTreeMap<&'static str, Duration>,
 }
@@ -323,6 +339,8 @@ impl<'a> Engine<'a> {
             decided: BTreeMap::new(),
             hits: Hits::default(),
             flat_walker: None,
+            mappings: Vec::new(),
+            file: 0,
             notes: Vec::new(),
             timings: BTreeMap::new(),
         }
@@ -346,6 +364,16 @@ impl<'a> Engine<'a> {
     /// Feature payloads a stream carried in HEADER_FEATURE records, by bit.
     pub fn stream_features(&self) -> &BTreeMap<u32, Vec<u8>> {
         &self.stream_features
+    }
+
+    /// The mapping records outside compressed data, in input order.
+    pub fn mapping_records(&self) -> &[MappingRecord] {
+        &self.mappings
+    }
+
+    /// The decision for a DSO, if one was made.
+    pub fn decision_of(&self, dso: DsoId) -> Option<&Decision> {
+        self.decided.values().find(|d| d.group.dsos.contains(&dso))
     }
 
     /// Every decision so far, in table order (address space, then name).
@@ -383,6 +411,7 @@ impl<'a> Engine<'a> {
         progress: &dyn Fn(u64),
     ) -> Result<()> {
         let t = Instant::now();
+        self.file = cuts.file;
         let mut walker = std::mem::replace(&mut self.walker, Walker::new(self.e, 0));
         let round = std::cell::Cell::new(false);
         let r = walker.walk(
@@ -513,8 +542,15 @@ impl<'a> Engine<'a> {
                 if let Some(t) = sid.time {
                     self.span.note(t);
                 }
-                if let Some(m) = parse_mmap(&r.header, r.bytes, body_end, e) {
-                    self.builder.mmap(key(sid.time), r.header.cpumode(), &m);
+                if let Some(m) = parse_mmap(&r.header, r.bytes, body_end, e)
+                    && let Some(dso) = self.builder.mmap(key(sid.time), r.header.cpumode(), &m)
+                    && !r.inner
+                {
+                    self.mappings.push(MappingRecord {
+                        file: self.file,
+                        offset: r.offset,
+                        dso,
+                    });
                 }
             }
             rt::COMM => {
@@ -956,7 +992,11 @@ mod tests {
         let undated = RecordingStart::Unknown("a replay".into());
         let b = batch_trust(t.clone(), &undated);
         assert_eq!(b.local, Err((Reason::Undated, "a replay".to_string())));
-        assert_eq!(b.kernel, Err(boot.clone()), "another boot stays another boot");
+        assert_eq!(
+            b.kernel,
+            Err(boot.clone()),
+            "another boot stays another boot"
+        );
         let dated = batch_trust(t, &RecordingStart::Known(1));
         assert_eq!(dated.local, Ok(()));
         let other = HostTrust {
