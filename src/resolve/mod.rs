@@ -212,7 +212,7 @@ impl<'a> Resolver<'a> {
     ) -> Result<Hits> {
         let df = files
             .get(c.file)
-            .ok_or_else(|| Error::unsupported("chunk of an unknown data file"))?;
+            .ok_or_else(|| Error::Internal("chunk of an unknown data file".into()))?;
         let mut hits = Hits::new(self.model.dsos.len());
         let mut sc = Scratch {
             touched: Vec::with_capacity(64),
