@@ -139,17 +139,40 @@ pub fn perf612(test: &str) -> Option<Perf> {
 }
 
 /// This test's own HOME: an empty directory made for the test's thread (the test
-/// harness runs each test on a thread of its own) and removed when it ends. Every
-/// perf and pdinject command of the test runs with it, so the build-ID cache
-/// (`~/.debug`) and `~/.perfconfig` are the test's own, empty at its start.
+/// harness runs each test on a thread of its own). Every perf and pdinject command of
+/// the test runs with it, so the build-ID cache (`~/.debug`) and `~/.perfconfig` are
+/// the test's own, empty at its start.
+///
+/// The homes live until the test binary exits (an atexit handler removes them all):
+/// a build-ID cache holds hard links to system libraries, and removing one moves the
+/// library's ctime, which a test still running in parallel would read as "changed
+/// since the recording" once the link count is back to one.
 pub fn test_home() -> PathBuf {
-    thread_local! {
-        static HOME: tempfile::TempDir = tempfile::Builder::new()
-            .prefix("pdinject-home-")
+    static ROOT: OnceLock<PathBuf> = OnceLock::new();
+    let root = ROOT.get_or_init(|| {
+        let d = tempfile::Builder::new()
+            .prefix("pdinject-homes-")
             .tempdir()
-            .expect("cannot create a temp HOME for the test");
+            .expect("cannot create the test homes' directory")
+            .keep();
+        extern "C" fn remove_homes() {
+            if let Some(r) = ROOT.get() {
+                let _ = fs::remove_dir_all(r);
+            }
+        }
+        // SAFETY: registers a plain function without captures, run once at exit.
+        unsafe { libc::atexit(remove_homes) };
+        d
+    });
+    thread_local! {
+        static HOME: PathBuf = tempfile::Builder::new()
+            .prefix("home-")
+            .tempdir_in(ROOT.get().expect("root made above"))
+            .expect("cannot create a temp HOME for the test")
+            .keep();
     }
-    HOME.with(|h| h.path().to_path_buf())
+    let _ = root;
+    HOME.with(|h| h.clone())
 }
 
 /// Perf usable for recording: perf exists and `perf record -o tmp -- true` works.
