@@ -9,11 +9,17 @@
 #   perf-script  `perf script -F ip,dso -i FILE >/dev/null` (only with SCRIPT=1): perf's
 #                own DWARF unwinder, the work pdinject's resolve stage does for
 #                `--call-graph dwarf` recordings (minutes on multi-GB files).
+# With BASELINE=/path/to/pdinject, a row `pdi-base` times that binary with the same
+# arguments as pdinject (before/after a change in one run; its tool/pdi ratio > 1 means
+# the current build is faster). With RSS=1, each run goes through /usr/bin/time -f %M
+# and a column `rss-KB` gives the peak RSS of each tool's best run (adds about a
+# millisecond of fork/exec to every run, the same for every tool).
 #
 # Usage (from anywhere): bash benches/compare.sh FILE...
 # Environment: RUNS (default 3), PDI_ARGS (extra pdinject arguments, e.g. "-j 1"),
 #              TMPDIR_OUT (output directory; default a new dir on /dev/shm),
-#              SCRIPT=1 (add the perf-script row).
+#              SCRIPT=1 (add the perf-script row),
+#              BASELINE (a second pdinject binary, row pdi-base), RSS=1 (peak RSS column).
 set -euo pipefail
 
 if [ $# -eq 0 ]; then
@@ -29,6 +35,21 @@ for f in "$@"; do
     fi
     files+=("$(cd "$(dirname "$f")" && pwd)/$(basename "$f")")
 done
+# Resolve BASELINE before changing directory, so a relative path works.
+baseline=
+if [ -n "${BASELINE:-}" ]; then
+    if [ ! -x "$BASELINE" ] || [ -d "$BASELINE" ]; then
+        echo "compare.sh: BASELINE=$BASELINE: not an executable file" >&2
+        exit 2
+    fi
+    baseline="$(cd "$(dirname "$BASELINE")" && pwd)/$(basename "$BASELINE")"
+fi
+rss=${RSS:-0}
+gnu_time=/usr/bin/time
+if [ "$rss" = 1 ] && [ ! -x "$gnu_time" ]; then
+    echo "compare.sh: RSS=1 needs GNU time at $gnu_time (apt-get install time)" >&2
+    exit 2
+fi
 cd "$(dirname "$0")/.."
 
 runs=${RUNS:-3}
@@ -39,6 +60,7 @@ cargo build --release --quiet
 pdinject=$PWD/target/release/pdinject
 
 tools=(pdinject)
+[ -n "$baseline" ] && tools+=(pdi-base)
 perf61=$(command -v perf || true)
 [ -n "$perf61" ] && tools+=(perf)
 p612=/tmp/p612/usr/bin/perf
@@ -59,7 +81,8 @@ fi
 
 version() {
     case $1 in
-    pdinject) echo "pdinject" ;;
+    pdinject) echo "pdinject ($pdinject)" ;;
+    pdi-base) echo "$("$baseline" --version 2>/dev/null || echo "version unknown") ($baseline)" ;;
     perf) echo "perf $("$perf61" --version | awk '{print $3}')" ;;
     perf612) echo "perf $(LD_LIBRARY_PATH=$p612_lib "$p612" --version | awk '{print $3}')" ;;
     perf-script) echo "perf $("$perf61" --version | awk '{print $3}') script -F ip,dso" ;;
@@ -67,22 +90,32 @@ version() {
     esac
 }
 
-# run TOOL IN OUT: one run, output to OUT; stderr to $out_dir/TOOL.err.
+# run TOOL IN OUT: one run, output to OUT; stderr to $out_dir/TOOL.err. With RSS=1 the
+# command runs under GNU time, which writes the peak RSS (KB) to $out_dir/TOOL.rss.
 run() {
-    local tool=$1 in=$2 out=$3
+    local tool=$1 in=$2 out=$3 w=()
     rm -rf "$out"
+    [ "$rss" = 1 ] && w=("$gnu_time" -f %M -o "$out_dir/$tool.rss")
     case $tool in
-    pdinject) "$pdinject" --buildids "$in" "$out" "${pdi_args[@]}" ;;
-    perf) "$perf61" inject -b -i "$in" -o "$out" ;;
-    perf612) LD_LIBRARY_PATH=$p612_lib "$p612" inject -b -i "$in" -o "$out" ;;
-    perf-script) "$perf61" script -F ip,dso -i "$in" ;;
-    cp) cp -r "$in" "$out" ;;
+    pdinject) "${w[@]}" "$pdinject" --buildids "$in" "$out" "${pdi_args[@]}" ;;
+    pdi-base) "${w[@]}" "$baseline" --buildids "$in" "$out" "${pdi_args[@]}" ;;
+    perf) "${w[@]}" "$perf61" inject -b -i "$in" -o "$out" ;;
+    perf612) LD_LIBRARY_PATH=$p612_lib "${w[@]}" "$p612" inject -b -i "$in" -o "$out" ;;
+    perf-script) "${w[@]}" "$perf61" script -F ip,dso -i "$in" ;;
+    cp) "${w[@]}" cp -r "$in" "$out" ;;
     esac >/dev/null 2>"$out_dir/$tool.err"
 }
 
-# best TOOL IN OUT: the best wall time of $runs runs in seconds, or "fail".
+# peak_rss TOOL: the peak RSS in KB of TOOL's last run (GNU time's last line: it puts
+# notes such as "Command exited with non-zero status" before the format's output).
+peak_rss() {
+    tail -n 1 "$out_dir/$1.rss" 2>/dev/null || echo "?"
+}
+
+# best TOOL IN OUT: the best wall time of $runs runs in seconds, or "fail"; with RSS=1
+# followed by a space and the peak RSS (KB) of that best run.
 best() {
-    local tool=$1 in=$2 out=$3 best= t i
+    local tool=$1 in=$2 out=$3 best= best_rss=- t i
     for ((i = 0; i < runs; i++)); do
         local s e
         s=$(date +%s.%N)
@@ -92,9 +125,16 @@ best() {
         fi
         e=$(date +%s.%N)
         t=$(awk -v s="$s" -v e="$e" 'BEGIN { printf "%.6f", e - s }')
-        if [ -z "$best" ] || awk -v t="$t" -v b="$best" 'BEGIN { exit !(t < b) }'; then best=$t; fi
+        if [ -z "$best" ] || awk -v t="$t" -v b="$best" 'BEGIN { exit !(t < b) }'; then
+            best=$t
+            [ "$rss" = 1 ] && best_rss=$(peak_rss "$tool")
+        fi
     done
-    awk -v b="$best" 'BEGIN { printf "%.3f\n", b }'
+    if [ "$rss" = 1 ]; then
+        awk -v b="$best" -v r="$best_rss" 'BEGIN { printf "%.3f %s\n", b, r }'
+    else
+        awk -v b="$best" 'BEGIN { printf "%.3f\n", b }'
+    fi
 }
 
 # count_ids OUT: entries with an ID in `perf buildid-list -i OUT`, read with perf 6.12 when present
@@ -117,14 +157,24 @@ count_ids() {
 
 echo "compare.sh: best of $runs runs, outputs in $out_dir; cores: $(nproc)" >&2
 for t in "${tools[@]}"; do echo "  $t = $(version "$t")" >&2; done
-printf '%-22s %10s %-10s %9s %9s %8s\n' file size tool seconds tool/pdi build-ids
+# row FILE SIZE TOOL SECONDS RATIO IDS [RSS]: one line of the table; the rss-KB column
+# only with RSS=1, so the default output stays as it was.
+row() {
+    if [ "$rss" = 1 ]; then
+        printf '%-22s %10s %-10s %9s %9s %8s %10s\n' "$@"
+    else
+        printf '%-22s %10s %-10s %9s %9s %8s\n' "${@:1:6}"
+    fi
+}
+row file size tool seconds tool/pdi build-ids rss-KB
 for f in "${files[@]}"; do
     name=$(basename "$f")
     size=$(du -h --apparent-size "$f" | cut -f1)
     pdi_t=
     for t in "${tools[@]}"; do
         out="$out_dir/$name.$t.out"
-        secs=$(best "$t" "$f" "$out")
+        read -r secs mem < <(best "$t" "$f" "$out")
+        mem=${mem:--}
         ids=$(count_ids "$out")
         ratio=-
         if [ "$t" = pdinject ]; then
@@ -132,7 +182,7 @@ for f in "${files[@]}"; do
         elif [ "$secs" != fail ] && [ -n "$pdi_t" ] && [ "$pdi_t" != fail ]; then
             ratio=$(awk -v a="$secs" -v b="$pdi_t" 'BEGIN { if (b > 0) printf "%.1fx", a / b; else print "inf" }')
         fi
-        printf '%-22s %10s %-10s %9s %9s %8s\n' "$name" "$size" "$t" "$secs" "$ratio" "$ids"
+        row "$name" "$size" "$t" "$secs" "$ratio" "$ids" "$mem"
         if [ "$secs" = fail ]; then
             sed 's/^/    /' "$out_dir/$t.err" | tail -3
         fi
