@@ -51,6 +51,11 @@ pub struct Options {
     pub unwind_budget: Duration,
     /// Frames walked at most per sample.
     pub max_frames: usize,
+    /// perf's build-ID cache to fill (`None`: `--no-buildid-cache`, and the library
+    /// default).
+    pub cache: Option<buildid::cache::BuildIdCache>,
+    /// `--symfs`: user DSOs are read under this sysroot.
+    pub symfs: Option<std::path::PathBuf>,
 }
 
 /// `--unwind`: how user stacks (`--call-graph dwarf` samples) are walked.
@@ -82,6 +87,8 @@ impl Default for Options {
             unwind: UnwindChoice::Auto,
             unwind_budget: DEFAULT_UNWIND_BUDGET,
             max_frames: DEFAULT_MAX_FRAMES,
+            cache: None,
+            symfs: None,
         }
     }
 }
@@ -448,10 +455,17 @@ fn analyse(
         known: &opts.known,
         trust: &trust,
         times,
+        symfs: opts.symfs.as_deref(),
     };
     let t2 = Instant::now();
     let outcomes = buildid::identify(&groups, &model, &ev);
     let t_identify = t2.elapsed();
+    let t3 = Instant::now();
+    let cached = opts
+        .cache
+        .as_ref()
+        .map(|c| buildid::cache::fill(c, &groups, &outcomes, &trust));
+    let t_cache = t3.elapsed();
 
     let mut new_entries = Vec::new();
     let mut report = Report {
@@ -531,7 +545,16 @@ fn analyse(
             source: o.source,
             reason: o.reason,
             detail: o.detail.clone(),
+            cached: None,
+            cache_entry: None,
+            cache_detail: None,
         });
+    }
+    if let Some(c) = cached {
+        c.apply(&mut report.dsos);
+        report
+            .timings_ms
+            .insert("cache".into(), t_cache.as_secs_f64() * 1e3);
     }
     // The BUILD_ID section is rewritten only when it changes or did not exist.
     let payload = if table.legacy || (new_entries.is_empty() && old_payload.is_some()) {

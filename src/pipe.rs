@@ -812,6 +812,7 @@ impl<'a, 'w> Stream<'a, 'w> {
             known: &self.opts.known,
             trust: &trust,
             times,
+            symfs: self.opts.symfs.as_deref(),
         };
         let mut outcomes = self
             .pool
@@ -823,6 +824,10 @@ impl<'a, 'w> Stream<'a, 'w> {
                 }
             }
         }
+        let cached = self.opts.cache.as_ref().map(|c| {
+            self.pool
+                .install(|| buildid::cache::fill(c, &groups, &outcomes, &trust))
+        });
         self.t_identify += t.elapsed();
         for (g, o) in groups.into_iter().zip(outcomes) {
             let o = self.emit(records, &g, o);
@@ -837,11 +842,19 @@ impl<'a, 'w> Stream<'a, 'w> {
                         source: o.source,
                         reason: o.reason,
                         detail: o.detail,
+                        cached: None,
+                        cache_entry: None,
+                        cache_detail: None,
                     },
                     dsos: g.dsos,
                     later_file: false,
                 },
             );
+        }
+        if let Some(c) = cached {
+            for d in self.decided.values_mut() {
+                c.apply(std::slice::from_mut(&mut d.report));
+            }
         }
         Ok(())
     }

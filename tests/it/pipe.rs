@@ -289,7 +289,15 @@ fn small_batches_match_one_batch() {
         let bytes = fs::read(&input).unwrap();
         let run = |batch: usize, out: &str| -> PathBuf {
             let mut o = Vec::new();
-            let opts = pdinject::inject::Options::default();
+            // The library fills no cache by default; this test's own (empty) one,
+            // where perf script (same HOME) finds the vdso.
+            let opts = pdinject::inject::Options {
+                cache: Some(pdinject::buildid::cache::BuildIdCache {
+                    dir: test_home().join(".debug"),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            };
             let r = pdinject::pipe::process_in_batches(
                 &mut &bytes[..],
                 &mut o,
