@@ -518,13 +518,66 @@ fn tmp_name(target: &Path) -> PathBuf {
     ))
 }
 
+/// Removes the temp files a killed run left for `target`: their process is gone and
+/// they are over ten minutes old (a process of another PID namespace sharing the
+/// cache may have the same number; its file is young).
+fn remove_stale_temps(target: &Path) {
+    let (Some(dir), Some(base)) = (target.parent(), target.file_name()) else {
+        return;
+    };
+    let prefix = format!(".{}.pdinject-", base.to_string_lossy());
+    let Ok(list) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in list.flatten() {
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        let Some(rest) = name.strip_prefix(&prefix) else {
+            continue;
+        };
+        let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<i32>().ok()) else {
+            continue;
+        };
+        // SAFETY: signal 0 only asks whether the process exists.
+        let alive = unsafe { libc::kill(pid, 0) } == 0
+            || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
+        let old = e
+            .metadata()
+            .ok()
+            .and_then(|m| m.modified().ok())
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|d| d.as_secs() > 600);
+        if !alive && old {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
+
 fn cstr(p: &Path) -> Result<CString, String> {
     CString::new(p.as_os_str().as_bytes()).map_err(|_| format!("{} has a NUL byte", p.display()))
+}
+
+/// Test hook for the crash-safety test: `PDINJECT_TEST_CACHE_ABORT=N` ends the
+/// process with SIGKILL right before its N-th commit (a temp file written, not yet
+/// renamed), the state a `kill -9` can leave at any moment.
+fn crash_point() {
+    static AT: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+    static DONE: AtomicU64 = AtomicU64::new(0);
+    if let Some(n) = *AT.get_or_init(|| {
+        std::env::var("PDINJECT_TEST_CACHE_ABORT")
+            .ok()
+            .and_then(|v| v.parse().ok())
+    }) && DONE.fetch_add(1, Ordering::SeqCst) + 1 == n
+    {
+        // SAFETY: kill(2) on our own pid.
+        unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+    }
 }
 
 /// Moves `tmp` to `target` unless `target` exists (another run won: its entry is
 /// complete too, and this one is dropped). Added when this run's copy went in.
 fn commit(tmp: &Path, target: &Path) -> Result<CacheState, String> {
+    crash_point();
     let (a, b) = (cstr(tmp)?, cstr(target)?);
     // SAFETY: two NUL-terminated paths.
     let r = unsafe {
@@ -556,6 +609,7 @@ fn commit(tmp: &Path, target: &Path) -> Result<CacheState, String> {
 
 /// Writes `content` under a temp name next to `target` and commits it.
 fn place(target: &Path, content: &Content) -> Result<CacheState, String> {
+    remove_stale_temps(target);
     let tmp = tmp_name(target);
     let made = match content {
         Content::File(f) => link_fd(f, &tmp).or_else(|_| copy_fd(f, &tmp)),

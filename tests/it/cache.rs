@@ -411,3 +411,134 @@ fn debuginfod_fetches_a_missing_program() {
     let rep = report_syms(&st.perf, &out, &test_home());
     assert!(rep.contains("prog_spin"), "perf report:\n{rep}");
 }
+
+/// Every file name of the cache that perf reads is complete: each `.build-id` link
+/// names a directory whose files carry the link's ID.
+fn assert_consistent(dir: &Path, what: &str) {
+    let ids = dir.join(".build-id");
+    let Ok(heads) = fs::read_dir(&ids) else {
+        return;
+    };
+    for h in heads.flatten() {
+        for l in fs::read_dir(h.path()).unwrap().flatten() {
+            let id = format!(
+                "{}{}",
+                h.file_name().to_string_lossy(),
+                l.file_name().to_string_lossy()
+            );
+            if id.contains(".tmp") {
+                continue;
+            }
+            let target = fs::read_link(l.path()).unwrap();
+            let entry = h.path().join(&target);
+            assert!(
+                entry.is_dir(),
+                "{what}: {} names no directory",
+                l.path().display()
+            );
+            let files: Vec<String> = fs::read_dir(&entry)
+                .unwrap()
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| !n.starts_with('.'))
+                .collect();
+            for n in &files {
+                let p = entry.join(n);
+                match n.as_str() {
+                    "elf" | "debug" | "vdso" => assert_eq!(
+                        elf_build_id(&p).as_deref(),
+                        Some(id.as_str()),
+                        "{what}: {} is not complete",
+                        p.display()
+                    ),
+                    "kallsyms" => {
+                        let k = fs::read(&p).unwrap();
+                        assert!(
+                            k.ends_with(b"\n") && k.len() > 1000,
+                            "{what}: short kallsyms"
+                        );
+                    }
+                    _ => {}
+                }
+            }
+            assert!(
+                files
+                    .iter()
+                    .any(|n| ["elf", "vdso", "kallsyms"].contains(&n.as_str())),
+                "{what}: {} has no file: {files:?}",
+                entry.display()
+            );
+        }
+    }
+}
+
+/// A run killed (SIGKILL) before any of its cache commits leaves only complete
+/// entries; the next run completes the cache and perf reads it.
+#[test]
+fn killed_runs_leave_only_complete_entries() {
+    let Some(st) = setup("killed_runs_leave_only_complete_entries") else {
+        return;
+    };
+    let rec = record_prog(&st, &["-B"], "rec.data");
+    let dir = st.dir.join("c");
+    for n in 1..=24 {
+        let o = run(pdinject()
+            .env("PDINJECT_TEST_CACHE_ABORT", n.to_string())
+            .args(["-q", "--buildid-dir", &s(&dir)])
+            .arg(&rec)
+            .arg(st.dir.join(format!("k{n}.data"))));
+        assert_consistent(
+            &dir,
+            &format!("killed before commit {n} ({})", status_str(&o)),
+        );
+        if o.status.success() {
+            break;
+        }
+    }
+    let out = st.dir.join("out.data");
+    let (_, r) = pdinject_ok(&rec, &out, &["--buildid-dir", &s(&dir)]);
+    assert_eq!(r["cache"]["not_cached"], 0, "{r}");
+    assert_consistent(&dir, "after a full run");
+    let o = run_ok(
+        st.perf
+            .cmd()
+            .arg("--buildid-dir")
+            .arg(&dir)
+            .args(["buildid-cache", "-l"]),
+    );
+    assert!(String::from_utf8_lossy(&o.stdout).contains(PROG_ID));
+}
+
+/// Four runs filling one cache at once: every run succeeds, each entry is added by
+/// exactly one of them, and the cache is complete.
+#[test]
+fn concurrent_runs_fill_one_cache() {
+    let Some(st) = setup("concurrent_runs_fill_one_cache") else {
+        return;
+    };
+    let rec = record_prog(&st, &["-B"], "rec.data");
+    let dir = st.dir.join("c");
+    let children: Vec<_> = (0..4)
+        .map(|i| {
+            pdinject()
+                .args(["-q", "--buildid-dir", &s(&dir), "--report"])
+                .arg(st.dir.join(format!("r{i}.json")))
+                .arg(&rec)
+                .arg(st.dir.join(format!("o{i}.data")))
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for mut c in children {
+        assert!(c.wait().unwrap().success());
+    }
+    let mut added = 0;
+    for i in 0..4 {
+        let r = read_report(&st.dir.join(format!("r{i}.json")));
+        let p = report_dso(&r, &s(&st.fx.prog)).unwrap();
+        assert!(p["cached"] == "added" || p["cached"] == "present", "{r}");
+        added += (p["cached"] == "added") as u32;
+    }
+    assert_eq!(added, 1, "prog added by {added} runs");
+    assert_consistent(&dir, "after concurrent runs");
+}
