@@ -542,3 +542,33 @@ fn concurrent_runs_fill_one_cache() {
     assert_eq!(added, 1, "prog added by {added} runs");
     assert_consistent(&dir, "after concurrent runs");
 }
+
+/// Recordings made on other machines (the quipper corpus) never put this machine's
+/// kernel symbols or vdso into the cache, and what they do cache is complete.
+#[test]
+fn other_hosts_never_cache_this_kernel_or_vdso() {
+    let test = "other_hosts_never_cache_this_kernel_or_vdso";
+    let Some(dir) = shared_dir(test) else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = tmp.path().join("c");
+    let mut names: Vec<String> = fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("perf.data") && !n.ends_with(".buildids"))
+        .collect();
+    names.sort();
+    for name in &names {
+        let o = run(pdinject()
+            .args(["-q", "--buildid-dir", &s(&cache)])
+            .arg(dir.join(name))
+            .arg(tmp.path().join("out")));
+        let _ = o;
+        assert_consistent(&cache, name);
+    }
+    for special in ["[kernel.kallsyms]", "[vdso]"] {
+        assert!(
+            !cache.join(special).exists(),
+            "a recording of another machine cached this machine's {special}"
+        );
+    }
+}
