@@ -65,9 +65,11 @@ pub struct Args {
     /// ~/.debug on another machine (what `perf archive` makes).
     #[arg(long = "archive", value_name = "FILE.tar")]
     pub archive: Option<PathBuf>,
-    /// debuginfod servers (space-separated URLs; default: DEBUGINFOD_URLS) to fetch
-    /// executables whose ID is known but whose file is not on this machine.
-    #[arg(long = "debuginfod", value_name = "URLS")]
+    /// debuginfod servers (space-separated URLs) to fetch executables from whose ID
+    /// is known but whose file is not on this machine; bare or `system`: the
+    /// DEBUGINFOD_URLS variable. Without it: buildid-cache.debuginfod of perfconfig,
+    /// else none (perf ignores DEBUGINFOD_URLS unless asked too).
+    #[arg(long = "debuginfod", value_name = "URLS", num_args = 0..=1, default_missing_value = "system")]
     pub debuginfod: Option<String>,
     /// Input and output.
     #[arg(value_name = "IN OUT", num_args = 0..=2)]
@@ -224,7 +226,8 @@ fn execute(args: &Args) -> Result<()> {
         Some(crate::buildid::cache::BuildIdCache {
             dir,
             symfs: args.symfs.clone(),
-            debuginfod: crate::buildid::debuginfod::urls(args.debuginfod.as_deref()),
+            debuginfod: crate::buildid::debuginfod::urls(args.debuginfod.as_deref())
+                .map_err(Error::Usage)?,
         })
     };
     let opts = Options {

@@ -52,23 +52,7 @@ impl BuildIdCache {
             return Ok(d.to_path_buf());
         }
         let home = std::env::var_os("HOME").map(PathBuf::from);
-        let mut dir = None;
-        // perf reads the system file first, then the user's, a later value winning;
-        // PERF_CONFIG_NOSYSTEM skips the system file as in perf.
-        let mut files = Vec::new();
-        if std::env::var_os("PERF_CONFIG_NOSYSTEM").is_none() {
-            files.push(PathBuf::from("/etc/perfconfig"));
-        }
-        if let Some(h) = &home {
-            files.push(h.join(".perfconfig"));
-        }
-        for f in files {
-            if let Ok(text) = std::fs::read_to_string(&f)
-                && let Some(v) = config_value(&text, "buildid", "dir")
-            {
-                dir = Some(v);
-            }
-        }
+        let dir = perfconfig_value("buildid", "dir");
         if let Some(v) = dir {
             return Ok(match (v.strip_prefix("~/"), &home) {
                 (Some(rest), Some(h)) => h.join(rest),
@@ -80,6 +64,27 @@ impl BuildIdCache {
             None => Err("HOME is not set and no --buildid-dir or buildid.dir is given".into()),
         }
     }
+}
+
+/// `section.key` of perf's configuration: `$HOME/.perfconfig` over
+/// `/etc/perfconfig` (skipped with PERF_CONFIG_NOSYSTEM, as perf does).
+pub fn perfconfig_value(section: &str, key: &str) -> Option<String> {
+    let mut files = Vec::new();
+    if std::env::var_os("PERF_CONFIG_NOSYSTEM").is_none() {
+        files.push(PathBuf::from("/etc/perfconfig"));
+    }
+    if let Some(h) = std::env::var_os("HOME") {
+        files.push(PathBuf::from(h).join(".perfconfig"));
+    }
+    let mut found = None;
+    for f in files {
+        if let Ok(text) = std::fs::read_to_string(&f)
+            && let Some(v) = config_value(&text, section, key)
+        {
+            found = Some(v);
+        }
+    }
+    found
 }
 
 /// The last `section.key` value of a git-style config text (perf's perfconfig).

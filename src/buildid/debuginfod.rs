@@ -14,14 +14,30 @@ use std::time::Duration;
 const MAX_BYTES: u64 = 4 << 30;
 const TIMEOUT: Duration = Duration::from_secs(30);
 
-/// The server list: `--debuginfod URLS` when given, else `DEBUGINFOD_URLS`; both
-/// space-separated, as elfutils reads them.
-pub fn urls(flag: Option<&str>) -> Vec<String> {
-    let v = match flag {
-        Some(s) => s.to_string(),
-        None => std::env::var("DEBUGINFOD_URLS").unwrap_or_default(),
+/// The server list, as perf chooses it: `--debuginfod URLS`; `--debuginfod` alone
+/// (or the value `system`) means `DEBUGINFOD_URLS`; without the flag, the
+/// `buildid-cache.debuginfod` value of perfconfig; else none (perf clears
+/// DEBUGINFOD_URLS for itself unless asked, and so does pdinject: a fetch must be
+/// chosen). Lists are space-separated, as elfutils reads them. A value that is no
+/// http(s) URL is a usage error.
+pub fn urls(flag: Option<&str>) -> Result<Vec<String>, String> {
+    let chosen = match flag {
+        Some(v) => Some(v.to_string()),
+        None => super::cache::perfconfig_value("buildid-cache", "debuginfod"),
     };
-    v.split_whitespace().map(String::from).collect()
+    let v = match chosen.as_deref() {
+        None => return Ok(Vec::new()),
+        Some("system") => std::env::var("DEBUGINFOD_URLS").unwrap_or_default(),
+        Some(v) => v.to_string(),
+    };
+    let list: Vec<String> = v.split_whitespace().map(String::from).collect();
+    if let Some(bad) = list
+        .iter()
+        .find(|u| !u.starts_with("http://") && !u.starts_with("https://"))
+    {
+        return Err(format!("--debuginfod: '{bad}' is not an http:// URL"));
+    }
+    Ok(list)
 }
 
 /// Fetches the executable with this ID from the first server that has it, checked

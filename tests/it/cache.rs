@@ -410,6 +410,32 @@ fn debuginfod_fetches_a_missing_program() {
     assert_eq!(prog["cached"], "fetched", "{}", report_summary(&r));
     let rep = report_syms(&st.perf, &out, &test_home());
     assert!(rep.contains("prog_spin"), "perf report:\n{rep}");
+    // DEBUGINFOD_URLS is read only when asked (bare --debuginfod), as perf does.
+    for (extra, want) in [(&[][..], "not-cached"), (&["--debuginfod"][..], "fetched")] {
+        let c = st.dir.join(format!("c{}", extra.len()));
+        let rep = st.dir.join("r.json");
+        let mut cmd = pdinject();
+        cmd.env("DEBUGINFOD_URLS", &url)
+            .args([
+                "--known-build-ids",
+                &known,
+                "--buildid-dir",
+                &s(&c),
+                "--report",
+                &s(&rep),
+            ])
+            .arg(&rec)
+            .arg(st.dir.join("out2.data"))
+            .args(extra);
+        run_ok(&mut cmd);
+        let r = read_report(&rep);
+        assert_eq!(
+            report_dso(&r, &s(&st.fx.prog)).unwrap()["cached"],
+            want,
+            "{extra:?}: {}",
+            report_summary(&r)
+        );
+    }
 }
 
 /// Every file name of the cache that perf reads is complete: each `.build-id` link
