@@ -324,6 +324,23 @@ mod tests {
     use super::*;
 
     #[test]
+    fn only_regular_files_are_opened() {
+        let d = std::env::temp_dir().join(format!("pdinject-elf-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        let fifo = d.join("fifo");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        for p in [Path::new("/dev/tty"), Path::new("/dev/null"), &fifo, &d] {
+            let r = open_regular(p).map(|_| ()).map_err(|e| e.0);
+            assert_eq!(r, Err(Reason::NotRegular), "{}", p.display());
+        }
+        let r = open_regular(&d.join("none")).map(|_| ()).map_err(|e| e.0);
+        assert_eq!(r, Err(Reason::Missing));
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
     fn note_stream() {
         let mut n = Vec::new();
         // A non-GNU note first, then the build ID.

@@ -213,9 +213,25 @@ fn deleted_program_is_symbolised_from_the_cache() {
     for f in [&st.fx.prog, &st.fx.libfix, &st.fx.libunused] {
         fs::remove_file(f).unwrap();
     }
-    let rep = report_syms(&st.perf, &out, &test_home());
-    assert!(rep.contains("prog_spin"), "perf report:\n{rep}");
-    assert!(rep.contains("fix_spin"), "perf report:\n{rep}");
+    for perf in [
+        Some(st.perf.clone()),
+        perf612("deleted_program_is_symbolised_from_the_cache"),
+    ]
+    .into_iter()
+    .flatten()
+    {
+        let rep = report_syms(&perf, &out, &test_home());
+        assert!(
+            rep.contains("prog_spin"),
+            "{}: perf report:\n{rep}",
+            perf.name
+        );
+        assert!(
+            rep.contains("fix_spin"),
+            "{}: perf report:\n{rep}",
+            perf.name
+        );
+    }
 }
 
 /// Hard links move the DSO's ctime; a second run over the same recording still
