@@ -296,6 +296,10 @@ fn add(
     trust: &HostTrust,
 ) -> Result<(CacheState, String), String> {
     let hex = id.to_string();
+    if hex.len() < 4 {
+        // .build-id/xx/rest needs a rest; perf's shortest accepted ID is longer.
+        return Err(format!("build ID {hex} is too short for the cache"));
+    }
     match g.kind {
         DsoKind::Kernel => {
             if g.name != "[kernel.kallsyms]" {
@@ -506,8 +510,18 @@ fn exists(p: &Path) -> bool {
     std::fs::symlink_metadata(p).is_ok()
 }
 
+/// `mkdir -p` with perf's mode (0755, less the umask). An entry directory that is a
+/// regular file is perf's pre-2016 layout, which perf removes when it adds the ID.
 fn mkdir(dir: &Path) -> Result<(), String> {
-    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))
+    use std::os::unix::fs::DirBuilderExt;
+    if std::fs::symlink_metadata(dir).is_ok_and(|m| m.is_file()) {
+        let _ = std::fs::remove_file(dir);
+    }
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o755)
+        .create(dir)
+        .map_err(|e| format!("cannot create {}: {e}", dir.display()))
 }
 
 fn tmp_name(target: &Path) -> PathBuf {

@@ -614,3 +614,40 @@ fn other_hosts_never_cache_this_kernel_or_vdso() {
         );
     }
 }
+
+/// Pipe mode fills the cache as it decides each DSO: a live pipeline into an empty
+/// cache, then the program deleted, and perf report names its functions.
+#[test]
+fn pipe_mode_fills_the_cache() {
+    let Some(st) = setup("pipe_mode_fills_the_cache") else {
+        return;
+    };
+    let out = st.dir.join("out.data");
+    let mut rec = st
+        .perf
+        .cmd()
+        .current_dir(&st.dir)
+        .args(["record", "-q", "-B", "-o", "-", "--", "./prog"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdin = rec.stdout.take().unwrap();
+    let rep = st.dir.join("r.json");
+    let o = run(pdinject()
+        .args(["--report", &s(&rep), "-"])
+        .arg(&out)
+        .stdin(stdin));
+    assert!(rec.wait().unwrap().success());
+    assert!(o.status.success(), "{}", tail(&o.stderr));
+    let r = read_report(&rep);
+    assert_eq!(
+        report_dso(&r, &s(&st.fx.prog)).unwrap()["cached"],
+        "added",
+        "{}",
+        report_summary(&r)
+    );
+    fs::remove_file(&st.fx.prog).unwrap();
+    let syms = report_syms(&st.perf, &out, &test_home());
+    assert!(syms.contains("prog_spin"), "perf report:\n{syms}");
+}
