@@ -59,10 +59,8 @@ impl BuildIdCache {
                 _ => PathBuf::from(v),
             });
         }
-        match home {
-            Some(h) => Ok(h.join(".debug")),
-            None => Err("HOME is not set and no --buildid-dir or buildid.dir is given".into()),
-        }
+        // Without HOME perf uses `.debug` in the current directory; so does pdinject.
+        Ok(home.map_or_else(|| PathBuf::from(".debug"), |h| h.join(".debug")))
     }
 }
 
@@ -436,7 +434,19 @@ fn find_file(
         None => PathBuf::from(&g.name),
     };
     let (f, _) = open_regular(&path).map_err(|(_, d)| format!("{}: {d}", path.display()))?;
-    match read_build_id(&f) {
+    let found = if g.name.ends_with(".ko.zst") {
+        // perf caches a compressed module as it is (it decompresses when reading);
+        // its ID is checked on the decompressed image.
+        compressed_module_id(&f)
+    } else if [".ko.xz", ".ko.gz"].iter().any(|s| g.name.ends_with(s)) {
+        return Err(format!(
+            "{}: xz/gzip-compressed modules are not read, so their ID cannot be checked",
+            path.display()
+        ));
+    } else {
+        read_build_id(&f)
+    };
+    match found {
         Ok(found) if found == id => Ok(Arc::new(f)),
         Ok(found) => Err(format!(
             "{} has build ID {found}, not the recorded {id}: the recorded file is not on this machine",
@@ -444,6 +454,30 @@ fn find_file(
         )),
         Err((_, d)) => Err(format!("{}: {d}", path.display())),
     }
+}
+
+/// The build ID of a zstd-compressed module (at most 256 MiB decompressed).
+fn compressed_module_id(f: &File) -> Result<BuildId, (super::Reason, String)> {
+    use std::io::Read;
+    let unreadable = |e: String| (super::Reason::Unreadable, e);
+    let mut dec = zstd::stream::read::Decoder::new(f).map_err(|e| unreadable(e.to_string()))?;
+    let mut image = Vec::new();
+    (&mut dec)
+        .take(256 << 20)
+        .read_to_end(&mut image)
+        .map_err(|e| unreadable(format!("cannot decompress: {e}")))?;
+    let raw = super::elf::build_id_of_image(&image)
+        .map_err(|e| {
+            (
+                super::Reason::Unsupported,
+                format!("not a readable ELF file: {e}"),
+            )
+        })?
+        .ok_or((
+            super::Reason::NoNote,
+            "the module has no build-ID note".to_string(),
+        ))?;
+    BuildId::new(&raw, raw.len()).ok_or((super::Reason::NoNote, "empty build ID".to_string()))
 }
 
 /// Links `/usr/lib/debug/.build-id/xx/rest.debug` (under --symfs when given) as
@@ -717,6 +751,21 @@ mod tests {
             Some("/x")
         );
         assert_eq!(config_value("[other]\ndir=/x\n", "buildid", "dir"), None);
+    }
+
+    #[test]
+    fn zstd_module_id_is_read_from_the_decompressed_image() {
+        let exe = File::open("/proc/self/exe").unwrap();
+        let Ok(id) = read_build_id(&exe) else {
+            return; // a test binary linked without a build ID
+        };
+        let data = std::fs::read("/proc/self/exe").unwrap();
+        let z = zstd::encode_all(&data[..], 1).unwrap();
+        let p = std::env::temp_dir().join(format!("pdinject-zst-{}.ko.zst", std::process::id()));
+        std::fs::write(&p, z).unwrap();
+        let f = File::open(&p).unwrap();
+        assert_eq!(compressed_module_id(&f).ok(), Some(id));
+        std::fs::remove_file(&p).unwrap();
     }
 
     #[test]
