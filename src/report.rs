@@ -133,6 +133,17 @@ impl Report {
                 .collect();
             writeln!(w, "  timings ({} threads): {}", self.jobs, t.join(", "))?;
         }
+        let symfs = self
+            .dsos
+            .iter()
+            .filter(|d| d.source == Some(Source::Symfs))
+            .count();
+        if symfs > 0 {
+            writeln!(
+                w,
+                "  {symfs} build IDs read under --symfs (no inode proof there: files not modified since the recording started)"
+            )?;
+        }
         if let Some(c) = &self.cache {
             writeln!(
                 w,

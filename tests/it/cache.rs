@@ -285,7 +285,12 @@ fn symfs_ids_are_the_recorded_ones() {
         report_dso(&plain, &s(&st.fx.prog)).unwrap()["reason"],
         "stale"
     );
-    let (_, r) = pdinject_ok(&rec, &st.dir.join("out.data"), &["--symfs", &s(&root)]);
+    let (o, r) = pdinject_ok(&rec, &st.dir.join("out.data"), &["--symfs", &s(&root)]);
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("read under --symfs"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     let prog = report_dso(&r, &s(&st.fx.prog)).unwrap();
     assert_eq!(prog["build_id"], PROG_ID, "{}", report_summary(&r));
     assert_eq!(prog["source"], "symfs");
