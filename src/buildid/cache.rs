@@ -210,6 +210,16 @@ pub fn totals(report: &mut Report, dir: &Path) {
             None => {}
         }
     }
+    // A cache that cannot be written is worth a note (the per-DSO details say the
+    // rest: other builds, other boots, files not here).
+    if let Some(d) = report
+        .dsos
+        .iter()
+        .filter_map(|d| d.cache_detail.as_deref())
+        .find(|d| d.starts_with("cannot create") || d.starts_with("cannot write"))
+    {
+        report.notes.push(format!("build-ID cache: {d}"));
+    }
     report.cache = Some(t);
 }
 
