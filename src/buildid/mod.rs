@@ -206,10 +206,46 @@ pub(crate) fn inode_conflict(a: &FileIdent, b: &FileIdent) -> bool {
 pub fn identify(groups: &[Group], model: &Model, ev: &Evidence<'_>) -> Vec<Outcome> {
     let kernel_id = std::sync::OnceLock::new();
     let vdso_id = std::sync::OnceLock::new();
+    // Proven files stay open for the build-ID cache, within half the descriptor limit;
+    // past it a DSO's file is closed and the cache reopens the path, caching it only
+    // if its note carries the same ID.
+    let budget = open_file_budget();
+    let kept = std::sync::atomic::AtomicUsize::new(0);
     groups
         .par_iter()
-        .map(|g| identify_one(g, model, ev, &kernel_id, &vdso_id))
+        .map(|g| {
+            let mut o = identify_one(g, model, ev, &kernel_id, &vdso_id);
+            if o.file.is_some() && kept.fetch_add(1, std::sync::atomic::Ordering::Relaxed) >= budget
+            {
+                o.file = None;
+            }
+            o
+        })
         .collect()
+}
+
+/// How many proven files may stay open: half the soft RLIMIT_NOFILE, raised first
+/// to the hard limit (pdinject uses no select(), so a high limit is safe).
+fn open_file_budget() -> usize {
+    static BUDGET: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *BUDGET.get_or_init(|| {
+        // SAFETY: plain struct filled by getrlimit; setrlimit reads it.
+        let mut r: libc::rlimit = unsafe { std::mem::zeroed() };
+        if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } != 0 {
+            return 256;
+        }
+        if r.rlim_cur < r.rlim_max {
+            let raised = libc::rlimit {
+                rlim_cur: r.rlim_max,
+                rlim_max: r.rlim_max,
+            };
+            if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+                r.rlim_cur = r.rlim_max;
+            }
+        }
+        let cur = usize::try_from(r.rlim_cur).unwrap_or(usize::MAX);
+        (cur / 2).clamp(16, 1 << 16)
+    })
 }
 
 fn identify_one(
