@@ -372,20 +372,21 @@ fn add(
         }
         DsoKind::Module | DsoKind::User => {
             let module = g.kind == DsoKind::Module;
-            let rel_name = if g.name.starts_with('/') {
-                // perf names the entry by the path's realpath on this machine.
-                match (&cache.symfs, o.source) {
-                    (None, _) => std::fs::canonicalize(&g.name)
-                        .ok()
-                        .and_then(|p| p.to_str().map(String::from))
-                        .unwrap_or_else(|| g.name.clone()),
-                    (Some(_), _) => g.name.clone(),
-                }
-            } else {
+            let rel_name = if !g.name.starts_with('/') {
                 return Err(format!(
                     "'{}' names no file (perf caches files by path)",
                     g.name
                 ));
+            } else if cache.symfs.is_some() {
+                // The recorded path: this machine's symlinks say nothing about the
+                // sysroot's.
+                g.name.clone()
+            } else {
+                // perf names the entry by the path's realpath on this machine.
+                std::fs::canonicalize(&g.name)
+                    .ok()
+                    .and_then(|p| p.to_str().map(String::from))
+                    .unwrap_or_else(|| g.name.clone())
             };
             let rel = cache_rel(&rel_name)?.join(&hex);
             let dir = cache.dir.join(&rel);
