@@ -51,6 +51,26 @@ pub struct Args {
     /// No summary on stderr.
     #[arg(short = 'q', long = "quiet")]
     pub quiet: bool,
+    /// perf's build-ID cache directory to fill (default: buildid.dir of perfconfig,
+    /// else ~/.debug).
+    #[arg(long = "buildid-dir", value_name = "DIR")]
+    pub buildid_dir: Option<PathBuf>,
+    /// Do not add the DSOs to perf's build-ID cache.
+    #[arg(short = 'N', long = "no-buildid-cache")]
+    pub no_buildid_cache: bool,
+    /// Look user DSOs up under this sysroot (a copy of the recorded machine's files).
+    #[arg(long = "symfs", value_name = "DIR")]
+    pub symfs: Option<PathBuf>,
+    /// Also write the cache entries of the output's DSOs as a tar to unpack into
+    /// ~/.debug on another machine (what `perf archive` makes).
+    #[arg(long = "archive", value_name = "FILE.tar")]
+    pub archive: Option<PathBuf>,
+    /// debuginfod servers (space-separated URLs) to fetch executables from whose ID
+    /// is known but whose file is not on this machine; bare or `system`: the
+    /// DEBUGINFOD_URLS variable. Without it: buildid-cache.debuginfod of perfconfig,
+    /// else none (perf ignores DEBUGINFOD_URLS unless asked too).
+    #[arg(long = "debuginfod", value_name = "URLS", num_args = 0..=1, default_missing_value = "system")]
+    pub debuginfod: Option<String>,
     /// Input and output.
     #[arg(value_name = "IN OUT", num_args = 0..=2)]
     pub paths: Vec<PathBuf>,
@@ -178,7 +198,35 @@ fn execute(args: &Args) -> Result<()> {
             "--unwind-max-frames must be at least 1".into(),
         ));
     }
+    if args.no_buildid_cache && args.archive.is_some() {
+        return Err(Error::Usage(
+            "--archive is made from the build-ID cache; it cannot go with --no-buildid-cache"
+                .into(),
+        ));
+    }
+    if let Some(root) = &args.symfs
+        && !root.is_dir()
+    {
+        return Err(Error::Usage(format!(
+            "--symfs {}: not a directory",
+            root.display()
+        )));
+    }
+    let cache = if args.no_buildid_cache {
+        None
+    } else {
+        let dir = pdinject::buildid::cache::BuildIdCache::locate(args.buildid_dir.as_deref())
+            .map_err(Error::Usage)?;
+        Some(pdinject::buildid::cache::BuildIdCache {
+            dir,
+            symfs: args.symfs.clone(),
+            debuginfod: pdinject::buildid::debuginfod::urls(args.debuginfod.as_deref())
+                .map_err(Error::Usage)?,
+        })
+    };
     let opts = Options {
+        cache,
+        symfs: args.symfs.clone(),
         mode,
         known,
         jobs: args.jobs,
@@ -193,6 +241,19 @@ fn execute(args: &Args) -> Result<()> {
     }
     let mut report = result?;
     report.verbose_timings = args.verbose;
+    if let Some(c) = &opts.cache {
+        pdinject::buildid::cache::totals(&mut report, &c.dir);
+        if let Some(a) = &args.archive {
+            let sum = pdinject::buildid::archive::write(&report, &c.dir, a)?;
+            report.notes.push(format!(
+                "archive {}: {} cache entries, {} bytes (unpack with: tar xf {} -C ~/.debug)",
+                a.display(),
+                sum.entries,
+                sum.bytes,
+                a.display()
+            ));
+        }
+    }
     if let Some(path) = &args.report {
         let json = serde_json::to_string_pretty(&report)
             .map_err(|e| Error::unsupported(format!("report: {e}")))?;

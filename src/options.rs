@@ -55,6 +55,11 @@ pub struct Options {
     pub unwind_budget: Duration,
     /// Frames walked at most per sample.
     pub max_frames: usize,
+    /// perf's build-ID cache to fill (`None`: `--no-buildid-cache`, and the library
+    /// default).
+    pub cache: Option<crate::buildid::cache::BuildIdCache>,
+    /// `--symfs`: user DSOs are read under this sysroot.
+    pub symfs: Option<std::path::PathBuf>,
 }
 
 impl Default for Options {
@@ -67,6 +72,8 @@ impl Default for Options {
             unwind: UnwindChoice::Auto,
             unwind_budget: DEFAULT_UNWIND_BUDGET,
             max_frames: DEFAULT_MAX_FRAMES,
+            cache: None,
+            symfs: None,
         }
     }
 }
@@ -80,6 +87,8 @@ impl std::fmt::Debug for Options {
             .field("unwind", &self.unwind)
             .field("unwind_budget", &self.unwind_budget)
             .field("max_frames", &self.max_frames)
+            .field("cache", &self.cache)
+            .field("symfs", &self.symfs)
             .finish_non_exhaustive()
     }
 }

@@ -22,6 +22,12 @@ pub struct DsoReport {
     pub reason: Option<Reason>,
     /// Words for the user.
     pub detail: Option<String>,
+    /// Build-ID cache: what happened to this DSO's entry (no cache: absent).
+    pub cached: Option<crate::buildid::cache::CacheState>,
+    /// Build-ID cache: the entry's directory, relative to the cache.
+    pub cache_entry: Option<String>,
+    /// Build-ID cache: why the DSO is not cached.
+    pub cache_detail: Option<String>,
 }
 
 /// The whole report.
@@ -74,6 +80,8 @@ pub struct Report {
     pub jobs: usize,
     /// Notes about the run (things the user should know).
     pub notes: Vec<String>,
+    /// Build-ID cache totals (absent with --no-buildid-cache).
+    pub cache: Option<crate::buildid::cache::CacheTotals>,
     /// Per DSO.
     pub dsos: Vec<DsoReport>,
     /// Print stage timings in the human summary.
@@ -124,6 +132,24 @@ impl Report {
                 .map(|(k, v)| format!("{k} {v:.1} ms"))
                 .collect();
             writeln!(w, "  timings ({} threads): {}", self.jobs, t.join(", "))?;
+        }
+        let symfs = self
+            .dsos
+            .iter()
+            .filter(|d| d.source == Some(Source::Symfs))
+            .count();
+        if symfs > 0 {
+            writeln!(
+                w,
+                "  {symfs} build IDs read under --symfs (no inode proof there: files not modified since the recording started)"
+            )?;
+        }
+        if let Some(c) = &self.cache {
+            writeln!(
+                w,
+                "  build-ID cache {}: {} added, {} already there, {} fetched, {} not cached",
+                c.dir, c.added, c.present, c.fetched, c.not_cached
+            )?;
         }
         for n in &self.notes {
             writeln!(w, "  note: {n}")?;

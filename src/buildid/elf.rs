@@ -7,6 +7,7 @@ use object::{Object, ObjectSegment};
 use std::fs::File;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
+use std::sync::Arc;
 
 /// Why a file gives no ID.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -127,14 +128,62 @@ fn fmt_time(ns: i128) -> String {
 }
 
 /// A local file proven to be the one a recording mapped, still open (so what is read
-/// next comes from the file that was checked, not whatever the path names later).
+/// next, and what the build-ID cache links or copies, comes from the file that was
+/// checked, not whatever the path names later).
+#[derive(Clone, Debug)]
 pub struct Proven {
     /// Its build ID.
     pub build_id: BuildId,
     /// The open file.
-    pub file: File,
+    pub file: Arc<File>,
     /// `(st_dev, st_ino)`: the same file reached by two paths is the same key.
     pub key: (u64, u64),
+}
+
+/// Opens a regular file for reading without side effects. The path's type is checked
+/// with stat() first, so a recording naming a device (`/dev/tty`), a FIFO or a socket
+/// never gets it opened (opening a FIFO blocks, a tty may become our controlling
+/// terminal); the open itself is non-blocking and never takes a terminal, and fstat()
+/// after it proves the file opened is the one stat() saw.
+pub fn open_regular(path: &Path) -> Result<(File, std::fs::Metadata), Refusal> {
+    let io_refusal = |e: std::io::Error| match e.kind() {
+        std::io::ErrorKind::NotFound => (Reason::Missing, "no file at this path".to_string()),
+        _ => (Reason::Unreadable, e.to_string()),
+    };
+    let before = std::fs::metadata(path).map_err(io_refusal)?;
+    if !before.is_file() {
+        return Err((Reason::NotRegular, "not a regular file".into()));
+    }
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+        .map_err(io_refusal)?;
+    let meta = file
+        .metadata()
+        .map_err(|e| (Reason::Unreadable, e.to_string()))?;
+    if !meta.is_file() {
+        return Err((Reason::NotRegular, "not a regular file".into()));
+    }
+    if (meta.dev(), meta.ino()) != (before.dev(), before.ino()) {
+        return Err((
+            Reason::Stale,
+            "the file at this path was replaced while it was being opened".into(),
+        ));
+    }
+    Ok((file, meta))
+}
+
+/// The build ID in the notes of an open ELF file.
+pub fn read_build_id(file: &File) -> Result<BuildId, Refusal> {
+    let cache = object::read::ReadCache::new(file);
+    let obj = object::File::parse(&cache)
+        .map_err(|e| (Reason::Unsupported, format!("not a readable ELF file: {e}")))?;
+    match obj.build_id() {
+        Ok(Some(raw)) => id_from_bytes(raw),
+        Ok(None) => Err((Reason::NoNote, "the ELF file has no build-ID note".into())),
+        Err(e) => Err((Reason::Unsupported, format!("cannot read the notes: {e}"))),
+    }
 }
 
 /// Opens `path` and proves it is the file the recording mapped, then reads its ID.
@@ -143,37 +192,48 @@ pub struct Proven {
 /// device equal to the record's; not modified since the recording started; a PT_LOAD
 /// segment at each recorded executable file offset. ctime alone does not make a file
 /// stale when the file has other hard links (perf hard-links every hit DSO into
-/// ~/.debug, which moves libc's ctime after every recording).
+/// ~/.debug, which moves libc's ctime after every recording, and so does pdinject's
+/// own build-ID cache).
 pub fn prove_and_read(
     path: &Path,
     ident: &FileIdent,
     exec_pgoffs: &[u64],
     start: &RecordingStart,
 ) -> Result<Proven, Refusal> {
+    prove(path, Some(ident), exec_pgoffs, start)
+}
+
+/// [`prove_and_read`] for a file under a sysroot (`--symfs`): a copy of the recorded
+/// machine's files, whose device and inode say nothing about the recorded ones. The
+/// proof is the copy's modification time (not after the recording started: `cp -a`,
+/// `rsync -t` and image extraction keep it) and the segment layout; ctime is the
+/// copy's own and is not used. Without a recording time there is no proof at all.
+pub fn prove_in_sysroot(
+    path: &Path,
+    exec_pgoffs: &[u64],
+    start: &RecordingStart,
+) -> Result<Proven, Refusal> {
+    prove(path, None, exec_pgoffs, start)
+}
+
+fn prove(
+    path: &Path,
+    ident: Option<&FileIdent>,
+    exec_pgoffs: &[u64],
+    start: &RecordingStart,
+) -> Result<Proven, Refusal> {
+    // An unknown start refuses before anything is opened: the proof is never skipped.
     let start = match start {
         RecordingStart::Known(ns) => *ns,
         RecordingStart::Unknown(why) => return Err((Reason::Undated, why.clone())),
     };
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
-        .open(path)
-        .map_err(|e| match e.kind() {
-            std::io::ErrorKind::NotFound => (Reason::Missing, "no file at this path".to_string()),
-            _ => (Reason::Unreadable, e.to_string()),
-        })?;
-    let meta = file
-        .metadata()
-        .map_err(|e| (Reason::Unreadable, e.to_string()))?;
-    if !meta.is_file() {
-        return Err((Reason::NotRegular, "not a regular file".into()));
-    }
-    if let FileIdent::Inode {
+    let (file, meta) = open_regular(path)?;
+    if let Some(&FileIdent::Inode {
         maj,
         min,
         ino,
         generation: gen_rec,
-    } = *ident
+    }) = ident
     {
         let (dmaj, dmin) = (libc::major(meta.dev()), libc::minor(meta.dev()));
         if meta.ino() != ino {
@@ -216,7 +276,7 @@ pub fn prove_and_read(
                 ),
             ));
         }
-        if ctime > start && meta.nlink() <= 1 {
+        if ident.is_some() && ctime > start && meta.nlink() <= 1 {
             return Err((
                 Reason::Stale,
                 format!(
@@ -257,7 +317,7 @@ pub fn prove_and_read(
     drop(cache);
     Ok(Proven {
         build_id,
-        file,
+        file: Arc::new(file),
         key,
     })
 }
@@ -265,6 +325,23 @@ pub fn prove_and_read(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_regular_files_are_opened() {
+        let d = std::env::temp_dir().join(format!("pdinject-elf-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        let fifo = d.join("fifo");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        for p in [Path::new("/dev/tty"), Path::new("/dev/null"), &fifo, &d] {
+            let r = open_regular(p).map(|_| ()).map_err(|e| e.0);
+            assert_eq!(r, Err(Reason::NotRegular), "{}", p.display());
+        }
+        let r = open_regular(&d.join("none")).map(|_| ()).map_err(|e| e.0);
+        assert_eq!(r, Err(Reason::Missing));
+        std::fs::remove_dir_all(&d).unwrap();
+    }
 
     #[test]
     fn note_stream() {

@@ -81,8 +81,9 @@ pub fn module_name(dso_name: &str) -> Option<String> {
     (!base.is_empty()).then(|| base.replace('-', "_"))
 }
 
-/// The build ID of this process's own vdso (the running kernel's).
-pub fn vdso_build_id() -> Option<BuildId> {
+/// This process's vdso image, as perf dumps it into the build-ID cache: the whole
+/// `[vdso]` mapping of /proc/self/maps.
+pub fn vdso_image() -> Option<&'static [u8]> {
     let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
     let line = maps.lines().find(|l| l.ends_with("[vdso]"))?;
     let range = line.split_whitespace().next()?;
@@ -96,8 +97,12 @@ pub fn vdso_build_id() -> Option<BuildId> {
     }
     // SAFETY: the kernel maps the vdso readable into every process for its lifetime;
     // the range comes from our own /proc/self/maps.
-    let image = unsafe { std::slice::from_raw_parts(a as *const u8, (b - a) as usize) };
-    let raw = build_id_of_image(image).ok()??;
+    Some(unsafe { std::slice::from_raw_parts(a as *const u8, (b - a) as usize) })
+}
+
+/// The build ID of this process's own vdso (the running kernel's).
+pub fn vdso_build_id() -> Option<BuildId> {
+    let raw = build_id_of_image(vdso_image()?).ok()??;
     BuildId::new(&raw, raw.len())
 }
 

@@ -6,6 +6,9 @@
 //! a file proven to be the mapped one; the kernel, module and vdso notes of this host
 //! when the recording is proven to be of this host and boot.
 
+pub mod archive;
+pub mod cache;
+pub mod debuginfod;
 pub mod elf;
 pub mod host;
 
@@ -15,7 +18,9 @@ use crate::model::{DsoId, DsoKind, Model};
 pub use elf::{Reason, RecordingStart, Refusal};
 use host::HostInfo;
 use rayon::prelude::*;
+use std::fs::File;
 use std::path::Path;
+use std::sync::Arc;
 
 /// Where an ID came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -35,6 +40,9 @@ pub enum Source {
     ModuleNotes,
     /// This host's vdso image.
     Vdso,
+    /// The ELF note of a file under `--symfs`, not modified since the recording
+    /// started (no device/inode proof applies to a sysroot copy).
+    Symfs,
 }
 
 /// The DSOs of one build-ID table entry: one name in one address space.
@@ -77,6 +85,9 @@ pub struct Outcome {
     pub detail: Option<String>,
     /// The input's table already lists this name (its entry is kept verbatim).
     pub in_input_table: bool,
+    /// The file the ID was read from, still open ([`Source::Elf`], [`Source::Symfs`]):
+    /// the build-ID cache links or copies this very file, never the path again.
+    pub file: Option<Arc<File>>,
 }
 
 impl Outcome {
@@ -163,6 +174,8 @@ pub struct Evidence<'a> {
     pub trust: &'a HostTrust,
     /// When the recording ran.
     pub times: RecordingStart,
+    /// `--symfs`: user DSOs are read under this sysroot instead of `/`.
+    pub symfs: Option<&'a Path>,
 }
 
 fn same_space(e: &TableEntry, kind: DsoKind) -> bool {
@@ -195,10 +208,46 @@ pub(crate) fn inode_conflict(a: &FileIdent, b: &FileIdent) -> bool {
 pub fn identify(groups: &[Group], model: &Model, ev: &Evidence<'_>) -> Vec<Outcome> {
     let kernel_id = std::sync::OnceLock::new();
     let vdso_id = std::sync::OnceLock::new();
+    // Proven files stay open for the build-ID cache, within half the descriptor limit;
+    // past it a DSO's file is closed and the cache reopens the path, caching it only
+    // if its note carries the same ID.
+    let budget = open_file_budget();
+    let kept = std::sync::atomic::AtomicUsize::new(0);
     groups
         .par_iter()
-        .map(|g| identify_one(g, model, ev, &kernel_id, &vdso_id))
+        .map(|g| {
+            let mut o = identify_one(g, model, ev, &kernel_id, &vdso_id);
+            if o.file.is_some() && kept.fetch_add(1, std::sync::atomic::Ordering::Relaxed) >= budget
+            {
+                o.file = None;
+            }
+            o
+        })
         .collect()
+}
+
+/// How many proven files may stay open: half the soft RLIMIT_NOFILE, raised first
+/// to the hard limit (pdinject uses no select(), so a high limit is safe).
+fn open_file_budget() -> usize {
+    static BUDGET: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *BUDGET.get_or_init(|| {
+        // SAFETY: plain struct filled by getrlimit; setrlimit reads it.
+        let mut r: libc::rlimit = unsafe { std::mem::zeroed() };
+        if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } != 0 {
+            return 256;
+        }
+        if r.rlim_cur < r.rlim_max {
+            let raised = libc::rlimit {
+                rlim_cur: r.rlim_max,
+                rlim_max: r.rlim_max,
+            };
+            if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+                r.rlim_cur = r.rlim_max;
+            }
+        }
+        let cur = usize::try_from(r.rlim_cur).unwrap_or(usize::MAX);
+        (cur / 2).clamp(16, 1 << 16)
+    })
 }
 
 fn identify_one(
@@ -301,24 +350,40 @@ fn identify_one(
     }
     match g.kind {
         DsoKind::User => {
-            if let Err(why) = &ev.trust.local {
-                return Outcome::refused(why.clone());
-            }
             if g.name.ends_with(" (deleted)") {
                 return Outcome::refused((
                     Reason::Deleted,
                     "the file was already deleted when it was mapped".into(),
                 ));
             }
-            let ident = inodes.first().map(|i| **i).unwrap_or(FileIdent::None);
             let mut pgoffs: Vec<u64> = dsos
                 .iter()
                 .flat_map(|d| d.exec_pgoffs.iter().copied())
                 .collect();
             pgoffs.sort_unstable();
             pgoffs.dedup();
+            if let Some(root) = ev.symfs {
+                // A sysroot speaks for any host: the recording's own files, copied.
+                let path = cache::under_root(root, &g.name);
+                return match elf::prove_in_sysroot(&path, &pgoffs, &ev.times) {
+                    Ok(p) => {
+                        let mut o = Outcome::found(p.build_id, Source::Symfs);
+                        o.file = Some(p.file);
+                        o
+                    }
+                    Err((r, d)) => Outcome::refused((r, format!("{} (in --symfs)", d))),
+                };
+            }
+            if let Err(why) = &ev.trust.local {
+                return Outcome::refused(why.clone());
+            }
+            let ident = inodes.first().map(|i| **i).unwrap_or(FileIdent::None);
             match elf::prove_and_read(Path::new(&g.name), &ident, &pgoffs, &ev.times) {
-                Ok(p) => Outcome::found(p.build_id, Source::Elf),
+                Ok(p) => {
+                    let mut o = Outcome::found(p.build_id, Source::Elf);
+                    o.file = Some(p.file);
+                    o
+                }
                 Err(r) => Outcome::refused(r),
             }
         }

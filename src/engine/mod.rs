@@ -141,6 +141,8 @@ pub struct Decision {
     pub outcome: Outcome,
     /// The path was mapped from another file after the decision (streams).
     pub later_file: bool,
+    /// What happened to its build-ID cache entry (when a cache is filled).
+    pub cache: Option<buildid::cache::CacheResult>,
 }
 
 impl Decision {
@@ -700,17 +702,41 @@ impl<'a> Engine<'a> {
             known: &self.opts.known,
             trust: &trust,
             times: start,
+            symfs: self.opts.symfs.as_deref(),
         };
         let outcomes = self
             .pool
             .install(|| buildid::identify(&groups, &model, &ev));
         self.add_time("identify", t.elapsed());
+        // perf's build-ID cache, beside any sink: the very files just proven.
+        let t = Instant::now();
+        let mut cached = match &self.opts.cache {
+            Some(c) => {
+                self.pool
+                    .install(|| buildid::cache::fill(c, &groups, &outcomes, &trust))
+                    .results
+            }
+            None => Vec::new(),
+        };
+        self.add_time("cache", t.elapsed());
         let mut new = Vec::with_capacity(groups.len());
         for (group, outcome) in groups.into_iter().zip(outcomes) {
+            let space = group.kind.is_kernel_space();
+            let cache = cached
+                .iter()
+                .position(|r| r.name == group.name && r.kernel_space == space)
+                .map(|i| cached.swap_remove(i));
+            // The proven file was needed for the cache only: no descriptor outlives
+            // the batch.
+            let outcome = buildid::Outcome {
+                file: None,
+                ..outcome
+            };
             let d = Decision {
                 outcome: encodable(&group, outcome, self.e),
                 group,
                 later_file: false,
+                cache,
             };
             self.decided.insert(
                 (d.group.kind.is_kernel_space(), d.group.name.clone()),
@@ -883,6 +909,10 @@ impl<'a> Engine<'a> {
             } else {
                 r.ids_missing += 1;
             }
+            let (cached, cache_entry, cache_detail) = match d.cache {
+                Some(c) => (Some(c.state), c.entry, c.detail),
+                None => (None, None, None),
+            };
             r.dsos.push(DsoReport {
                 path: d.group.name,
                 kind: d.group.kind,
@@ -891,6 +921,9 @@ impl<'a> Engine<'a> {
                 source: o.source,
                 reason: o.reason,
                 detail,
+                cached,
+                cache_entry,
+                cache_detail,
             });
         }
         r.ids_written = r.ids_written.saturating_sub(ids_lost);

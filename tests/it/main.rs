@@ -6,6 +6,7 @@
 
 mod common;
 
+mod cache;
 mod demo;
 mod engine;
 mod errors;

@@ -330,7 +330,15 @@ fn small_batches_match_one_batch() {
         let bytes = fs::read(&input).unwrap();
         let run = |batch: usize, out: &str| -> PathBuf {
             let mut o = Vec::new();
-            let opts = pdinject::Options::default();
+            // The library fills no cache by default; this test's own (empty) one,
+            // where perf script (same HOME) finds the vdso.
+            let opts = pdinject::Options {
+                cache: Some(pdinject::buildid::cache::BuildIdCache {
+                    dir: test_home().join(".debug"),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            };
             let r = pdinject::run::stream(&mut &bytes[..], &mut o, &opts, batch)
                 .unwrap_or_else(|e| panic!("{name}: batch {batch}: {e}"));
             assert_eq!(r.ids_missing, 0, "{name}: batch {batch}: {r:?}");
