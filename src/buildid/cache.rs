@@ -223,6 +223,43 @@ pub fn totals(report: &mut Report, dir: &Path) {
     report.cache = Some(t);
 }
 
+/// /proc/kallsyms read ahead, beside the stages ([`prefetch_kallsyms`]).
+static KALLSYMS: std::sync::Mutex<Option<std::thread::JoinHandle<std::io::Result<Vec<u8>>>>> =
+    std::sync::Mutex::new(None);
+
+/// Starts reading /proc/kallsyms on a thread of its own when this kernel's entry is
+/// missing from `cache`: the kernel generates its 5 MB in 30–60 ms of CPU, which
+/// then overlaps scan and resolve instead of adding to the run. Called only for a
+/// recording that names this host and kernel release (the entry is written only if
+/// the recording is then proven to be of this boot).
+pub fn prefetch_kallsyms(cache: &BuildIdCache) {
+    let Some(id) = host::kernel_build_id() else {
+        return;
+    };
+    let entry = cache
+        .dir
+        .join("[kernel.kallsyms]")
+        .join(id.to_string())
+        .join("kallsyms");
+    if exists(&entry) {
+        return;
+    }
+    if let Ok(mut slot) = KALLSYMS.lock()
+        && slot.is_none()
+    {
+        *slot = Some(std::thread::spawn(|| std::fs::read("/proc/kallsyms")));
+    }
+}
+
+/// /proc/kallsyms: what [`prefetch_kallsyms`] read, or read now.
+fn kallsyms() -> std::io::Result<Vec<u8>> {
+    let ahead = KALLSYMS.lock().ok().and_then(|mut s| s.take());
+    match ahead.map(std::thread::JoinHandle::join) {
+        Some(Ok(r)) => r,
+        _ => std::fs::read("/proc/kallsyms"),
+    }
+}
+
 /// Adds every group with an ID to the cache, in parallel on the current rayon pool.
 pub fn fill(
     cache: &BuildIdCache,
@@ -327,8 +364,7 @@ fn add(
             let state = if exists(&target) {
                 CacheState::Present
             } else {
-                let data = std::fs::read("/proc/kallsyms")
-                    .map_err(|e| format!("cannot read /proc/kallsyms: {e}"))?;
+                let data = kallsyms().map_err(|e| format!("cannot read /proc/kallsyms: {e}"))?;
                 mkdir(&dir)?;
                 place(&target, &Content::Bytes(data, 0o755))?
             };

@@ -300,6 +300,16 @@ impl<'a> Engine<'a> {
         dating: Dating,
     ) -> Self {
         let mut s = Self::new(cx, name, e, dating);
+        if let Some(c) = &cx.opts.cache
+            && cx.host == Host::Consult
+        {
+            let host = HostInfo::detect();
+            if meta.hostname.as_deref() == Some(host.hostname.as_str())
+                && meta.release.as_deref() == Some(host.release.as_str())
+            {
+                buildid::cache::prefetch_kallsyms(c);
+            }
+        }
         s.trailer = attrs
             .first()
             .map(|a| TrailerLayout::new(a.sample_type, a.sample_id_all()));
