@@ -10,6 +10,7 @@
 //! [`inject`] ties the stages together for files, [`pipe`] runs them as a stream
 //! (`perf record -o - | pdinject - -`); [`cli`] is the command-line front end.
 
+pub mod batch;
 pub mod buildid;
 pub mod cli;
 pub mod error;

@@ -8,6 +8,7 @@
 
 pub mod elf;
 pub mod host;
+pub mod memo;
 
 use crate::format::feature::{BuildId, BuildIdTable, TableEntry};
 use crate::format::record::FileIdent;
