@@ -6,6 +6,7 @@
 
 mod common;
 
+mod batch;
 mod demo;
 mod errors;
 mod large;
@@ -14,4 +15,5 @@ mod namespace;
 mod pipe;
 mod quipper;
 mod record;
+mod slurm;
 mod unwind;
