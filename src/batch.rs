@@ -272,8 +272,26 @@ pub fn fnv1a64(bytes: &[u8]) -> u64 {
     })
 }
 
-/// One task's share of the inputs: those whose relative path hashes to `index`
-/// modulo `count`.
+/// MurmurHash3's 64-bit finalizer. FNV-1a alone is a poor shard hash: its low bits
+/// depend only on the low bits of each byte (`host-a` and `host-e` would always share
+/// a shard of 4); the finalizer mixes every bit into every other.
+pub fn fmix64(mut h: u64) -> u64 {
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    h ^ (h >> 33)
+}
+
+/// The shard hash of a relative path: `fmix64(fnv1a64(bytes))`, the same on every
+/// machine and with every Rust version.
+pub fn shard_hash(rel: &Path) -> u64 {
+    use std::os::unix::ffi::OsStrExt;
+    fmix64(fnv1a64(rel.as_os_str().as_bytes()))
+}
+
+/// One task's share of the inputs: those whose relative path's [`shard_hash`] is
+/// `index` modulo `count`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Shard {
     /// 0-based.
@@ -381,8 +399,7 @@ impl Shard {
     /// Whether this shard owns the input at `rel` (hash of its bytes, so the split
     /// does not depend on the order or the machine).
     pub fn owns(&self, rel: &Path) -> bool {
-        use std::os::unix::ffi::OsStrExt;
-        fnv1a64(rel.as_os_str().as_bytes()) % self.count == self.index
+        shard_hash(rel) % self.count == self.index
     }
 }
 
@@ -786,6 +803,21 @@ mod tests {
                 .count();
             assert_eq!(owners, 1);
         }
+        // Names that differ only in bytes with the same low bits still spread.
+        let mut per = [0usize; 4];
+        for c in ["a", "e", "i", "m", "q", "u", "y"] {
+            for i in 0..8 {
+                let r = PathBuf::from(format!("host-{c}{}/perf.data", i * 4));
+                per[(shard_hash(&r) % 4) as usize] += 1;
+            }
+        }
+        assert!(per.iter().all(|&n| n >= 6), "{per:?}");
+        // Pinned: the split must not change between versions or machines.
+        assert_eq!(shard_hash(Path::new("host1/perf.data")), {
+            fmix64(fnv1a64(b"host1/perf.data"))
+        });
+        assert_eq!(fmix64(0), 0);
+        assert_eq!(fmix64(1), 0xb456bcfc34c2cb2c);
     }
 
     #[test]

@@ -299,3 +299,16 @@ fn batch_list_suffix_and_usage() {
     ]);
     assert_eq!(o.status.code(), Some(1), "{}", tail(&o.stderr));
 }
+
+/// The README shows the example files as they are (the Slurm test runs the script).
+#[test]
+fn readme_shows_the_examples() {
+    let readme = std::fs::read_to_string(manifest_dir().join("README.md")).unwrap();
+    for f in ["examples/slurm-batch.sh", "examples/k8s-indexed-job.yaml"] {
+        let text = std::fs::read_to_string(manifest_dir().join(f)).unwrap();
+        assert!(
+            readme.contains(&text),
+            "README.md does not show {f} as it is: paste it again"
+        );
+    }
+}
