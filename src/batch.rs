@@ -631,6 +631,47 @@ fn conflicts(inputs: &[Input], dest: &Dest) -> BTreeMap<usize, String> {
     bad
 }
 
+/// Removes what an interrupted earlier run left of `output`'s temp file: a signal
+/// unlinks one temp file, and a batch has one per worker. Only `.NAME.pdinject-PID.tmp`
+/// beside the output, and only for a PID that is no running process on this machine.
+fn remove_stale_temps(output: &Path) {
+    let (Some(dir), Some(name)) = (output.parent(), output.file_name()) else {
+        return;
+    };
+    let dir = if dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        dir
+    };
+    let prefix = format!(".{}.pdinject-", name.to_string_lossy());
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let n = e.file_name();
+        let Some(pid) = n
+            .to_str()
+            .and_then(|n| n.strip_prefix(&prefix))
+            .and_then(|r| r.strip_suffix(".tmp"))
+            .and_then(|p| p.parse::<libc::pid_t>().ok())
+            .filter(|&p| p > 0)
+        else {
+            continue;
+        };
+        // SAFETY: signal 0 only asks whether the process exists.
+        let gone = unsafe { libc::kill(pid, 0) } != 0
+            && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+        if gone {
+            let p = e.path();
+            let _ = if e.file_type().is_ok_and(|t| t.is_dir()) {
+                std::fs::remove_dir_all(&p)
+            } else {
+                std::fs::remove_file(&p)
+            };
+        }
+    }
+}
+
 /// The batch's view of one input's error: its message, naming the input when the
 /// error does not already.
 fn describe(input: &Path, e: &Error) -> String {
@@ -683,6 +724,7 @@ fn process(input: &Input, opts: &BatchOptions, fp: &str, jobs: usize) -> FileRes
                 source: e,
             })?;
         }
+        remove_stale_temps(&output);
         // A panic in one input must not end the batch; the library is meant never to
         // panic, so this only turns a bug into that input's error line.
         let report = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {

@@ -62,6 +62,13 @@ fn batch_fleet_damaged_input_and_rerun() {
     // Not a recording: the walk leaves it out.
     std::fs::write(fl.join("host000/notes.txt"), b"hello").unwrap();
     let out = tmp.path().join("out");
+    // What an interrupted batch leaves: a temp file of a process that is gone.
+    let mut gone = std::process::Command::new("true").spawn().unwrap();
+    let gone_pid = gone.id();
+    gone.wait().unwrap();
+    let stale = out.join(format!("host001/.perf.data.pdinject-{gone_pid}.tmp"));
+    std::fs::create_dir_all(stale.parent().unwrap()).unwrap();
+    std::fs::write(&stale, b"half an output").unwrap();
     let report = tmp.path().join("r.jsonl");
     let o = pdinject_run([
         "batch".as_ref(),
@@ -82,6 +89,7 @@ fn batch_fleet_damaged_input_and_rerun() {
         !out.join(&bad_rel).exists(),
         "no output for the damaged file"
     );
+    assert!(!stale.exists(), "the stale temp file is removed");
     let lines = report_lines(&report);
     assert_eq!(lines.len(), rels.len() + 1);
     assert_eq!(lines[&bad]["status"], "failed");
