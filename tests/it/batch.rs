@@ -320,3 +320,64 @@ fn readme_shows_the_examples() {
         );
     }
 }
+
+/// Six copies of one recording of this host: each DSO file is proven once for the
+/// whole batch (as many files read as for one copy), the other five copies are
+/// answered from the memo, and the outputs are those of single-file runs.
+#[test]
+fn batch_memo_reads_each_dso_once() {
+    let Some(st) = setup("batch_memo_reads_each_dso_once") else {
+        return;
+    };
+    let rec = st.dir.join("rec.data");
+    record_in(&st.perf, &st.dir, &rec, &["-B", "-g", "--", "./prog"]);
+    let fl = st.dir.join("fleet");
+    for i in 0..6 {
+        std::fs::create_dir_all(fl.join(format!("h{i}"))).unwrap();
+        std::fs::copy(&rec, fl.join(format!("h{i}/perf.data"))).unwrap();
+    }
+    let batch =
+        |input: &Path, out: &str| -> (serde_json::Value, BTreeMap<String, serde_json::Value>) {
+            let report = st.dir.join(format!("{out}.jsonl"));
+            let o = pdinject_run([
+                "batch".as_ref(),
+                "-b".as_ref(),
+                "--out-dir".as_ref(),
+                st.dir.join(out).as_os_str(),
+                "--report".as_ref(),
+                report.as_os_str(),
+                input.as_os_str(),
+            ]);
+            assert!(o.status.success(), "{}", tail(&o.stderr));
+            (summary(&report), report_lines(&report))
+        };
+    let (one, lines) = batch(&fl.join("h0"), "one");
+    let (six, _) = batch(&fl, "six");
+    let line = lines.values().next().unwrap();
+    let elf = line["dsos"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|d| d["source"] == "elf")
+        .count();
+    let n = |v: &serde_json::Value, k: &str| v[k].as_u64().unwrap();
+    assert!(elf >= 2, "prog and libfix proven from their files: {line}");
+    assert!(n(&one, "dso_files_read") >= elf as u64, "{one}");
+    assert_eq!(
+        n(&six, "dso_files_read"),
+        n(&one, "dso_files_read"),
+        "{six}"
+    );
+    let lookups = |v: &serde_json::Value| n(v, "proofs_run") + n(v, "memo_hits");
+    assert_eq!(lookups(&six), 6 * lookups(&one), "{one} {six}");
+    assert_eq!(n(&six, "memo_hits"), 5 * lookups(&one), "{six}");
+    let single = st.dir.join("single.data");
+    run_ok(pdinject().args(["-b", "-q"]).arg(&rec).arg(&single));
+    for i in 0..6 {
+        assert!(
+            std::fs::read(st.dir.join(format!("six/h{i}/perf.data"))).unwrap()
+                == std::fs::read(&single).unwrap(),
+            "h{i}: the batch output differs from the single-file run's"
+        );
+    }
+}
