@@ -202,7 +202,9 @@ fn walk(dir: &Path, skip: &WalkSkip, found: &mut Vec<(PathBuf, Option<String>)>)
             {
                 continue;
             }
-            if has_perf_magic(&p) {
+            // A file with a suffix-mode marker beside it is an output of an earlier
+            // batch (perhaps with another suffix), not a recording.
+            if has_perf_magic(&p) && !dir.join(format!(".{name}.pdinject.json")).exists() {
                 found.push((p, None));
             }
         }
@@ -443,6 +445,9 @@ pub struct FileResult {
     pub error: Option<String>,
     /// Why it was skipped.
     pub skipped: Option<String>,
+    /// Something the user should know about a done input (its up-to-date marker could
+    /// not be written).
+    pub warning: Option<String>,
     /// Input bytes.
     pub input_bytes: u64,
     /// Wall time of this input in seconds.
@@ -692,6 +697,7 @@ fn process(input: &Input, opts: &BatchOptions, fp: &str, jobs: usize) -> FileRes
         status: Status::Failed,
         error: None,
         skipped: None,
+        warning: None,
         input_bytes: input.bytes,
         seconds: 0.0,
         report: Report {
@@ -738,13 +744,19 @@ fn process(input: &Input, opts: &BatchOptions, fp: &str, jobs: usize) -> FileRes
                 .unwrap_or_default();
             Error::unsupported(format!("internal error (panic): {what}"))
         })??;
-        write_marker(&marker, &input.path, &output, fp)?;
         Ok::<_, Error>(report)
     })();
     match r {
         Ok(rep) => {
             res.status = Status::Ok;
             res.report = rep;
+            // The output is right without its marker; only the next run will redo it.
+            if let Err(e) = write_marker(&marker, &input.path, &output, fp) {
+                res.warning = Some(format!(
+                    "{}: the output is written but a rerun will redo it: cannot write its marker: {e}",
+                    input.path.display()
+                ));
+            }
         }
         Err(e) => res.error = Some(describe(&input.path, &e)),
     }
@@ -791,6 +803,7 @@ pub fn run(inputs: &[Input], opts: &BatchOptions, done: &(dyn Fn(&FileResult) + 
             status: Status::Failed,
             error: Some(format!("{}: {why}", inputs[n].path.display())),
             skipped: None,
+            warning: None,
             input_bytes: inputs[n].bytes,
             seconds: 0.0,
             report: Report {

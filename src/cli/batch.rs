@@ -260,6 +260,8 @@ fn execute(args: &BatchArgs) -> Result<i32> {
     let done = |r: &FileResult| {
         if let Some(e) = &r.error {
             say(&format!("pdinject batch: {e}"));
+        } else if let Some(w) = &r.warning {
+            say(&format!("pdinject batch: warning: {w}"));
         } else if args.verbose && !args.quiet {
             let mut v = Vec::new();
             if r.status == Status::Skipped {

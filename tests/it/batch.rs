@@ -296,6 +296,24 @@ fn batch_list_suffix_and_usage() {
         assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
         assert!(err.contains(says), "{args:?}: {err}");
     }
+    // A marker that cannot be written: the outputs stand, a warning says a rerun
+    // will redo them.
+    let out = tmp.path().join("o-nomarker");
+    std::fs::create_dir_all(&out).unwrap();
+    std::fs::write(out.join(".pdinject"), b"in the way").unwrap();
+    for _ in 0..2 {
+        let o = pdinject_run([
+            "batch".as_ref(),
+            "-b".as_ref(),
+            "--out-dir".as_ref(),
+            out.as_os_str(),
+            fl.as_os_str(),
+        ]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(0), "{err}");
+        assert_eq!(err.matches("warning:").count(), 3, "{err}");
+        assert!(err.contains("3 done, 0 up to date"), "{err}");
+    }
     // Only damaged inputs: exit 1.
     let junk = tmp.path().join("junk.data");
     std::fs::write(&junk, b"PERFILE2 but nothing else").unwrap();
