@@ -102,7 +102,11 @@ fn free_port() -> Option<u16> {
 fn hostname() -> String {
     let o = Command::new("hostname").output();
     o.ok()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .map(|o| {
+            // slurmd goes by the short name.
+            let h = String::from_utf8_lossy(&o.stdout);
+            h.trim().split('.').next().unwrap_or("").to_string()
+        })
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| "localhost".into())
 }
@@ -254,8 +258,9 @@ fn slurm_array_batch() {
     let conf = t.join("slurm.conf");
     let td = t.display();
     // MinJobAge=4 keeps `sbatch --wait` polling every 2 s (it backs off to 32 s
-    // while the wait is below half the age); builtin scheduling starts a task as
-    // soon as a CPU is free.
+    // while the wait is below half the age); CR_CPU schedules CPUs only (with memory
+    // as a resource each task asks for the whole node's and the tasks run one after
+    // another, 3 s apart): the test takes ~8 s instead of ~42 s.
     std::fs::write(
         &conf,
         format!(
@@ -277,6 +282,7 @@ SlurmdLogFile={td}/slurmd.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
 SchedulerType=sched/builtin
 AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
@@ -304,7 +310,12 @@ PartitionName=pdinject Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         &ctld_log,
     ) || !daemons.start(
         "slurmd",
-        slurm("slurmd").arg("-D").arg("-f").arg(&conf),
+        slurm("slurmd")
+            .arg("-D")
+            .arg("-f")
+            .arg(&conf)
+            .arg("-N")
+            .arg(&host),
         &d_log,
     ) {
         return;
