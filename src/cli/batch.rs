@@ -28,7 +28,7 @@ found), 2 usage.";
 /// Writes build IDs into many perf.data files: one thread pool, one memo of DSO build
 /// IDs, per-file errors that never stop the batch.
 #[derive(Parser, Debug)]
-#[command(name = "pdinject batch", version, after_help = AFTER_HELP)]
+#[command(name = "pdinject batch", bin_name = "pdinject batch", version, after_help = AFTER_HELP)]
 pub struct BatchArgs {
     /// Table entries for every DSO a sample touches (the default).
     #[arg(short = 'b', long = "buildids", visible_alias = "build-ids")]
