@@ -1,6 +1,8 @@
 //! The command line: flags as perf inject spells them, a progress bar on terminals,
 //! the summary, the JSON report, and exit codes (0 done, 1 error, 2 usage).
 
+pub mod batch;
+
 use clap::Parser;
 use pdinject::options::{DEFAULT_MAX_FRAMES, Mode, Options, ProgressFn, UnwindChoice, parse_known};
 use pdinject::{Error, Result, run};
@@ -115,6 +117,9 @@ pub fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
 /// Runs the binary; returns the exit code.
 pub fn main() -> i32 {
     pdinject::write::interrupt::install();
+    if std::env::args_os().nth(1).is_some_and(|a| a == "batch") {
+        return batch::main(std::env::args_os().skip(1));
+    }
     let args = match Args::try_parse() {
         Ok(a) => a,
         Err(e) => {

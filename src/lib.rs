@@ -10,6 +10,7 @@
 //! what a run is asked to do; [`report`] what it says it did. The command line lives
 //! in the binary (`src/main.rs`), not here.
 
+pub mod batch;
 pub mod buildid;
 pub mod engine;
 pub mod error;

@@ -200,6 +200,10 @@ pub fn prove_and_read(
     exec_pgoffs: &[u64],
     start: &RecordingStart,
 ) -> Result<Proven, Refusal> {
+    // A batch proves each file once (the memo re-checks the file is the same).
+    if let Some(r) = super::memo::lookup(path, ident, exec_pgoffs, start) {
+        return r;
+    }
     prove(path, Some(ident), exec_pgoffs, start)
 }
 

@@ -11,6 +11,7 @@ pub mod cache;
 pub mod debuginfod;
 pub mod elf;
 pub mod host;
+pub mod memo;
 
 use crate::format::feature::{BuildId, BuildIdTable, TableEntry};
 use crate::format::record::FileIdent;

@@ -6,6 +6,7 @@
 
 mod common;
 
+mod batch;
 mod cache;
 mod demo;
 mod engine;
@@ -16,4 +17,5 @@ mod namespace;
 mod pipe;
 mod quipper;
 mod record;
+mod slurm;
 mod unwind;

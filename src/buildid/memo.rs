@@ -1,0 +1,279 @@
+//! The batch memo: each distinct DSO file is proven and its build ID read once per
+//! batch, however many recordings map it.
+//!
+//! A memo entry is keyed by what the file is right now — device, inode, size, mtime and
+//! ctime from a fresh `stat` at every lookup — so a file that is rewritten, replaced or
+//! touched mid-batch gets a new key and is read again, never served from the memo.
+//! Within one file state the proof's answer still depends on the recording (the inode
+//! it mapped, its executable offsets, and whether the file's mtime/ctime fall before or
+//! after the recording's start), so those are part of the entry's key too.
+//!
+//! Only [`elf::prove_and_read`](super::elf::prove_and_read) uses the memo, through one
+//! call at its top ([`lookup`]). The memo is off unless a batch installs one
+//! ([`install`]): single-file runs behave exactly as before.
+//!
+//! Assumption this relies on (checked by the unit test below only for today's proof):
+//! the proof's use of the recording's start time is a comparison with the file's mtime
+//! and ctime. If it ever compares with a slack, the time class below must use the same.
+
+use super::elf::{Proven, RecordingStart, Refusal};
+use crate::format::feature::BuildId;
+use crate::format::record::FileIdent;
+use std::cell::Cell;
+use std::cmp::Ordering as CmpOrdering;
+use std::collections::HashMap;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
+
+/// What a file is right now: `(st_dev, st_ino, size, mtime ns, ctime ns)`.
+type FileKey = (u64, u64, u64, i128, i128);
+
+/// One proof's inputs for one file state.
+#[derive(Clone, PartialEq, Eq, Hash)]
+struct ProofKey {
+    path: PathBuf,
+    file: FileKey,
+    /// The recorded identity, as comparable numbers (`None` without an inode).
+    ident: Option<(u32, u32, u64, u64)>,
+    pgoffs: Vec<u64>,
+    /// How the file's mtime and ctime compare with the recording's start.
+    times: Option<(CmpOrdering, CmpOrdering)>,
+}
+
+/// A memoised answer: the ID (the open file is not kept; each hit opens it anew and
+/// checks it is still the same file) or the refusal.
+type Answer = Result<BuildId, Refusal>;
+
+/// The memo of one batch. Share it with [`install`].
+#[derive(Default)]
+pub struct Memo {
+    proofs: Mutex<HashMap<ProofKey, Arc<OnceLock<Option<Answer>>>>>,
+    files: Mutex<std::collections::HashSet<FileKey>>,
+    files_read: AtomicU64,
+    proofs_run: AtomicU64,
+    hits: AtomicU64,
+}
+
+/// Counters of a memo.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct MemoStats {
+    /// Distinct DSO files (device, inode, size, times) opened and read.
+    pub dso_files_read: u64,
+    /// Proofs run (more than files when recordings differ in what they say of a file).
+    pub proofs_run: u64,
+    /// Lookups answered from the memo.
+    pub memo_hits: u64,
+}
+
+impl Memo {
+    /// A new, empty memo.
+    pub fn new() -> Memo {
+        Memo::default()
+    }
+
+    /// Its counters so far.
+    pub fn stats(&self) -> MemoStats {
+        MemoStats {
+            dso_files_read: self.files_read.load(Ordering::Relaxed),
+            proofs_run: self.proofs_run.load(Ordering::Relaxed),
+            memo_hits: self.hits.load(Ordering::Relaxed),
+        }
+    }
+}
+
+static ACTIVE: RwLock<Option<Arc<Memo>>> = RwLock::new(None);
+
+thread_local! {
+    /// Set while this thread runs the real proof for the memo (the proof calls
+    /// [`lookup`] again at its top, which must then step aside).
+    static PROVING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Uninstalls the memo when dropped.
+pub struct Installed(());
+
+impl Drop for Installed {
+    fn drop(&mut self) {
+        if let Ok(mut a) = ACTIVE.write() {
+            *a = None;
+        }
+    }
+}
+
+/// Makes `memo` the one every proof in this process consults until the guard drops.
+pub fn install(memo: Arc<Memo>) -> Installed {
+    if let Ok(mut a) = ACTIVE.write() {
+        *a = Some(memo);
+    }
+    Installed(())
+}
+
+fn active() -> Option<Arc<Memo>> {
+    ACTIVE.read().ok()?.clone()
+}
+
+fn file_key(m: &std::fs::Metadata) -> FileKey {
+    (
+        m.dev(),
+        m.ino(),
+        m.len(),
+        m.mtime() as i128 * 1_000_000_000 + m.mtime_nsec() as i128,
+        m.ctime() as i128 * 1_000_000_000 + m.ctime_nsec() as i128,
+    )
+}
+
+fn open(path: &Path) -> std::io::Result<std::fs::File> {
+    // The same flags as the proof: a FIFO planted at a DSO path must not block.
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+}
+
+/// The hook at the top of the proof. `None`: no memo is installed, the file cannot be
+/// keyed (missing, not regular), or this is the memo's own call: prove as usual.
+pub(crate) fn lookup(
+    path: &Path,
+    ident: &FileIdent,
+    exec_pgoffs: &[u64],
+    times: &RecordingStart,
+) -> Option<Result<Proven, Refusal>> {
+    if PROVING.with(Cell::get) {
+        return None;
+    }
+    // An undated recording is refused by the proof before any file is opened.
+    let RecordingStart::Known(start) = *times else {
+        return None;
+    };
+    let memo = active()?;
+    let meta = std::fs::metadata(path).ok().filter(|m| m.is_file())?;
+    let file = file_key(&meta);
+    let key = ProofKey {
+        path: path.to_path_buf(),
+        file,
+        ident: match *ident {
+            FileIdent::Inode {
+                maj,
+                min,
+                ino,
+                generation,
+            } => Some((maj, min, ino, generation)),
+            _ => None,
+        },
+        pgoffs: exec_pgoffs.to_vec(),
+        times: Some((file.3.cmp(&start), file.4.cmp(&start))),
+    };
+    let cell = {
+        let mut proofs = memo.proofs.lock().ok()?;
+        proofs.entry(key).or_default().clone()
+    };
+    let mut mine = None;
+    // Only one thread proves a key; the others wait for its answer.
+    let answer = cell.get_or_init(|| {
+        PROVING.with(|p| p.set(true));
+        let r = super::elf::prove_and_read(path, ident, exec_pgoffs, times);
+        PROVING.with(|p| p.set(false));
+        memo.proofs_run.fetch_add(1, Ordering::Relaxed);
+        if let Ok(mut files) = memo.files.lock()
+            && files.insert(file)
+        {
+            memo.files_read.fetch_add(1, Ordering::Relaxed);
+        }
+        // Keep the answer only if the file the proof read is the file keyed above:
+        // one replaced between the stat and the proof's open must not be memoised
+        // under the old key.
+        let still = match &r {
+            Ok(p) => p.file.metadata().ok().map(|m| file_key(&m)) == Some(file),
+            Err(_) => std::fs::metadata(path).ok().map(|m| file_key(&m)) == Some(file),
+        };
+        let a = still.then(|| r.as_ref().map(|p| p.build_id).map_err(Clone::clone));
+        mine = Some(r);
+        a
+    });
+    if let Some(r) = mine {
+        return Some(r);
+    }
+    let answer = answer.clone()?;
+    memo.hits.fetch_add(1, Ordering::Relaxed);
+    match answer {
+        Err(refusal) => Some(Err(refusal)),
+        Ok(build_id) => {
+            // Hand out the file as it is now, and only if it is still the one proven.
+            let f = open(path).ok()?;
+            let m = f.metadata().ok()?;
+            if file_key(&m) != file {
+                return None;
+            }
+            Some(Ok(Proven {
+                build_id,
+                file: std::sync::Arc::new(f),
+                key: (m.dev(), m.ino()),
+            }))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    /// A tiny ELF with a build-ID note, built by hand: enough for `object`.
+    fn elf_with_id(id: &[u8; 20]) -> Vec<u8> {
+        // ELF64 LE header + one PT_NOTE program header + the note.
+        let mut v = vec![0u8; 64 + 56];
+        v[..4].copy_from_slice(b"\x7fELF");
+        v[4] = 2; // 64-bit
+        v[5] = 1; // little endian
+        v[6] = 1;
+        v[16..18].copy_from_slice(&3u16.to_le_bytes()); // ET_DYN
+        v[18..20].copy_from_slice(&62u16.to_le_bytes()); // x86_64
+        v[20..24].copy_from_slice(&1u32.to_le_bytes());
+        v[32..40].copy_from_slice(&64u64.to_le_bytes()); // e_phoff
+        v[52..54].copy_from_slice(&64u16.to_le_bytes());
+        v[54..56].copy_from_slice(&56u16.to_le_bytes());
+        v[56..58].copy_from_slice(&1u16.to_le_bytes()); // e_phnum
+        v[58..60].copy_from_slice(&64u16.to_le_bytes());
+        let note_off = v.len() as u64;
+        let mut note = Vec::new();
+        note.extend_from_slice(&4u32.to_le_bytes());
+        note.extend_from_slice(&20u32.to_le_bytes());
+        note.extend_from_slice(&3u32.to_le_bytes());
+        note.extend_from_slice(b"GNU\0");
+        note.extend_from_slice(id);
+        let ph = 64;
+        v[ph..ph + 4].copy_from_slice(&4u32.to_le_bytes()); // PT_NOTE
+        v[ph + 8..ph + 16].copy_from_slice(&note_off.to_le_bytes());
+        v[ph + 32..ph + 40].copy_from_slice(&(note.len() as u64).to_le_bytes());
+        v[ph + 40..ph + 48].copy_from_slice(&(note.len() as u64).to_le_bytes());
+        v[ph + 48..ph + 56].copy_from_slice(&4u64.to_le_bytes());
+        v.extend_from_slice(&note);
+        v
+    }
+
+    #[test]
+    fn read_once_and_never_stale() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("libx.so");
+        std::fs::write(&p, elf_with_id(&[0xaa; 20])).unwrap();
+        let memo = Arc::new(Memo::new());
+        let _g = install(memo.clone());
+        // Times never make a file stale here.
+        let t = RecordingStart::Known(i128::MAX);
+        let prove = |p: &Path| super::super::elf::prove_and_read(p, &FileIdent::None, &[], &t);
+        for _ in 0..3 {
+            assert_eq!(prove(&p).unwrap().build_id.to_string(), "aa".repeat(20));
+        }
+        let s = memo.stats();
+        assert_eq!((s.dso_files_read, s.memo_hits), (1, 2));
+        // Rewritten in place (same inode, same size): the new ID, never the memo's.
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        let mut f = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
+        f.write_all(&elf_with_id(&[0xbb; 20])).unwrap();
+        drop(f);
+        assert_eq!(prove(&p).unwrap().build_id.to_string(), "bb".repeat(20));
+        assert_eq!(memo.stats().dso_files_read, 2);
+    }
+}

@@ -1,0 +1,401 @@
+//! `pdinject batch` on one machine: outputs equal single-file runs, a damaged input
+//! among good ones, reruns that skip finished outputs, shards that split the inputs
+//! exactly, lists from stdin, suffixed outputs and usage errors.
+
+use super::common::*;
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+
+/// A fleet of `n` hosts, each with a perf.data (copies of demo.data and of a few
+/// quipper recordings when the shared corpus is there).
+fn fleet(dir: &Path, n: usize) -> Vec<PathBuf> {
+    let mut sources = vec![manifest_dir().join("testdata/demo/demo.data")];
+    let q = manifest_dir().join("../shared/testdata/quipper");
+    for name in [
+        "perf.data.singleprocess-3.8",
+        "perf.data.piped.target-3.8",
+        "perf.data.group_desc-4.14",
+    ] {
+        if q.join(name).is_file() {
+            sources.push(q.join(name));
+        }
+    }
+    (0..n)
+        .map(|i| {
+            let rel = PathBuf::from(format!("host{i:03}/perf.data"));
+            std::fs::create_dir_all(dir.join(&rel).parent().unwrap()).unwrap();
+            std::fs::copy(&sources[i % sources.len()], dir.join(&rel)).unwrap();
+            rel
+        })
+        .collect()
+}
+
+/// The report's input lines by input path.
+fn report_lines(p: &Path) -> BTreeMap<String, serde_json::Value> {
+    std::fs::read_to_string(p)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| v.get("summary").is_none())
+        .map(|v| (v["input"].as_str().unwrap().to_string(), v))
+        .collect()
+}
+
+fn summary(p: &Path) -> serde_json::Value {
+    let text = std::fs::read_to_string(p).unwrap();
+    let last = text.lines().last().unwrap();
+    serde_json::from_str::<serde_json::Value>(last).unwrap()["summary"].clone()
+}
+
+#[test]
+fn batch_fleet_damaged_input_and_rerun() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fl = tmp.path().join("fleet");
+    let rels = fleet(&fl, 9);
+    // A damaged recording among them: cut inside its data section.
+    let bad_rel = PathBuf::from("host-bad/perf.data");
+    std::fs::create_dir_all(fl.join("host-bad")).unwrap();
+    let demo = std::fs::read(manifest_dir().join("testdata/demo/demo.data")).unwrap();
+    std::fs::write(fl.join(&bad_rel), &demo[..demo.len() / 2]).unwrap();
+    // Not a recording: the walk leaves it out.
+    std::fs::write(fl.join("host000/notes.txt"), b"hello").unwrap();
+    let out = tmp.path().join("out");
+    // What an interrupted batch leaves: a temp file of a process that is gone.
+    let mut gone = std::process::Command::new("true").spawn().unwrap();
+    let gone_pid = gone.id();
+    gone.wait().unwrap();
+    let stale = out.join(format!("host001/.perf.data.pdinject-{gone_pid}.tmp"));
+    std::fs::create_dir_all(stale.parent().unwrap()).unwrap();
+    std::fs::write(&stale, b"half an output").unwrap();
+    let report = tmp.path().join("r.jsonl");
+    let o = pdinject_run([
+        "batch".as_ref(),
+        "--buildids".as_ref(),
+        "--out-dir".as_ref(),
+        out.as_os_str(),
+        "--report".as_ref(),
+        report.as_os_str(),
+        fl.as_os_str(),
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(3), "some failed: {err}");
+    let bad = fl.join(&bad_rel).display().to_string();
+    let error_lines: Vec<&str> = err.lines().filter(|l| !l.contains(" inputs")).collect();
+    assert_eq!(error_lines.len(), 1, "one error line: {err}");
+    assert!(error_lines[0].contains(&bad), "names the file: {err}");
+    assert!(
+        !out.join(&bad_rel).exists(),
+        "no output for the damaged file"
+    );
+    assert!(!stale.exists(), "the stale temp file is removed");
+    let lines = report_lines(&report);
+    assert_eq!(lines.len(), rels.len() + 1);
+    assert_eq!(lines[&bad]["status"], "failed");
+    let s = summary(&report);
+    assert_eq!((s["ok"].as_u64(), s["failed"].as_u64()), (Some(9), Some(1)));
+    for (n, rel) in rels.iter().enumerate() {
+        assert_eq!(lines[&fl.join(rel).display().to_string()]["status"], "ok");
+        let single = tmp.path().join(format!("single{n}.data"));
+        run_ok(
+            pdinject()
+                .args(["--buildids", "-q"])
+                .arg(fl.join(rel))
+                .arg(&single),
+        );
+        assert!(
+            std::fs::read(&single).unwrap() == std::fs::read(out.join(rel)).unwrap(),
+            "{}: batch output differs from the single-file run's",
+            rel.display()
+        );
+    }
+
+    // Rerun: everything finished is skipped; the damaged file fails again.
+    let o = pdinject_run([
+        "batch".as_ref(),
+        "-b".as_ref(),
+        "--out-dir".as_ref(),
+        out.as_os_str(),
+        "--report".as_ref(),
+        report.as_os_str(),
+        fl.as_os_str(),
+    ]);
+    assert_eq!(o.status.code(), Some(3));
+    let s = summary(&report);
+    assert_eq!(
+        (
+            s["skipped"].as_u64(),
+            s["failed"].as_u64(),
+            s["ok"].as_u64()
+        ),
+        (Some(9), Some(1), Some(0)),
+        "{s}"
+    );
+    // A changed input, or other options, make it redone.
+    let touched = fl.join(&rels[0]);
+    let f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&touched)
+        .unwrap();
+    f.set_modified(std::time::SystemTime::now() + std::time::Duration::from_secs(5))
+        .unwrap();
+    drop(f);
+    let o = pdinject_run([
+        "batch".as_ref(),
+        "-b".as_ref(),
+        "--out-dir".as_ref(),
+        out.as_os_str(),
+        "--report".as_ref(),
+        report.as_os_str(),
+        fl.as_os_str(),
+    ]);
+    assert_eq!(o.status.code(), Some(3));
+    let lines = report_lines(&report);
+    assert_eq!(lines[&touched.display().to_string()]["status"], "ok");
+    assert_eq!(summary(&report)["skipped"].as_u64(), Some(8));
+    let o = pdinject_run([
+        "batch".as_ref(),
+        "--buildid-all".as_ref(),
+        "--out-dir".as_ref(),
+        out.as_os_str(),
+        "--report".as_ref(),
+        report.as_os_str(),
+        fl.as_os_str(),
+    ]);
+    assert_eq!(o.status.code(), Some(3));
+    assert_eq!(summary(&report)["skipped"].as_u64(), Some(0));
+}
+
+#[test]
+fn batch_shards_split_exactly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fl = tmp.path().join("fleet");
+    let rels = fleet(&fl, 40);
+    let out = tmp.path().join("out");
+    let mut owners: BTreeMap<String, usize> = BTreeMap::new();
+    for k in 1..=4 {
+        let report = tmp.path().join(format!("r{k}.jsonl"));
+        let o = pdinject_run([
+            "batch".as_ref(),
+            "-b".as_ref(),
+            "--shard".as_ref(),
+            format!("{k}/4").as_ref(),
+            "--out-dir".as_ref(),
+            out.as_os_str(),
+            "--report".as_ref(),
+            report.as_os_str(),
+            fl.as_os_str(),
+        ]);
+        assert!(o.status.success(), "{}", tail(&o.stderr));
+        for (input, v) in report_lines(&report) {
+            assert_eq!(v["status"], "ok");
+            *owners.entry(input).or_default() += 1;
+        }
+    }
+    assert_eq!(owners.len(), rels.len());
+    assert!(owners.values().all(|&n| n == 1), "{owners:?}");
+    for rel in &rels {
+        assert!(out.join(rel).is_file(), "{}", rel.display());
+    }
+    // --shard auto as a Slurm array task and as a Kubernetes Indexed Job pod.
+    let report = tmp.path().join("auto.jsonl");
+    let o = run(pdinject()
+        .args(["batch", "-b", "--force", "--shard", "auto", "--out-dir"])
+        .arg(&out)
+        .arg("--report")
+        .arg(&report)
+        .arg(&fl)
+        .env("SLURM_ARRAY_TASK_ID", "2")
+        .env("SLURM_ARRAY_TASK_MIN", "1")
+        .env("SLURM_ARRAY_TASK_MAX", "4"));
+    assert!(o.status.success(), "{}", tail(&o.stderr));
+    let slurm: Vec<String> = report_lines(&report).into_keys().collect();
+    let o = run(pdinject()
+        .args(["batch", "-b", "--force", "--shard", "auto", "--out-dir"])
+        .arg(&out)
+        .arg("--report")
+        .arg(&report)
+        .arg(&fl)
+        .env("JOB_COMPLETION_INDEX", "1")
+        .env("PDINJECT_SHARD_COUNT", "4"));
+    assert!(o.status.success(), "{}", tail(&o.stderr));
+    let k8s: Vec<String> = report_lines(&report).into_keys().collect();
+    let second: Vec<String> = owners
+        .keys()
+        .filter(|i| report_lines(&tmp.path().join("r2.jsonl")).contains_key(*i))
+        .cloned()
+        .collect();
+    assert_eq!(slurm, second);
+    assert_eq!(k8s, second);
+}
+
+#[test]
+fn batch_list_suffix_and_usage() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fl = tmp.path().join("fleet");
+    let rels = fleet(&fl, 3);
+    // --from -: paths on stdin, outputs beside the inputs.
+    let mut child = pdinject()
+        .args(["batch", "-b", "--suffix", ".bid", "--from", "-"])
+        .stdin(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let list: String = rels
+        .iter()
+        .map(|r| format!("{}\n\n", fl.join(r).display()))
+        .collect();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(list.as_bytes())
+        .unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert!(o.status.success(), "{}", tail(&o.stderr));
+    for rel in &rels {
+        let mut bid = fl.join(rel).into_os_string();
+        bid.push(".bid");
+        assert!(Path::new(&bid).is_file());
+    }
+    // Walking the same folder again does not take the .bid outputs for inputs.
+    let report = tmp.path().join("r.jsonl");
+    let o = pdinject_run([
+        "batch".as_ref(),
+        "-b".as_ref(),
+        "--suffix".as_ref(),
+        ".bid".as_ref(),
+        "--report".as_ref(),
+        report.as_os_str(),
+        fl.as_os_str(),
+    ]);
+    assert!(o.status.success(), "{}", tail(&o.stderr));
+    let s = summary(&report);
+    assert_eq!(
+        (s["inputs"].as_u64(), s["skipped"].as_u64()),
+        (Some(3), Some(3)),
+        "{s}"
+    );
+    // Usage errors: exit 2, a clear message.
+    for (args, says) in [
+        (vec!["--in-place"], "not supported yet"),
+        (vec![], "--out-dir DIR or --suffix"),
+        (vec!["--out-dir", "x", "--shard", "5/4"], "K/N"),
+        (
+            vec!["--out-dir", "x", "--shard", "auto"],
+            "not in a Slurm job array",
+        ),
+    ] {
+        let mut c = pdinject();
+        c.arg("batch").args(&args).arg(&fl);
+        c.env_remove("SLURM_ARRAY_TASK_ID")
+            .env_remove("JOB_COMPLETION_INDEX");
+        let o = run(&mut c);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+    // A marker that cannot be written: the outputs stand, a warning says a rerun
+    // will redo them.
+    let out = tmp.path().join("o-nomarker");
+    std::fs::create_dir_all(&out).unwrap();
+    std::fs::write(out.join(".pdinject"), b"in the way").unwrap();
+    for _ in 0..2 {
+        let o = pdinject_run([
+            "batch".as_ref(),
+            "-b".as_ref(),
+            "--out-dir".as_ref(),
+            out.as_os_str(),
+            fl.as_os_str(),
+        ]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(0), "{err}");
+        assert_eq!(err.matches("warning:").count(), 3, "{err}");
+        assert!(err.contains("3 done, 0 up to date"), "{err}");
+    }
+    // Only damaged inputs: exit 1.
+    let junk = tmp.path().join("junk.data");
+    std::fs::write(&junk, b"PERFILE2 but nothing else").unwrap();
+    let o = pdinject_run([
+        "batch".as_ref(),
+        "--out-dir".as_ref(),
+        tmp.path().join("o2").as_os_str(),
+        junk.as_os_str(),
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", tail(&o.stderr));
+}
+
+/// The README shows the example files as they are (the Slurm test runs the script).
+#[test]
+fn readme_shows_the_examples() {
+    let readme = std::fs::read_to_string(manifest_dir().join("README.md")).unwrap();
+    for f in ["examples/slurm-batch.sh", "examples/k8s-indexed-job.yaml"] {
+        let text = std::fs::read_to_string(manifest_dir().join(f)).unwrap();
+        assert!(
+            readme.contains(&text),
+            "README.md does not show {f} as it is: paste it again"
+        );
+    }
+}
+
+/// Six copies of one recording of this host: each DSO file is proven once for the
+/// whole batch (as many files read as for one copy), the other five copies are
+/// answered from the memo, and the outputs are those of single-file runs.
+#[test]
+fn batch_memo_reads_each_dso_once() {
+    let Some(st) = setup("batch_memo_reads_each_dso_once") else {
+        return;
+    };
+    let rec = st.dir.join("rec.data");
+    record_in(&st.perf, &st.dir, &rec, &["-B", "-g", "--", "./prog"]);
+    let fl = st.dir.join("fleet");
+    for i in 0..6 {
+        std::fs::create_dir_all(fl.join(format!("h{i}"))).unwrap();
+        std::fs::copy(&rec, fl.join(format!("h{i}/perf.data"))).unwrap();
+    }
+    let batch =
+        |input: &Path, out: &str| -> (serde_json::Value, BTreeMap<String, serde_json::Value>) {
+            let report = st.dir.join(format!("{out}.jsonl"));
+            let o = pdinject_run([
+                "batch".as_ref(),
+                "-b".as_ref(),
+                "--out-dir".as_ref(),
+                st.dir.join(out).as_os_str(),
+                "--report".as_ref(),
+                report.as_os_str(),
+                input.as_os_str(),
+            ]);
+            assert!(o.status.success(), "{}", tail(&o.stderr));
+            (summary(&report), report_lines(&report))
+        };
+    let (one, lines) = batch(&fl.join("h0"), "one");
+    let (six, _) = batch(&fl, "six");
+    let line = lines.values().next().unwrap();
+    let elf = line["dsos"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|d| d["source"] == "elf")
+        .count();
+    let n = |v: &serde_json::Value, k: &str| v[k].as_u64().unwrap();
+    assert!(elf >= 2, "prog and libfix proven from their files: {line}");
+    assert!(n(&one, "dso_files_read") >= elf as u64, "{one}");
+    assert_eq!(
+        n(&six, "dso_files_read"),
+        n(&one, "dso_files_read"),
+        "{six}"
+    );
+    let lookups = |v: &serde_json::Value| n(v, "proofs_run") + n(v, "memo_hits");
+    assert_eq!(lookups(&six), 6 * lookups(&one), "{one} {six}");
+    assert_eq!(n(&six, "memo_hits"), 5 * lookups(&one), "{six}");
+    let single = st.dir.join("single.data");
+    run_ok(pdinject().args(["-b", "-q"]).arg(&rec).arg(&single));
+    for i in 0..6 {
+        assert!(
+            std::fs::read(st.dir.join(format!("six/h{i}/perf.data"))).unwrap()
+                == std::fs::read(&single).unwrap(),
+            "h{i}: the batch output differs from the single-file run's"
+        );
+    }
+}
