@@ -690,7 +690,7 @@ fn describe(input: &Path, e: &Error) -> String {
     }
 }
 
-fn process(input: &Input, opts: &BatchOptions, fp: &str, jobs: usize) -> FileResult {
+fn process(input: &Input, opts: &BatchOptions, fp: &str, pool: &rayon::ThreadPool) -> FileResult {
     let t = Instant::now();
     let output = output_path(&opts.dest, input);
     let marker = marker_path(&opts.dest, input);
@@ -718,9 +718,13 @@ fn process(input: &Input, opts: &BatchOptions, fp: &str, jobs: usize) -> FileRes
         return res;
     }
     let engine = Options {
-        jobs: Some(jobs),
         progress: None,
         ..opts.engine.clone()
+    };
+    let cx = crate::engine::Context {
+        opts: &engine,
+        pool,
+        host: crate::engine::Host::Consult,
     };
     let r = (|| {
         if let Some(d) = output.parent()
@@ -735,7 +739,7 @@ fn process(input: &Input, opts: &BatchOptions, fp: &str, jobs: usize) -> FileRes
         // A panic in one input must not end the batch; the library is meant never to
         // panic, so this only turns a bug into that input's error line.
         let report = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            crate::run::run(&input.path, &output, &engine)
+            crate::run::run_in(cx, &input.path, &output)
         }))
         .map_err(|p| {
             let what = p
@@ -777,6 +781,36 @@ pub fn run(inputs: &[Input], opts: &BatchOptions, done: &(dyn Fn(&FileResult) + 
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
         .max(1);
     let fp = fingerprint(&opts.engine);
+    // One pool with every thread for large inputs; small ones run side by side, one
+    // pool of one thread per worker, each kept for all the worker's inputs.
+    let pool = match (Options {
+        jobs: Some(jobs),
+        ..Options::default()
+    })
+    .pool()
+    {
+        Ok(p) => p,
+        Err(e) => {
+            let mut s = Summary {
+                inputs: inputs.len(),
+                failed: inputs.len(),
+                ..Summary::default()
+            };
+            for i in inputs {
+                done(&FileResult {
+                    status: Status::Failed,
+                    error: Some(format!("{}: {e}", i.path.display())),
+                    skipped: None,
+                    warning: None,
+                    input_bytes: i.bytes,
+                    seconds: 0.0,
+                    report: Report::default(),
+                });
+            }
+            s.seconds = t.elapsed().as_secs_f64();
+            return s;
+        }
+    };
     let memo = Arc::new(Memo::new());
     let _installed = memo::install(memo.clone());
     let bad = conflicts(inputs, &opts.dest);
@@ -815,17 +849,24 @@ pub fn run(inputs: &[Input], opts: &BatchOptions, done: &(dyn Fn(&FileResult) + 
         });
     }
     for n in big {
-        finish(process(&inputs[n], opts, &fp, jobs));
+        finish(process(&inputs[n], opts, &fp, &pool));
     }
-    // Plain threads taking the next input from a counter, not a rayon pool: each run
-    // builds its own pool, and a rayon worker waiting on another pool would steal more
-    // inputs onto its stack.
+    // Plain threads taking the next input from a counter (not the pool's own workers,
+    // which would steal more inputs onto their stacks while they wait).
     let next = AtomicUsize::new(0);
     std::thread::scope(|s| {
         for _ in 0..jobs.min(small.len()) {
             s.spawn(|| {
+                // Each worker keeps one single-thread pool for all its inputs: small
+                // recordings' stages are too short to share two threads well.
+                let own = Options {
+                    jobs: Some(1),
+                    ..Options::default()
+                }
+                .pool();
+                let pool = own.as_ref().unwrap_or(&pool);
                 while let Some(&n) = small.get(next.fetch_add(1, Ordering::Relaxed)) {
-                    finish(process(&inputs[n], opts, &fp, 1));
+                    finish(process(&inputs[n], opts, &fp, pool));
                 }
             });
         }

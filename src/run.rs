@@ -74,18 +74,23 @@ pub fn same_file(a: &Path, b: &Path) -> bool {
 
 /// Runs the whole job from `input` to `output`; either may be `-` (stdin, stdout).
 pub fn run(input: &Path, output: &Path, opts: &Options) -> Result<Report> {
-    if !is_dash(input) && !is_dash(output) && (input == output || same_file(input, output)) {
-        return Err(Error::Usage(format!(
-            "{}: output would overwrite the input; write to another file",
-            output.display()
-        )));
-    }
     let pool = opts.pool()?;
     let cx = Context {
         opts,
         pool: &pool,
         host: Host::Consult,
     };
+    run_in(cx, input, output)
+}
+
+/// [`run`] on a pool the caller owns (a batch runs every input on one pool).
+pub fn run_in(cx: Context<'_>, input: &Path, output: &Path) -> Result<Report> {
+    if !is_dash(input) && !is_dash(output) && (input == output || same_file(input, output)) {
+        return Err(Error::Usage(format!(
+            "{}: output would overwrite the input; write to another file",
+            output.display()
+        )));
+    }
     let src = Input::open(input)?;
     let in_name = if is_dash(input) {
         PathBuf::from("<stdin>")
