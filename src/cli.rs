@@ -1,7 +1,7 @@
 //! The command line: flags as perf inject spells them, a progress bar on terminals,
 //! the summary, the JSON report, and exit codes (0 done, 1 error, 2 usage).
 
-use crate::inject::{Mode, Options, UnwindChoice, parse_known, run};
+use crate::inject::{Mode, Options, UnwindChoice, parse_known, run_with_report};
 use crate::{Error, Result};
 use clap::Parser;
 use std::io::IsTerminal;
@@ -138,8 +138,8 @@ fn execute(args: &Args) -> Result<()> {
             input.display()
         )));
     }
-    if args.jobs == Some(0) {
-        return Err(Error::Usage("--jobs must be at least 1".into()));
+    if let Some(j) = args.jobs {
+        crate::limits::check_jobs(j)?;
     }
     let known = match &args.known_build_ids {
         Some(s) => parse_known(s)?,
@@ -193,17 +193,12 @@ fn execute(args: &Args) -> Result<()> {
         unwind_budget: args.unwind_budget,
         max_frames: args.unwind_max_frames,
     };
-    let result = run(&input, &output, &opts);
+    let result = run_with_report(&input, &output, &opts, args.report.as_deref());
     if let Some(b) = bar {
         b.finish_and_clear();
     }
     let mut report = result?;
     report.verbose_timings = args.verbose;
-    if let Some(path) = &args.report {
-        let json = serde_json::to_string_pretty(&report)
-            .map_err(|e| Error::unsupported(format!("report: {e}")))?;
-        std::fs::write(path, json + "\n").map_err(|e| Error::io(path, e))?;
-    }
     if !args.quiet {
         let _ = report.print_human(&mut std::io::stderr().lock());
     }

@@ -137,11 +137,31 @@ pub fn pool(jobs: Option<usize>) -> Result<rayon::ThreadPool> {
 /// Runs the whole job from `input_path` to `output_path`. A pipe-format input, or
 /// `-` for either (stdin, stdout), takes the streaming pipeline ([`crate::pipe`]).
 pub fn run(input_path: &Path, output_path: &Path, opts: &Options) -> Result<Report> {
+    run_with_report(input_path, output_path, opts, None)
+}
+
+/// [`run`], also writing the report as JSON to `report_path`: one run, one outcome.
+/// The report goes to a temp file committed together with the output, so a report
+/// that cannot be written leaves no output (file mode; a stream's output is gone
+/// before the report exists, so there it is only written whole or not at all).
+pub fn run_with_report(
+    input_path: &Path,
+    output_path: &Path,
+    opts: &Options,
+    report_path: Option<&Path>,
+) -> Result<Report> {
+    if let Some(r) = report_path {
+        crate::report::check_report_path(r, input_path, output_path)?;
+    }
     if input_path.as_os_str() == "-"
         || output_path.as_os_str() == "-"
         || crate::pipe::is_pipe_file(input_path)
     {
-        return crate::pipe::run(input_path, output_path, opts);
+        let report = crate::pipe::run(input_path, output_path, opts)?;
+        if let Some(r) = report_path {
+            crate::report::stage_json(&report, r)?.commit()?;
+        }
+        return Ok(report);
     }
     if input_path == output_path || same_file(input_path, output_path) {
         return Err(Error::Usage(format!(
@@ -228,11 +248,29 @@ pub fn run(input_path: &Path, output_path: &Path, opts: &Options) -> Result<Repo
         }
         Ok(report)
     });
-    let report = report.map_err(|e| e.for_output(&tmp.path, output_path))?;
-    tmp.commit()?;
-    let mut report = report;
+    let mut report = report.map_err(|e| e.for_output(&tmp.path, output_path))?;
     report.input = input_path.display().to_string();
     report.output = output_path.display().to_string();
+    if !input.skipped.is_empty() {
+        report.notes.push(format!(
+            "skipped {} data.N entries that are not regular files (as perf does): {}",
+            input.skipped.len(),
+            input
+                .skipped
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    let report_tmp = match report_path {
+        Some(r) => Some(crate::report::stage_json(&report, r)?),
+        None => None,
+    };
+    tmp.commit()?;
+    if let Some(r) = report_tmp {
+        r.commit()?;
+    }
     Ok(report)
 }
 
@@ -486,11 +524,6 @@ fn analyse(
                 .into(),
         );
     }
-    if table.malformed {
-        report.notes.push(
-            "the input's build-ID table ends in a damaged entry; it is copied as it is".into(),
-        );
-    }
     if let Err(why) = &trust.local {
         report
             .notes
@@ -507,7 +540,11 @@ fn analyse(
         } else {
             Outcome {
                 reason: Some(buildid::Reason::Unsupported),
-                detail: Some("the name is too long for a build-ID record".into()),
+                detail: Some(format!(
+                    "the name is {} bytes; perf reads at most {} (PATH_MAX) and would crash on it",
+                    g.name.len(),
+                    crate::limits::MAX_DSO_NAME
+                )),
                 ..Outcome::default()
             }
         };
@@ -533,11 +570,25 @@ fn analyse(
             detail: o.detail.clone(),
         });
     }
+    if table.malformed && new_entries.is_empty() {
+        report.notes.push(
+            "the input's build-ID table ends in a damaged entry; it is copied as it is".into(),
+        );
+    }
     // The BUILD_ID section is rewritten only when it changes or did not exist.
     let payload = if table.legacy || (new_entries.is_empty() && old_payload.is_some()) {
         None
     } else {
         let mut p = old_payload.unwrap_or_default();
+        // Hook (hostile input): perf reads on from a damaged entry's size and would
+        // never see entries appended after it: the damaged tail is dropped.
+        if table.malformed && p.len() > table.valid_len {
+            report.notes.push(format!(
+                "the damaged last {} bytes of the input's build-ID table were dropped so that perf reads the new entries",
+                p.len() - table.valid_len
+            ));
+            p.truncate(table.valid_len);
+        }
         p.extend_from_slice(&new_entries);
         Some(p)
     };

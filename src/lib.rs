@@ -16,6 +16,7 @@ pub mod error;
 pub mod format;
 pub mod inject;
 pub mod input;
+pub mod limits;
 pub mod model;
 pub mod pipe;
 pub mod report;

@@ -257,6 +257,8 @@ pub fn scan(
     let trailer = TrailerLayout::new(first.sample_type, first.sample_id_all());
     let mut out = ScanOutput::default();
     let mut walker = Walker::new(e, 0);
+    // Limits policy: the model may grow with the input, not beyond.
+    builder.account_input(input.data_bytes());
     let mut done = 0u64;
     for (fi, df) in input.data_files.iter().enumerate() {
         let (start, end) = (df.range.offset, df.range.offset + df.range.size);
@@ -346,7 +348,9 @@ pub(crate) fn on_record(
             let sid = trailer.read(r.bytes, e);
             note_time(sid.time);
             if let Some(m) = parse_mmap(h, r.bytes, body_end, e) {
-                builder.mmap(key(sid.time), h.cpumode(), &m);
+                builder
+                    .mmap(key(sid.time), h.cpumode(), &m)
+                    .map_err(|l| l.at(r.offset))?;
             }
         }
         rt::COMM if h.misc & misc::COMM_EXEC != 0 => {
@@ -355,7 +359,9 @@ pub(crate) fn on_record(
             let pid = e
                 .u32(r.bytes, 8)
                 .ok_or_else(|| Error::format(r.offset, "COMM record is truncated"))?;
-            builder.exec(key(sid.time), pid);
+            builder
+                .exec(key(sid.time), pid)
+                .map_err(|l| l.at(r.offset))?;
         }
         rt::FORK => {
             let pid = e.u32(r.bytes, 8);
@@ -366,7 +372,9 @@ pub(crate) fn on_record(
             };
             let t = trailer.read(r.bytes, e).time.or(time);
             note_time(t);
-            builder.fork(key(t), pid, ppid);
+            builder
+                .fork(key(t), pid, ppid)
+                .map_err(|l| l.at(r.offset))?;
         }
         rt::HEADER_BUILD_ID => {
             if let Some(entry) = parse_build_id_entry(h, r.bytes) {
