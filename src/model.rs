@@ -741,3 +741,76 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod chain_tests {
+    use super::*;
+
+    fn mm(pid: u32, start: u64, name: &'static [u8]) -> Mmap<'static> {
+        Mmap {
+            pid,
+            tid: pid,
+            start,
+            len: 0x1000,
+            pgoff: 0,
+            ident: FileIdent::None,
+            prot: 5,
+            flags: 2,
+            filename: name,
+        }
+    }
+
+    #[test]
+    fn fork_chain_is_followed_in_linear_time() {
+        let mut b = ModelBuilder::new();
+        b.mmap((1, 1), misc::USER, &mm(100, 0x40_0000, b"/a"))
+            .unwrap();
+        b.mmap((2, 2), misc::USER, &mm(101, 0x50_0000, b"/b"))
+            .unwrap();
+        for i in 0..60u64 {
+            let (c, p) = if i % 2 == 0 { (100, 101) } else { (101, 100) };
+            b.fork((10 + i, 10 + i), c, p).unwrap();
+        }
+        let m = b.build();
+        // Each fork replaces the child's space with the parent's: only /b is left,
+        // found through the whole chain.
+        assert!(m.lookup(100, 0x40_0100, (99, 99)).is_none());
+        let e = m.lookup(100, 0x50_0100, (99, 99));
+        assert_eq!(e.and_then(|e| e.dso), Some(1));
+        let s = m.address_space(100, (99, 99));
+        assert_eq!(s.len(), 1);
+        assert_eq!(s[0].start, 0x50_0000);
+    }
+
+    #[test]
+    fn a_child_mapping_cuts_the_parents() {
+        let mut b = ModelBuilder::new();
+        let mut big = mm(1, 0x1000, b"/big");
+        big.len = 0x9000;
+        b.mmap((1, 1), misc::USER, &big).unwrap();
+        b.fork((2, 2), 2, 1).unwrap();
+        b.mmap((3, 3), misc::USER, &mm(2, 0x4000, b"/small"))
+            .unwrap();
+        let m = b.build();
+        // The part of the parent's mapping before the child's: cut at its start.
+        let e = m.lookup(2, 0x2000, (9, 9)).unwrap();
+        assert_eq!(
+            (e.start, e.end, e.pgoff, e.dso),
+            (0x1000, 0x4000, 0, Some(0))
+        );
+        // After it: the file offset moves with the start.
+        let e = m.lookup(2, 0x6000, (9, 9)).unwrap();
+        assert_eq!((e.start, e.end, e.pgoff), (0x5000, 0xa000, 0x4000));
+        let e = m.lookup(2, 0x4800, (9, 9)).unwrap();
+        assert_eq!(e.dso, Some(1));
+        let s: Vec<_> = m
+            .address_space(2, (9, 9))
+            .iter()
+            .map(|e| (e.start, e.end))
+            .collect();
+        assert_eq!(
+            s,
+            vec![(0x1000, 0x4000), (0x4000, 0x5000), (0x5000, 0xa000)]
+        );
+    }
+}

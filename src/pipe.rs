@@ -195,7 +195,12 @@ pub fn run(input: &Path, output: &Path, opts: &Options) -> Result<Report> {
         let out = std::io::stdout().lock();
         (Box::new(out), PathBuf::from("<stdout>"), None)
     } else {
-        let tmp = TempOutput::create(output, false)?;
+        // Hook (hostile input): the output's mode follows a file input's; 0600 from stdin.
+        let mode = {
+            use std::os::unix::fs::PermissionsExt;
+            meta.is_file().then(|| meta.permissions().mode() & 0o7777)
+        };
+        let tmp = TempOutput::create_with_mode(output, false, mode)?;
         let w = std::fs::OpenOptions::new()
             .write(true)
             .truncate(true)

@@ -464,9 +464,20 @@ pub mod interrupt {
             let fd = libc::open(path, libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC);
             if fd >= 0 {
                 let mut buf = [0u8; 4096];
+                // Read the directory to its end, then again while a pass removed
+                // something (removal under an open listing may skip entries); a
+                // bounded number of passes, so a handler can never spin.
+                let mut removed = false;
+                let mut passes = 0;
                 loop {
                     let n = libc::syscall(libc::SYS_getdents64, fd, buf.as_mut_ptr(), buf.len());
                     if n <= 0 {
+                        if n == 0 && removed && passes < 16 {
+                            libc::lseek(fd, 0, libc::SEEK_SET);
+                            removed = false;
+                            passes += 1;
+                            continue;
+                        }
                         break;
                     }
                     let mut off = 0usize;
@@ -480,13 +491,11 @@ pub mod interrupt {
                         let dot = *name == b'.' as libc::c_char
                             && (*name.add(1) == 0
                                 || (*name.add(1) == b'.' as libc::c_char && *name.add(2) == 0));
-                        if !dot {
-                            libc::unlinkat(fd, name, 0);
+                        if !dot && libc::unlinkat(fd, name, 0) == 0 {
+                            removed = true;
                         }
                         off += reclen;
                     }
-                    // Entries were removed: read the directory again from the start.
-                    libc::lseek(fd, 0, libc::SEEK_SET);
                 }
                 libc::close(fd);
             }
@@ -593,5 +602,92 @@ pub mod interrupt {
             // SAFETY: only pointers from CString::into_raw are stored.
             drop(unsafe { CString::from_raw(p) });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    /// The forked children see every watched path: one test at a time.
+    static ONE: Mutex<()> = Mutex::new(());
+
+    /// Forks; the child runs `child` (async-signal-safe calls only: the test harness
+    /// has other threads) and must not return. Returns the child's wait status.
+    fn in_child(child: impl FnOnce()) -> libc::c_int {
+        // SAFETY: fork; the child only makes async-signal-safe calls, then _exit.
+        unsafe {
+            let pid = libc::fork();
+            assert!(pid >= 0, "fork failed");
+            if pid == 0 {
+                child();
+                libc::_exit(99);
+            }
+            let mut st = 0;
+            assert_eq!(libc::waitpid(pid, &mut st, 0), pid);
+            st
+        }
+    }
+
+    #[test]
+    fn a_signal_removes_temp_files_and_directories() {
+        let _one = ONE.lock().unwrap_or_else(|e| e.into_inner());
+        let dir = tempfile::tempdir().unwrap();
+        let out_dir = TempOutput::create(&dir.path().join("out.data"), true).unwrap();
+        for i in 0..300 {
+            std::fs::write(out_dir.path.join(format!("data.{i}")), b"x").unwrap();
+        }
+        let out_file = TempOutput::create(&dir.path().join("out2.data"), false).unwrap();
+        let st = in_child(|| {
+            interrupt::install();
+            // SAFETY: raise is async-signal-safe.
+            unsafe { libc::raise(libc::SIGTERM) };
+        });
+        assert!(
+            libc::WIFSIGNALED(st) && libc::WTERMSIG(st) == libc::SIGTERM,
+            "{st:#x}"
+        );
+        assert!(!out_dir.path.exists(), "temp directory left");
+        assert!(!out_file.path.exists(), "temp file left");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn sigbus_from_a_truncated_input_cleans_up_and_says_so() {
+        use std::os::fd::AsRawFd;
+        let _one = ONE.lock().unwrap_or_else(|e| e.into_inner());
+        let dir = tempfile::tempdir().unwrap();
+        let input = dir.path().join("in.data");
+        std::fs::write(&input, vec![7u8; 3 * 4096]).unwrap();
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&input)
+            .unwrap();
+        // SAFETY: a read-only map of our own file, truncated only in the child.
+        let map = unsafe { memmap2::Mmap::map(&f).unwrap() };
+        interrupt::input_opened(&input);
+        let out = TempOutput::create(&dir.path().join("out.data"), false).unwrap();
+        let err = dir.path().join("stderr");
+        let errf = std::fs::File::create(&err).unwrap();
+        let (fd, efd, p) = (f.as_raw_fd(), errf.as_raw_fd(), map.as_ptr());
+        let st = in_child(|| {
+            interrupt::install();
+            // SAFETY: dup2, ftruncate and a volatile read of the map are
+            // async-signal-safe; the read past the new end raises SIGBUS.
+            unsafe {
+                libc::dup2(efd, 2);
+                libc::ftruncate(fd, 0);
+                std::ptr::read_volatile(p.add(2 * 4096));
+            }
+        });
+        assert!(libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 1, "{st:#x}");
+        assert!(!out.path.exists(), "temp file left");
+        let msg = std::fs::read_to_string(&err).unwrap();
+        assert!(
+            msg.contains("changed size while being read") && msg.contains("in.data"),
+            "{msg}"
+        );
     }
 }

@@ -8,6 +8,7 @@ mod common;
 
 mod demo;
 mod errors;
+mod hostile;
 mod large;
 mod mutation;
 mod namespace;
