@@ -895,3 +895,78 @@ fn names_cannot_forge_summary_lines_and_groups_are_counted() {
     assert!(e.contains("/tmp/x\\npdinject: forged\\e[31m"), "{e}");
     assert!(!e.contains('\x1b'), "ESC reached the terminal: {e:?}");
 }
+
+/// Writes the hostile structures into testdata/mutation/ (the mutation test mutates
+/// them; fuzz/seed.sh seeds the fuzzers with them). Run by hand after changing the
+/// writer: `cargo test --release --test it write_mutation_seeds -- --ignored`.
+#[test]
+#[ignore]
+fn write_mutation_seeds() {
+    let dir = common::manifest_dir().join("testdata/mutation");
+    // A fork chain ending in a DWARF sample.
+    let mut f = PerfFile::new();
+    f.sample_type |= REGS_USER | STACK_USER;
+    f.regs_user = (1 << 6) | (1 << 7) | (1 << 8);
+    f.stack_user = 64;
+    f.string_feature(FEAT_ARCH, "x86_64");
+    f.mmap2(100, 0x40_0000, 0x1000, b"/tmp/pdi-hostile/a", None, 1);
+    f.mmap2(
+        101,
+        0x50_0000,
+        0x1000,
+        b"/tmp/pdi-hostile/b",
+        Some(&[0xbb; 20]),
+        2,
+    );
+    for i in 0..40u64 {
+        let (c, p) = if i % 2 == 0 { (100, 101) } else { (101, 100) };
+        f.fork(c, p, 10 + i);
+    }
+    f.sample(100, 0x50_0100, 60);
+    std::fs::write(dir.join("hostile-forks.data"), f.bytes()).unwrap();
+    // Feature sections aliasing one another exactly, and a damaged build-ID table.
+    let mut f = simple();
+    f.string_feature(FEAT_HOSTNAME, "pdi-hostile-host");
+    let mut t = vec![0u8, 0, 0, 0, 2, 0x80, 60, 0, 0xff, 0xff, 0xff, 0xff];
+    t.extend_from_slice(&[0x11; 20]);
+    t.extend_from_slice(&[20, 0, 0, 0]);
+    t.extend_from_slice(b"/tmp/pdi-hostile/old\0\0\0\0");
+    t.extend_from_slice(&[1, 2, 3, 4, 5, 6, 7, 0xff, 0xff]);
+    f.feature(FEAT_BUILD_ID, t);
+    for bit in 100..104 {
+        f.feature(bit, Vec::new());
+    }
+    let mut bytes = f.bytes();
+    let data_end = 104 + 144 + f.data.len();
+    let host_at = f
+        .features
+        .iter()
+        .position(|(b, _)| *b == FEAT_HOSTNAME)
+        .unwrap();
+    let host: [u8; 16] = bytes[data_end + host_at * 16..][..16].try_into().unwrap();
+    for i in host_at + 1..f.features.len() {
+        bytes[data_end + i * 16..][..16].copy_from_slice(&host);
+    }
+    std::fs::write(dir.join("hostile-aliases.data"), bytes).unwrap();
+    // A name perf cannot read, and names with control characters.
+    let mut f = simple();
+    let mut name = b"/tmp/pdi-hostile/".to_vec();
+    name.resize(4200, b'x');
+    f.mmap2(42, 0x80_0000, 0x1000, &name, Some(&[0xcd; 20]), 30);
+    f.sample(42, 0x80_0100, 40);
+    f.mmap2(
+        42,
+        0x90_0000,
+        0x1000,
+        b"/tmp/x\npdinject: forged\x1b[31m",
+        None,
+        50,
+    );
+    f.sample(42, 0x90_0100, 60);
+    std::fs::write(dir.join("hostile-names.data"), f.bytes()).unwrap();
+    // Four attrs whose ids sections overlap.
+    let mut f = simple();
+    f.extra_attrs = 3;
+    let bytes = f.bytes_with(|i, end| (end - 32 + 8 * (i as u64 % 2), 16));
+    std::fs::write(dir.join("hostile-ids.data"), bytes).unwrap();
+}
