@@ -259,6 +259,20 @@ impl PerfInput {
                         ),
                     ));
                 }
+                // Limits policy: feature sections live after the feature table, where
+                // perf writes them. One inside the header, attrs or data would be
+                // written twice (once as those bytes, once as the feature): 256
+                // features pointing at the whole file made a 256-fold output.
+                let tail = table_off + nfeat * 16;
+                if s.size > 0 && s.offset < tail {
+                    return Err(Error::format(
+                        table_off + i as u64 * 16,
+                        format!(
+                            "feature {bit} section [{:#x}, +{:#x}) lies before the end of the feature table ({tail:#x}); perf writes feature sections after it (see \"Limits\" in the README)",
+                            s.offset, s.size
+                        ),
+                    ));
+                }
                 features.push((bit, s));
             }
             // Limits policy: feature sections may alias one another only exactly

@@ -6,7 +6,8 @@ use crate::format::record::rt;
 
 /// Appends a HEADER_BUILD_ID record for `name` in the modern form (the same bytes as
 /// a table entry, typed as a record; no sample-id trailer, which perf 6.1 does not
-/// expect). False when the name is too long for a record.
+/// expect). False (nothing written) when perf could not read the name back: longer
+/// than [`crate::limits::MAX_DSO_NAME`] (perf reads it into a PATH_MAX buffer).
 pub fn build_id_record(
     out: &mut Vec<u8>,
     e: Endian,

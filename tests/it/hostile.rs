@@ -569,6 +569,20 @@ fn aliased_feature_sections_are_written_once() {
     partial[at + 8..at + 16].copy_from_slice(&(size - 4).to_le_bytes());
     let r = run_file(dir.path(), &partial, &[]);
     assert!(!r.ok() && r.stderr().contains("overlaps"), "{}", r.stderr());
+    // Every feature pointing at the whole file (header and data included): refused,
+    // since those bytes would be written twice.
+    let mut whole = bytes.clone();
+    let len = whole.len() as u64;
+    for i in 0..nfeat {
+        whole[data_end + i * 16..][..8].copy_from_slice(&0u64.to_le_bytes());
+        whole[data_end + i * 16 + 8..][..8].copy_from_slice(&len.to_le_bytes());
+    }
+    let r = run_file(dir.path(), &whole, &[]);
+    assert!(
+        !r.ok() && r.stderr().contains("before the end of the feature table"),
+        "{}",
+        r.stderr()
+    );
 }
 
 /// COMPRESSED2 records holding one zstd frame of `unit` repeated `times` times
@@ -969,4 +983,98 @@ fn write_mutation_seeds() {
     f.extra_attrs = 3;
     let bytes = f.bytes_with(|i, end| (end - 32 + 8 * (i as u64 % 2), 16));
     std::fs::write(dir.join("hostile-ids.data"), bytes).unwrap();
+}
+
+/// Writes the issue's inputs at the issue's sizes into /tmp/pdi-issue11/ for
+/// measuring by hand (`/usr/bin/time -f '%e s %M KB' pdinject IN OUT`):
+/// `cargo test --release --test it write_issue_inputs -- --ignored`.
+#[test]
+#[ignore]
+fn write_issue_inputs() {
+    let dir = Path::new("/tmp/pdi-issue11");
+    std::fs::create_dir_all(dir).unwrap();
+    // Fork chain, n = 26, dwarf sample.
+    let mut f = PerfFile::new();
+    f.sample_type |= REGS_USER | STACK_USER;
+    f.regs_user = (1 << 6) | (1 << 7) | (1 << 8);
+    f.stack_user = 64;
+    f.string_feature(FEAT_ARCH, "x86_64");
+    f.mmap2(100, 0x40_0000, 0x1000, b"/tmp/pdi-hostile/a", None, 1);
+    f.mmap2(101, 0x50_0000, 0x1000, b"/tmp/pdi-hostile/b", None, 2);
+    for i in 0..26u64 {
+        let (c, p) = if i % 2 == 0 { (100, 101) } else { (101, 100) };
+        f.fork(c, p, 10 + i);
+    }
+    f.sample(100, 0x50_0100, 60);
+    std::fs::write(dir.join("forkchain26.data"), f.bytes()).unwrap();
+    // Fork amplification: 2,000 maps, 15,000 forks (0.6 MB of FORK records).
+    let mut f = PerfFile::new();
+    for i in 0..2000u64 {
+        f.mmap2(
+            1,
+            0x1000_0000 + i * 0x2000,
+            0x1000,
+            b"/tmp/pdi-hostile/lib.so",
+            Some(&[7; 20]),
+            1,
+        );
+    }
+    for c in 0..15_000u32 {
+        f.fork(1000 + c, 1, 10 + c as u64);
+    }
+    f.sample(1500, 0x1000_0100, 100_000);
+    std::fs::write(dir.join("forkamp.data"), f.bytes()).unwrap();
+    // 1,500 attrs, ids covering the whole 1.2 MB file; and after the data.
+    let mut f = simple();
+    for i in 0..9000u64 {
+        f.sample(42, 0x40_0100, 30 + i);
+    }
+    f.extra_attrs = 1499;
+    let len = f.bytes().len() as u64;
+    std::fs::write(
+        dir.join("ids-whole.data"),
+        f.bytes_with(|_, _| (0, len & !7)),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("ids-after.data"),
+        f.bytes_with(|_, end| (end - 64, 64)),
+    )
+    .unwrap();
+    // 256 feature sections all pointing at the whole 8.4 MB file.
+    let mut f = simple();
+    for i in 0..230_000u64 {
+        f.sample(42, 0x40_0100, 30 + i);
+    }
+    for bit in 0..256 {
+        if bit != FEAT_BUILD_ID {
+            f.feature(bit, Vec::new());
+        }
+    }
+    let mut bytes = f.bytes();
+    let data_end = 104 + 144 + f.data.len();
+    let whole = bytes.len() as u64;
+    for i in 0..f.features.len() {
+        bytes[data_end + i * 16..][..8].copy_from_slice(&0u64.to_le_bytes());
+        bytes[data_end + i * 16 + 8..][..8].copy_from_slice(&whole.to_le_bytes());
+    }
+    std::fs::write(dir.join("features-whole.data"), bytes).unwrap();
+    // zstd MMAP2 records (2 GB of events), FINISHED_ROUNDs at ratio ~3,500 (10 GiB).
+    let mut one = PerfFile::new();
+    one.mmap2(7, 0x1000_0000, 0x1000, b"/tmp/pdi-hostile/z.so", None, 1);
+    let mut f = simple();
+    compressed(&mut f, &one.data, 20_000_000, 3, true);
+    std::fs::write(dir.join("zstd-mmap2.data"), f.bytes()).unwrap();
+    let mut f = simple();
+    compressed(&mut f, &[68, 0, 0, 0, 0, 0, 8, 0], 1_300_000_000, 1, true);
+    std::fs::write(dir.join("zstd-ratio.data"), f.bytes()).unwrap();
+    // An open frame, then 300 MB of samples.
+    let mut f = simple();
+    let mut few = PerfFile::new();
+    few.mmap2(8, 0x60_0000, 0x1000, b"/tmp/pdi-hostile/y.so", None, 1);
+    compressed(&mut f, &few.data, 1, 3, false);
+    for i in 0..6_000_000u64 {
+        f.sample(42, 0x40_0100, 30 + i);
+    }
+    std::fs::write(dir.join("zstd-open.data"), f.bytes()).unwrap();
 }
