@@ -551,6 +551,8 @@ impl<'a, 'w> Stream<'a, 'w> {
             sample_times,
             ..
         } = self;
+        // Hook (limits policy): the model may grow with the stream's bytes.
+        builder.account_input(end.saturating_sub(from));
         // The record just walked was a FINISHED_ROUND (read by `after`).
         let at_round = std::cell::Cell::new(false);
         let mut on_rec = |r: &Rec<'_>| -> Result<()> {
