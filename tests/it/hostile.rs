@@ -445,7 +445,8 @@ fn simple() -> PerfFile {
 fn fork_chain_then_dwarf_sample_is_linear() {
     // Two pids fork from each other n times; one --call-graph dwarf sample at the
     // end builds the address space through the whole chain. The old lookup recursed
-    // per FORK in the window: n=26 took over 60 s. n=60 here.
+    // per FORK in the window: 26 forks each took over 60 s. 30 each here (the chain
+    // stays within the 64 forks followed).
     let dir = tempfile::tempdir().unwrap();
     let mut f = PerfFile::new();
     f.sample_type |= REGS_USER | STACK_USER;
@@ -463,6 +464,10 @@ fn fork_chain_then_dwarf_sample_is_linear() {
     // Each fork replaces the child's space with its parent's: b's mapping is what is
     // left, found through the whole chain.
     f.sample(a, 0x50_0100, 10 + n);
+    // Later mappings keep the sample off each process's final checkpoint, so its
+    // address space is built from the fork events themselves.
+    f.mmap2(a, 0x70_0000, 0x1000, b"/tmp/pdi-hostile/late", None, 20 + n);
+    f.mmap2(b, 0x70_0000, 0x1000, b"/tmp/pdi-hostile/late", None, 21 + n);
     let report = dir.path().join("report.json");
     let r = run_file(
         dir.path(),
@@ -937,6 +942,8 @@ fn write_mutation_seeds() {
         f.fork(c, p, 10 + i);
     }
     f.sample(100, 0x50_0100, 60);
+    f.mmap2(100, 0x70_0000, 0x1000, b"/tmp/pdi-hostile/late", None, 70);
+    f.mmap2(101, 0x70_0000, 0x1000, b"/tmp/pdi-hostile/late", None, 71);
     std::fs::write(dir.join("hostile-forks.data"), f.bytes()).unwrap();
     // Feature sections aliasing one another exactly, and a damaged build-ID table.
     let mut f = simple();
@@ -993,7 +1000,7 @@ fn write_mutation_seeds() {
 fn write_issue_inputs() {
     let dir = Path::new("/tmp/pdi-issue11");
     std::fs::create_dir_all(dir).unwrap();
-    // Fork chain, n = 26, dwarf sample.
+    // Fork chain: each of two pids forks from the other 26 times; a dwarf sample.
     let mut f = PerfFile::new();
     f.sample_type |= REGS_USER | STACK_USER;
     f.regs_user = (1 << 6) | (1 << 7) | (1 << 8);
@@ -1001,11 +1008,13 @@ fn write_issue_inputs() {
     f.string_feature(FEAT_ARCH, "x86_64");
     f.mmap2(100, 0x40_0000, 0x1000, b"/tmp/pdi-hostile/a", None, 1);
     f.mmap2(101, 0x50_0000, 0x1000, b"/tmp/pdi-hostile/b", None, 2);
-    for i in 0..26u64 {
+    for i in 0..52u64 {
         let (c, p) = if i % 2 == 0 { (100, 101) } else { (101, 100) };
         f.fork(c, p, 10 + i);
     }
     f.sample(100, 0x50_0100, 60);
+    f.mmap2(100, 0x70_0000, 0x1000, b"/tmp/pdi-hostile/late", None, 70);
+    f.mmap2(101, 0x70_0000, 0x1000, b"/tmp/pdi-hostile/late", None, 71);
     std::fs::write(dir.join("forkchain26.data"), f.bytes()).unwrap();
     // Fork amplification: 2,000 maps, 15,000 forks (0.6 MB of FORK records).
     let mut f = PerfFile::new();
