@@ -783,6 +783,25 @@ mod chain_tests {
     }
 
     #[test]
+    fn the_model_budget_stops_runaway_inputs() {
+        let mut b = ModelBuilder::new();
+        let max = crate::limits::MODEL_BYTES_FLOOR / crate::limits::MODEL_EVENT_COST;
+        let mut n = 0u64;
+        let err = loop {
+            match b.mmap((n, n), misc::USER, &mm(1, 0x1000 * (n % 64), b"/x")) {
+                Ok(()) => n += 1,
+                Err(e) => break e,
+            }
+            assert!(n <= max, "no limit after {n} events");
+        };
+        assert!(n >= max - 8, "stopped after only {n} events");
+        assert_eq!(err.limit, crate::limits::MODEL_BYTES_FLOOR);
+        // Input bytes raise the budget.
+        b.account_input(1 << 20);
+        assert!(b.mmap((n, n), misc::USER, &mm(1, 0, b"/x")).is_ok());
+    }
+
+    #[test]
     fn a_child_mapping_cuts_the_parents() {
         let mut b = ModelBuilder::new();
         let mut big = mm(1, 0x1000, b"/big");

@@ -696,6 +696,7 @@ fn threads_directory_skips_special_data_files() {
     let notes = rep["notes"].to_string();
     assert!(notes.contains("skipped 2 data.N"), "{notes}");
     assert_eq!(listing(&out), ["data", "data.2"]);
+    perf_reads("threads_directory_skips_special_data_files", &out);
 }
 
 // ---------------------------------------------------------------------------
