@@ -154,6 +154,8 @@ pub fn run(input: &Path, output: &Path, opts: &Options) -> Result<Report> {
             .map_err(|e| Error::io(&in_name, e))?;
         File::from(fd)
     } else {
+        // Hook (hostile input): a truncation while mapped names this input (SIGBUS).
+        crate::write::interrupt::input_opened(input);
         File::open(input).map_err(|e| Error::io(input, e))?
     };
     let meta = file.metadata().map_err(|e| Error::io(&in_name, e))?;
