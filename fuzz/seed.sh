@@ -2,6 +2,8 @@
 # Fills fuzz/corpus/<target>/ with small real inputs (< 300 KB): the crate's testdata,
 # the external quipper corpus (../shared/testdata/quipper, read in place, copied only
 # into the git-ignored fuzz corpus) and the recorded corpus in /tmp/pdinject-corpus.
+# testdata/mutation/hostile-*.data carry the structures of issue 11 (fork chains,
+# aliased sections, damaged tables, names longer than PATH_MAX).
 # Run from anywhere: bash fuzz/seed.sh
 set -euo pipefail
 cd "$(dirname "$0")"

@@ -5,7 +5,7 @@ pub mod batch;
 
 use clap::Parser;
 use pdinject::options::{DEFAULT_MAX_FRAMES, Mode, Options, ProgressFn, UnwindChoice, parse_known};
-use pdinject::{Error, Result, run};
+use pdinject::{Error, Result};
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -157,8 +157,8 @@ fn execute(args: &Args) -> Result<()> {
     // pipeline's terminal belongs to perf record and perf report too).
     let dash = |p: &PathBuf| p.as_os_str() == "-";
     let stream = dash(&input) || dash(&output);
-    if args.jobs == Some(0) {
-        return Err(Error::Usage("--jobs must be at least 1".into()));
+    if let Some(j) = args.jobs {
+        pdinject::limits::check_jobs(j)?;
     }
     let known = match &args.known_build_ids {
         Some(s) => parse_known(s)?,
@@ -240,16 +240,17 @@ fn execute(args: &Args) -> Result<()> {
         unwind_budget: args.unwind_budget,
         max_frames: args.unwind_max_frames,
     };
-    let result = run(&input, &output, &opts);
-    if let Some(b) = bar {
-        b.finish_and_clear();
-    }
-    let mut report = result?;
-    report.verbose_timings = args.verbose;
-    if let Some(c) = &opts.cache {
-        pdinject::buildid::cache::totals(&mut report, &c.dir);
+    // Cache totals and the archive go into the report before it is written: the
+    // report is committed together with the output (one run, one outcome).
+    let cache_dir = opts.cache.as_ref().map(|c| c.dir.clone());
+    let mut finish = |report: &mut pdinject::report::Report| -> Result<()> {
+        report.verbose_timings = args.verbose;
+        let Some(dir) = &cache_dir else {
+            return Ok(());
+        };
+        pdinject::buildid::cache::totals(report, dir);
         if let Some(a) = &args.archive {
-            let sum = pdinject::buildid::archive::write(&report, &c.dir, a)?;
+            let sum = pdinject::buildid::archive::write(report, dir, a)?;
             report.notes.push(format!(
                 "archive {}: {} cache entries, {} bytes (unpack with: tar xf {} -C ~/.debug)",
                 a.display(),
@@ -258,12 +259,14 @@ fn execute(args: &Args) -> Result<()> {
                 a.display()
             ));
         }
+        Ok(())
+    };
+    let result =
+        pdinject::run::run_staged(&input, &output, &opts, args.report.as_deref(), &mut finish);
+    if let Some(b) = bar {
+        b.finish_and_clear();
     }
-    if let Some(path) = &args.report {
-        let json = serde_json::to_string_pretty(&report)
-            .map_err(|e| Error::unsupported(format!("report: {e}")))?;
-        std::fs::write(path, json + "\n").map_err(|e| Error::io(path, e))?;
-    }
+    let report = result?;
     if !args.quiet {
         let _ = report.print_human(&mut std::io::stderr().lock());
     }

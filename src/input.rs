@@ -161,6 +161,20 @@ pub struct PerfInput {
     pub file_len: u64,
     /// Modification time of the header file in ns since the epoch (end of recording).
     pub mtime_ns: Option<i128>,
+    /// `data.N` entries of a directory that are not regular files, skipped as perf
+    /// skips them.
+    pub skipped: Vec<PathBuf>,
+}
+
+/// Opens `path` for reading without blocking on a FIFO or device (the caller checks
+/// the type of what it got before reading).
+fn open_nonblocking(path: &Path) -> Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+        .map_err(|e| Error::io(path, e))
 }
 
 impl PerfInput {
@@ -168,12 +182,16 @@ impl PerfInput {
     pub fn open(path: &Path) -> Result<PerfInput> {
         let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
         let is_dir = meta.is_dir();
+        if !is_dir && !meta.is_file() {
+            // Checked before any open: opening a device or FIFO can block or act.
+            return Err(Error::unsupported("input is not a regular file").in_file(path));
+        }
         let header_path = if is_dir {
             path.join("data")
         } else {
             path.to_path_buf()
         };
-        let file = File::open(&header_path).map_err(|e| Error::io(&header_path, e))?;
+        let file = open_nonblocking(&header_path)?;
         let fmeta = file.metadata().map_err(|e| Error::io(&header_path, e))?;
         if !fmeta.is_file() {
             return Err(Error::unsupported("input is not a regular file").in_file(&header_path));
@@ -182,6 +200,8 @@ impl PerfInput {
             use std::os::unix::fs::MetadataExt;
             Some(fmeta.mtime() as i128 * 1_000_000_000 + fmeta.mtime_nsec() as i128)
         };
+        // A truncation while mapped raises SIGBUS: its handler names this input.
+        crate::write::interrupt::input_opened(path);
         let mut input = Self::from_backing(path, &header_path, Backing::File(file), fmeta.len())
             .map_err(|e| e.in_file(&header_path))?;
         input.is_dir = is_dir;
@@ -246,8 +266,36 @@ impl PerfInput {
                         ),
                     ));
                 }
+                // Limits policy: feature sections live after the feature table, where
+                // perf writes them. One inside the header, attrs or data would be
+                // written twice (once as those bytes, once as the feature): 256
+                // features pointing at the whole file made a 256-fold output.
+                let tail = table_off + nfeat * 16;
+                if s.size > 0 && s.offset < tail {
+                    return Err(Error::format(
+                        table_off + i as u64 * 16,
+                        format!(
+                            "feature {bit} section [{:#x}, +{:#x}) lies before the end of the feature table ({tail:#x}); perf writes feature sections after it (see \"Limits\" in the README)",
+                            s.offset, s.size
+                        ),
+                    ));
+                }
                 features.push((bit, s));
             }
+            // Limits policy: feature sections may alias one another only exactly
+            // (then they are read and written once); partial overlaps are refused.
+            let regions = features
+                .iter()
+                .enumerate()
+                .map(|(i, (bit, s))| {
+                    (
+                        format!("feature {bit} section"),
+                        *s,
+                        table_off + i as u64 * 16,
+                    )
+                })
+                .collect();
+            crate::limits::check_disjoint(regions, true)?;
         }
         let data = DataFile {
             path: header_path.to_path_buf(),
@@ -264,6 +312,7 @@ impl PerfInput {
             data_files: vec![data],
             file_len,
             mtime_ns: None,
+            skipped: Vec::new(),
         })
     }
 
@@ -285,8 +334,22 @@ impl PerfInput {
         }
         names.sort();
         for (_, p) in names {
-            let f = File::open(&p).map_err(|e| Error::io(&p, e))?;
-            let len = f.metadata().map_err(|e| Error::io(&p, e))?.len();
+            // perf reads only regular data.N files and skips the rest: so do we, and
+            // never open anything else (opening a FIFO blocks; a directory maps as
+            // "No such device").
+            let regular = std::fs::metadata(&p).is_ok_and(|m| m.is_file());
+            if !regular {
+                self.skipped.push(p);
+                continue;
+            }
+            let f = open_nonblocking(&p)?;
+            let meta = f.metadata().map_err(|e| Error::io(&p, e))?;
+            if !meta.is_file() {
+                // Replaced between the stat and the open.
+                self.skipped.push(p);
+                continue;
+            }
+            let len = meta.len();
             self.data_files.push(DataFile {
                 path: p,
                 backing: Backing::File(f),

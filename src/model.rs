@@ -9,6 +9,7 @@
 //! few events that follow it have been checked, so steady-state lookups are O(log n).
 
 use crate::format::record::{FileIdent, MAP_HUGETLB, Mmap, PROT_EXEC, misc};
+use crate::limits::Exceeded;
 use std::collections::{BTreeMap, HashMap};
 
 /// Ordering key of records: sample/record time first (0 when the recording has no
@@ -72,31 +73,85 @@ pub struct Space<'m> {
     pid: u32,
     depth: u32,
     maps: &'m [MapEntry],
+    base: Base,
     events: &'m [Event],
 }
 
 impl Space<'_> {
-    /// The mapping covering `addr`.
+    /// The mapping covering `addr`: the part of it that is visible at this key (a
+    /// newer mapping that overlaps it cuts it, as perf's maps__fixup_overlappings).
+    ///
+    /// Iterative: a fork continues in the parent as of the fork, one process at a
+    /// time, so a chain of forks costs one step per fork (never a recursion per event).
     pub fn lookup(&self, addr: u64) -> Option<MapEntry> {
-        for ev in self.events.iter().rev() {
-            match ev.kind {
-                EventKind::Map(m) if m.start <= addr && addr < m.end => return Some(m),
-                EventKind::Map(_) => {}
-                EventKind::Exec => return None,
-                EventKind::Fork { parent } => {
-                    if self.depth >= MAX_FORK_DEPTH || parent == self.pid {
-                        return None;
+        let mut sp = *self;
+        // The visible interval around `addr` left by newer mappings.
+        let (mut lo, mut hi) = (0u64, u64::MAX);
+        loop {
+            let mut next = None;
+            for ev in sp.events.iter().rev() {
+                match ev.kind {
+                    EventKind::Map(m) if m.start <= addr && addr < m.end => {
+                        return Some(clamp(m, lo, hi));
                     }
-                    return self
-                        .model
-                        .lookup_depth(parent, addr, ev.key, self.depth + 1);
+                    EventKind::Map(m) => {
+                        if m.end <= addr {
+                            lo = lo.max(m.end);
+                        } else {
+                            hi = hi.min(m.start);
+                        }
+                    }
+                    EventKind::Exec => return None,
+                    EventKind::Fork { parent } => {
+                        next = Some((parent, ev.key));
+                        break;
+                    }
                 }
             }
+            if next.is_none() {
+                let i = sp.maps.partition_point(|m| m.start <= addr);
+                if let Some(m) = i.checked_sub(1).and_then(|j| sp.maps.get(j)) {
+                    if addr < m.end {
+                        return Some(clamp(*m, lo, hi));
+                    }
+                    lo = lo.max(m.end);
+                }
+                if let Some(m) = sp.maps.get(i) {
+                    hi = hi.min(m.start);
+                }
+                match sp.base {
+                    Base::Empty => return None,
+                    Base::Fork { parent, key } => next = Some((parent, key)),
+                }
+            }
+            let (parent, key) = next?;
+            if sp.depth >= MAX_FORK_DEPTH || parent == sp.pid {
+                return None;
+            }
+            sp = sp.model.space_depth(parent, key, sp.depth + 1)?;
         }
-        let i = self.maps.partition_point(|m| m.start <= addr);
-        let m = self.maps.get(i.checked_sub(1)?)?;
-        (addr < m.end).then_some(*m)
     }
+}
+
+/// The part of `m` inside `[lo, hi)`, its file offset moved with its start.
+fn clamp(m: MapEntry, lo: u64, hi: u64) -> MapEntry {
+    let start = m.start.max(lo);
+    MapEntry {
+        start,
+        end: m.end.min(hi),
+        pgoff: m.pgoff.wrapping_add(start - m.start),
+        ..m
+    }
+}
+
+/// What a process's own mappings lie on: nothing (a new process, or one that exec'd)
+/// or its parent's address space as of the fork. A fork is a reference, never a
+/// copy, so a thousand forks of a process with a thousand mappings cost a thousand
+/// events, not a million entries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Base {
+    Empty,
+    Fork { parent: u32, key: Key },
 }
 
 /// A mapping of a process.
@@ -128,10 +183,13 @@ struct Event {
     kind: EventKind,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Checkpoint {
     /// Number of the process's events folded into `maps`.
     upto: usize,
+    /// What the mappings lie on (set by the last exec or fork before `upto`).
+    base: Base,
+    /// The process's own mappings since that exec or fork, sorted, non-overlapping.
     maps: Vec<MapEntry>,
 }
 
@@ -142,13 +200,29 @@ struct Proc {
 }
 
 /// Collects model events during the scan.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct ModelBuilder {
     dsos: Vec<Dso>,
     index: HashMap<(DsoKind, String, FileIdent), DsoId>,
     events: Vec<(u32, Event)>,
     /// `(symbol, address)` of the kernel reference map (`[kernel.kallsyms]_text`).
     pub kernel_ref: Option<(String, u64)>,
+    /// Estimated bytes of model so far, and the most allowed (limits policy).
+    used: u64,
+    budget: u64,
+}
+
+impl Default for ModelBuilder {
+    fn default() -> Self {
+        ModelBuilder {
+            dsos: Vec::new(),
+            index: HashMap::new(),
+            events: Vec::new(),
+            kernel_ref: None,
+            used: 0,
+            budget: crate::limits::MODEL_BYTES_FLOOR,
+        }
+    }
 }
 
 /// Classifies a mapping's file name the way perf does (map.h): `None` for anonymous
@@ -191,44 +265,75 @@ impl ModelBuilder {
         Self::default()
     }
 
-    /// Records an MMAP or MMAP2 at `key` with the record's cpumode.
-    /// Returns the DSO the mapping names, if it names one.
-    pub fn mmap(&mut self, key: Key, cpumode: u16, m: &Mmap<'_>) -> Option<DsoId> {
+    /// Raises the model's memory budget by what `bytes` of input may ask for
+    /// ([`crate::limits::MODEL_BYTES_PER_INPUT_BYTE`]): file mode calls it once with
+    /// the data size, a stream with every batch.
+    pub fn account_input(&mut self, bytes: u64) {
+        self.budget = self
+            .budget
+            .saturating_add(bytes.saturating_mul(crate::limits::MODEL_BYTES_PER_INPUT_BYTE));
+    }
+
+    fn charge(&mut self, bytes: u64) -> Result<(), Exceeded> {
+        self.used = self.used.saturating_add(bytes);
+        if self.used > self.budget {
+            return Err(Exceeded {
+                what: "process model memory (bytes, estimated)",
+                value: self.used,
+                limit: self.budget,
+            });
+        }
+        Ok(())
+    }
+
+    /// Records an MMAP or MMAP2 at `key` with the record's cpumode; returns the DSO
+    /// the mapping names, if it names one. Err when the model would go over its
+    /// memory budget.
+    pub fn mmap(
+        &mut self,
+        key: Key,
+        cpumode: u16,
+        m: &Mmap<'_>,
+    ) -> Result<Option<DsoId>, Exceeded> {
         let pid = match cpumode {
             misc::KERNEL => KERNEL_PID,
             misc::USER | misc::HYPERVISOR | 0 => m.pid,
-            _ => return None, // guest machines are not modelled
+            _ => return Ok(None), // guest machines are not modelled
         };
         if m.len == 0 {
-            return None;
+            return Ok(None);
         }
+        self.charge(crate::limits::MODEL_EVENT_COST)?;
         let end = m.start.saturating_add(m.len);
-        let dso = classify(m.filename, cpumode, m.flags).map(|(kind, name)| {
-            if kind == DsoKind::Kernel && self.kernel_ref.is_none() {
-                let raw = String::from_utf8_lossy(m.filename);
-                if let Some(sym) = raw
-                    .strip_prefix("[kernel.kallsyms]")
-                    .filter(|s| !s.is_empty())
-                {
-                    self.kernel_ref = Some((sym.to_string(), m.pgoff));
+        let dso = classify(m.filename, cpumode, m.flags)
+            .map(|(kind, name)| -> Result<DsoId, Exceeded> {
+                if kind == DsoKind::Kernel && self.kernel_ref.is_none() {
+                    let raw = String::from_utf8_lossy(m.filename);
+                    if let Some(sym) = raw
+                        .strip_prefix("[kernel.kallsyms]")
+                        .filter(|s| !s.is_empty())
+                    {
+                        self.kernel_ref = Some((sym.to_string(), m.pgoff));
+                    }
                 }
-            }
-            let ident = match (kind, m.ident) {
-                // The kernel map's device fields are meaningless.
-                (DsoKind::Kernel | DsoKind::Module | DsoKind::Vdso, FileIdent::Inode { .. }) => {
-                    FileIdent::None
+                let ident = match (kind, m.ident) {
+                    // The kernel map's device fields are meaningless.
+                    (
+                        DsoKind::Kernel | DsoKind::Module | DsoKind::Vdso,
+                        FileIdent::Inode { .. },
+                    ) => FileIdent::None,
+                    (_, i) => i,
+                };
+                let id = self.intern(kind, name, ident)?;
+                if m.prot & PROT_EXEC != 0 {
+                    let d = &mut self.dsos[id as usize];
+                    if d.exec_pgoffs.len() < 8 && !d.exec_pgoffs.contains(&m.pgoff) {
+                        d.exec_pgoffs.push(m.pgoff);
+                    }
                 }
-                (_, i) => i,
-            };
-            let id = self.intern(kind, name, ident);
-            if m.prot & PROT_EXEC != 0 {
-                let d = &mut self.dsos[id as usize];
-                if d.exec_pgoffs.len() < 8 && !d.exec_pgoffs.contains(&m.pgoff) {
-                    d.exec_pgoffs.push(m.pgoff);
-                }
-            }
-            id
-        });
+                Ok(id)
+            })
+            .transpose()?;
         self.events.push((
             pid,
             Event {
@@ -243,14 +348,16 @@ impl ModelBuilder {
                 }),
             },
         ));
-        dso
+        Ok(dso)
     }
 
-    fn intern(&mut self, kind: DsoKind, name: String, ident: FileIdent) -> DsoId {
+    fn intern(&mut self, kind: DsoKind, name: String, ident: FileIdent) -> Result<DsoId, Exceeded> {
         let k = (kind, name, ident);
         if let Some(&id) = self.index.get(&k) {
-            return id;
+            return Ok(id);
         }
+        // The name is held twice (the DSO and the index).
+        self.charge(2 * k.1.len() as u64 + crate::limits::MODEL_DSO_COST)?;
         let id = self.dsos.len() as DsoId;
         self.dsos.push(Dso {
             name: k.1.clone(),
@@ -259,11 +366,12 @@ impl ModelBuilder {
             exec_pgoffs: Vec::new(),
         });
         self.index.insert(k, id);
-        id
+        Ok(id)
     }
 
     /// Records that `pid` exec'd at `key`: its old mappings are gone.
-    pub fn exec(&mut self, key: Key, pid: u32) {
+    pub fn exec(&mut self, key: Key, pid: u32) -> Result<(), Exceeded> {
+        self.charge(crate::limits::MODEL_EVENT_COST)?;
         self.events.push((
             pid,
             Event {
@@ -271,12 +379,14 @@ impl ModelBuilder {
                 kind: EventKind::Exec,
             },
         ));
+        Ok(())
     }
 
     /// Records that `pid` was forked from `parent` at `key` (new processes only;
     /// new threads share their process's maps and need no event).
-    pub fn fork(&mut self, key: Key, pid: u32, parent: u32) {
+    pub fn fork(&mut self, key: Key, pid: u32, parent: u32) -> Result<(), Exceeded> {
         if pid != parent {
+            self.charge(crate::limits::MODEL_EVENT_COST)?;
             self.events.push((
                 pid,
                 Event {
@@ -285,6 +395,7 @@ impl ModelBuilder {
                 },
             ));
         }
+        Ok(())
     }
 
     /// The model of the events so far, for a stream that goes on (pipe mode): DSO ids
@@ -293,53 +404,68 @@ impl ModelBuilder {
         self.clone().build()
     }
 
-    /// Freezes the model: sorts every process's events by key and builds checkpoints.
+    /// Freezes the model: sorts every process's events by key and builds checkpoints
+    /// of each process's own mappings (a fork or exec starts a new layer).
     pub fn build(mut self) -> Model {
-        // Replay all events in global key order so a fork copies its parent's state
-        // as of the fork.
-        self.events.sort_by_key(|(_, ev)| ev.key);
+        self.events.sort_by_key(|&(pid, ev)| (pid, ev.key));
+        let total = self.events.len();
+        // Checkpoints copy a process's mappings every `max(32, size / 8)` events,
+        // which costs at most ~9 entries per event when an address space only grows;
+        // past this budget the spacing becomes `size` (2 per event), so memory stays
+        // proportional to the input whatever its shape.
+        let cp_budget = 2 * total + 65_536;
+        let mut cp_used = 0usize;
         let mut procs: HashMap<u32, Proc> = HashMap::new();
-        let mut state: HashMap<u32, BTreeMap<u64, MapEntry>> = HashMap::new();
-        let mut since_cp: HashMap<u32, usize> = HashMap::new();
-        for (pid, ev) in self.events {
-            match ev.kind {
-                EventKind::Map(m) => overlay(state.entry(pid).or_default(), m),
-                EventKind::Exec => {
-                    state.insert(pid, BTreeMap::new());
+        let mut i = 0;
+        while i < self.events.len() {
+            let pid = self.events[i].0;
+            let n = self.events[i..].partition_point(|(p, _)| *p == pid);
+            let evs = &self.events[i..i + n];
+            i += n;
+            let mut p = Proc {
+                events: Vec::with_capacity(evs.len()),
+                checkpoints: Vec::new(),
+            };
+            let mut state: BTreeMap<u64, MapEntry> = BTreeMap::new();
+            let mut base = Base::Empty;
+            let mut since = 0usize;
+            for &(_, ev) in evs {
+                match ev.kind {
+                    EventKind::Map(m) => overlay(&mut state, m),
+                    EventKind::Exec => {
+                        state.clear();
+                        base = Base::Empty;
+                    }
+                    EventKind::Fork { parent } => {
+                        state.clear();
+                        base = Base::Fork {
+                            parent,
+                            key: ev.key,
+                        };
+                    }
                 }
-                EventKind::Fork { parent } => {
-                    let copy = state.get(&parent).cloned().unwrap_or_default();
-                    state.insert(pid, copy);
+                p.events.push(ev);
+                since += 1;
+                let size = state.len();
+                let spacing = if cp_used < cp_budget { size / 8 } else { size };
+                if since >= 32.max(spacing) {
+                    since = 0;
+                    cp_used += size;
+                    p.checkpoints.push(Checkpoint {
+                        upto: p.events.len(),
+                        base,
+                        maps: state.values().copied().collect(),
+                    });
                 }
             }
-            let p = procs.entry(pid).or_default();
-            p.events.push(ev);
-            let n = since_cp.entry(pid).or_default();
-            *n += 1;
-            let size = state.get(&pid).map_or(0, |s| s.len());
-            // Checkpoint spacing grows with the address-space size so the copies
-            // stay linear in the number of events.
-            if *n >= 32.max(size / 8) {
-                *n = 0;
-                p.checkpoints.push(Checkpoint {
-                    upto: p.events.len(),
-                    maps: state
-                        .get(&pid)
-                        .map(|s| s.values().copied().collect())
-                        .unwrap_or_default(),
-                });
-            }
-        }
-        for (pid, p) in procs.iter_mut() {
             if p.checkpoints.last().map(|c| c.upto) != Some(p.events.len()) {
                 p.checkpoints.push(Checkpoint {
                     upto: p.events.len(),
-                    maps: state
-                        .get(pid)
-                        .map(|s| s.values().copied().collect())
-                        .unwrap_or_default(),
+                    base,
+                    maps: state.values().copied().collect(),
                 });
             }
+            procs.insert(pid, p);
         }
         Model {
             procs,
@@ -422,15 +548,20 @@ impl Model {
             return None;
         }
         let ci = p.checkpoints.partition_point(|c| c.upto <= n);
-        let (maps, from): (&[MapEntry], usize) = match ci.checked_sub(1) {
-            Some(i) => (&p.checkpoints[i].maps, p.checkpoints[i].upto),
-            None => (&[], 0),
+        let (maps, base, from): (&[MapEntry], Base, usize) = match ci.checked_sub(1) {
+            Some(i) => (
+                &p.checkpoints[i].maps,
+                p.checkpoints[i].base,
+                p.checkpoints[i].upto,
+            ),
+            None => (&[], Base::Empty, 0),
         };
         Some(Space {
             model: self,
             pid,
             depth,
             maps,
+            base,
             events: &p.events[from..n],
         })
     }
@@ -443,44 +574,60 @@ impl Model {
             .map_or(0, |p| p.events.partition_point(|e| e.key <= key))
     }
 
-    /// The whole address space of `pid` as of `key`, sorted, non-overlapping.
+    /// The whole address space of `pid` as of `key`, sorted, non-overlapping: the
+    /// layers of the fork chain (at most [`MAX_FORK_DEPTH`]), each built once, then
+    /// laid over each other from the oldest ancestor up.
     pub fn address_space(&self, pid: u32, key: Key) -> Vec<MapEntry> {
-        self.address_space_depth(pid, key, 0)
-            .into_values()
-            .collect()
-    }
-
-    fn address_space_depth(&self, pid: u32, key: Key, depth: u32) -> BTreeMap<u64, MapEntry> {
-        let Some(p) = self.procs.get(&pid) else {
-            return BTreeMap::new();
-        };
-        let n = p.events.partition_point(|e| e.key <= key);
-        let ci = p.checkpoints.partition_point(|c| c.upto <= n);
-        let (mut state, from): (BTreeMap<u64, MapEntry>, usize) = match ci.checked_sub(1) {
-            Some(i) => (
-                p.checkpoints[i]
-                    .maps
-                    .iter()
-                    .map(|m| (m.start, *m))
-                    .collect(),
-                p.checkpoints[i].upto,
-            ),
-            None => (BTreeMap::new(), 0),
-        };
-        for ev in &p.events[from..n] {
-            match ev.kind {
-                EventKind::Map(m) => overlay(&mut state, m),
-                EventKind::Exec => state.clear(),
-                EventKind::Fork { parent } => {
-                    state = if depth >= MAX_FORK_DEPTH || parent == pid {
-                        BTreeMap::new()
-                    } else {
-                        self.address_space_depth(parent, ev.key, depth + 1)
+        let mut layers: Vec<BTreeMap<u64, MapEntry>> = Vec::new();
+        let (mut pid, mut key) = (pid, key);
+        for _ in 0..=MAX_FORK_DEPTH {
+            let Some(sp) = self.space_depth(pid, key, 0) else {
+                break;
+            };
+            // Only the newest exec or fork of the window matters: it starts the layer.
+            let reset = sp
+                .events
+                .iter()
+                .rposition(|e| !matches!(e.kind, EventKind::Map(_)));
+            let (mut state, rest, base) = match reset {
+                Some(r) => {
+                    let ev = &sp.events[r];
+                    let base = match ev.kind {
+                        EventKind::Fork { parent } => Base::Fork {
+                            parent,
+                            key: ev.key,
+                        },
+                        _ => Base::Empty,
                     };
+                    (BTreeMap::new(), &sp.events[r + 1..], base)
+                }
+                None => (
+                    sp.maps.iter().map(|m| (m.start, *m)).collect(),
+                    sp.events,
+                    sp.base,
+                ),
+            };
+            for ev in rest {
+                if let EventKind::Map(m) = ev.kind {
+                    overlay(&mut state, m);
                 }
             }
+            layers.push(state);
+            match base {
+                Base::Fork { parent, key: k } if parent != pid => {
+                    pid = parent;
+                    key = k;
+                }
+                _ => break,
+            }
         }
-        state
+        let mut state = layers.pop().unwrap_or_default();
+        while let Some(layer) = layers.pop() {
+            for m in layer.into_values() {
+                overlay(&mut state, m);
+            }
+        }
+        state.into_values().collect()
     }
 
     /// Number of processes (the kernel counts as one).
@@ -515,11 +662,14 @@ mod tests {
     #[test]
     fn time_versions_exec_and_fork() {
         let mut b = ModelBuilder::new();
-        b.mmap((10, 1), misc::USER, &mm(1, 0x1000, 0x1000, b"/bin/a"));
-        b.mmap((20, 2), misc::USER, &mm(1, 0x1000, 0x1000, b"/bin/b"));
-        b.fork((15, 3), 2, 1);
-        b.exec((30, 4), 1);
-        b.mmap((40, 5), misc::USER, &mm(1, 0x2000, 0x1000, b"//anon"));
+        b.mmap((10, 1), misc::USER, &mm(1, 0x1000, 0x1000, b"/bin/a"))
+            .unwrap();
+        b.mmap((20, 2), misc::USER, &mm(1, 0x1000, 0x1000, b"/bin/b"))
+            .unwrap();
+        b.fork((15, 3), 2, 1).unwrap();
+        b.exec((30, 4), 1).unwrap();
+        b.mmap((40, 5), misc::USER, &mm(1, 0x2000, 0x1000, b"//anon"))
+            .unwrap();
         let m = b.build();
         assert_eq!(name(&m, m.lookup(1, 0x1800, (5, 0))), None);
         assert_eq!(name(&m, m.lookup(1, 0x1800, (12, 9))), Some("/bin/a"));
@@ -583,7 +733,8 @@ mod tests {
     fn many_events_use_checkpoints() {
         let mut b = ModelBuilder::new();
         for i in 0..1000u64 {
-            b.mmap((i, i), misc::USER, &mm(7, 0x10000 * i, 0x1000, b"/lib/x"));
+            b.mmap((i, i), misc::USER, &mm(7, 0x10000 * i, 0x1000, b"/lib/x"))
+                .unwrap();
         }
         let m = b.build();
         for i in (0..1000u64).step_by(37) {
@@ -594,5 +745,97 @@ mod tests {
                     || i == 0
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod chain_tests {
+    use super::*;
+
+    fn mm(pid: u32, start: u64, name: &'static [u8]) -> Mmap<'static> {
+        Mmap {
+            pid,
+            tid: pid,
+            start,
+            len: 0x1000,
+            pgoff: 0,
+            ident: FileIdent::None,
+            prot: 5,
+            flags: 2,
+            filename: name,
+        }
+    }
+
+    #[test]
+    fn fork_chain_is_followed_in_linear_time() {
+        let mut b = ModelBuilder::new();
+        b.mmap((1, 1), misc::USER, &mm(100, 0x40_0000, b"/a"))
+            .unwrap();
+        b.mmap((2, 2), misc::USER, &mm(101, 0x50_0000, b"/b"))
+            .unwrap();
+        for i in 0..60u64 {
+            let (c, p) = if i % 2 == 0 { (100, 101) } else { (101, 100) };
+            b.fork((10 + i, 10 + i), c, p).unwrap();
+        }
+        let m = b.build();
+        // Each fork replaces the child's space with the parent's: only /b is left,
+        // found through the whole chain.
+        assert!(m.lookup(100, 0x40_0100, (99, 99)).is_none());
+        let e = m.lookup(100, 0x50_0100, (99, 99));
+        assert_eq!(e.and_then(|e| e.dso), Some(1));
+        let s = m.address_space(100, (99, 99));
+        assert_eq!(s.len(), 1);
+        assert_eq!(s[0].start, 0x50_0000);
+    }
+
+    #[test]
+    fn the_model_budget_stops_runaway_inputs() {
+        let mut b = ModelBuilder::new();
+        let max = crate::limits::MODEL_BYTES_FLOOR / crate::limits::MODEL_EVENT_COST;
+        let mut n = 0u64;
+        let err = loop {
+            match b.mmap((n, n), misc::USER, &mm(1, 0x1000 * (n % 64), b"/x")) {
+                Ok(_) => n += 1,
+                Err(e) => break e,
+            }
+            assert!(n <= max, "no limit after {n} events");
+        };
+        assert!(n >= max - 8, "stopped after only {n} events");
+        assert_eq!(err.limit, crate::limits::MODEL_BYTES_FLOOR);
+        // Input bytes raise the budget.
+        b.account_input(1 << 20);
+        assert!(b.mmap((n, n), misc::USER, &mm(1, 0, b"/x")).is_ok());
+    }
+
+    #[test]
+    fn a_child_mapping_cuts_the_parents() {
+        let mut b = ModelBuilder::new();
+        let mut big = mm(1, 0x1000, b"/big");
+        big.len = 0x9000;
+        b.mmap((1, 1), misc::USER, &big).unwrap();
+        b.fork((2, 2), 2, 1).unwrap();
+        b.mmap((3, 3), misc::USER, &mm(2, 0x4000, b"/small"))
+            .unwrap();
+        let m = b.build();
+        // The part of the parent's mapping before the child's: cut at its start.
+        let e = m.lookup(2, 0x2000, (9, 9)).unwrap();
+        assert_eq!(
+            (e.start, e.end, e.pgoff, e.dso),
+            (0x1000, 0x4000, 0, Some(0))
+        );
+        // After it: the file offset moves with the start.
+        let e = m.lookup(2, 0x6000, (9, 9)).unwrap();
+        assert_eq!((e.start, e.end, e.pgoff), (0x5000, 0xa000, 0x4000));
+        let e = m.lookup(2, 0x4800, (9, 9)).unwrap();
+        assert_eq!(e.dso, Some(1));
+        let s: Vec<_> = m
+            .address_space(2, (9, 9))
+            .iter()
+            .map(|e| (e.start, e.end))
+            .collect();
+        assert_eq!(
+            s,
+            vec![(0x1000, 0x4000), (0x4000, 0x5000), (0x5000, 0xa000)]
+        );
     }
 }

@@ -2,8 +2,11 @@
 
 use crate::buildid::{Reason, Source};
 use crate::model::DsoKind;
+use crate::write::TempOutput;
+use crate::{Error, Result};
 use serde::Serialize;
 use std::io::Write;
+use std::path::Path;
 
 /// One DSO line of the report.
 #[derive(Clone, Debug, Serialize)]
@@ -102,8 +105,8 @@ impl Report {
         writeln!(
             w,
             "pdinject: {} -> {}: {} samples, {} DSOs hit, {} build IDs {} ({} new), {} missing",
-            name(&self.input, "<stdin>"),
-            name(&self.output, "<stdout>"),
+            escape(&name(&self.input, "<stdin>")),
+            escape(&name(&self.output, "<stdout>")),
             self.samples,
             self.dsos_hit,
             self.ids_written,
@@ -152,22 +155,128 @@ impl Report {
             )?;
         }
         for n in &self.notes {
-            writeln!(w, "  note: {n}")?;
+            writeln!(w, "  note: {}", escape(n))?;
         }
         let mut by_reason: Vec<&DsoReport> =
             self.dsos.iter().filter(|d| d.build_id.is_none()).collect();
         by_reason.sort_by_key(|d| (d.reason.map(|r| r as u8), std::cmp::Reverse(d.hits)));
-        for d in by_reason {
-            let reason = d.reason.map(reason_word).unwrap_or("missing");
-            writeln!(
-                w,
-                "  {reason:<11} {}: {}",
-                d.path,
-                d.detail.as_deref().unwrap_or("")
-            )?;
+        // Many DSOs with one reason (a recording from another host lists every DSO
+        // as other-host) are one line with a count and a few examples; the full list
+        // is in the JSON report and with -v.
+        for group in by_reason.chunk_by(|a, b| a.reason == b.reason) {
+            let reason = group[0].reason.map(reason_word).unwrap_or("missing");
+            if group.len() > GROUP_OVER && !self.verbose_timings {
+                let examples: Vec<String> = group[..GROUP_EXAMPLES]
+                    .iter()
+                    .map(|d| escape(&d.path))
+                    .collect();
+                writeln!(
+                    w,
+                    "  {reason:<11} {} DSOs, e.g. {}, ... ({}; all of them with -v or in --report)",
+                    group.len(),
+                    examples.join(", "),
+                    escape(group[0].detail.as_deref().unwrap_or(""))
+                )?;
+                continue;
+            }
+            for d in group {
+                writeln!(
+                    w,
+                    "  {reason:<11} {}: {}",
+                    escape(&d.path),
+                    escape(d.detail.as_deref().unwrap_or(""))
+                )?;
+            }
         }
         Ok(())
     }
+}
+
+/// DSOs of one reason listed one by one up to this many; more are one line.
+const GROUP_OVER: usize = 5;
+/// Examples named on a grouped line.
+const GROUP_EXAMPLES: usize = 3;
+
+/// Makes a string from a recording safe to print on a terminal: control characters
+/// (a newline would forge summary lines, ESC drives the terminal) become `\n`, `\t`,
+/// `\r`, `\e` or `\xNN`, bidirectional overrides `\u{NNNN}`, and a backslash is
+/// doubled so an escaped name cannot pass for another (as perf and `ls -b` do).
+pub fn escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\t' => out.push_str("\\t"),
+            '\r' => out.push_str("\\r"),
+            '\x1b' => out.push_str("\\e"),
+            c if (c as u32) < 0x20 || c as u32 == 0x7f => {
+                out.push_str(&format!("\\x{:02x}", c as u32));
+            }
+            c if (0x80..0xa0).contains(&(c as u32))
+                || (0x202a..=0x202e).contains(&(c as u32))
+                || (0x2066..=0x2069).contains(&(c as u32)) =>
+            {
+                out.push_str(&format!("\\u{{{:04x}}}", c as u32));
+            }
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// Refuses a `--report` path that is the input or the output (same name, or the same
+/// file by device and inode): the report would overwrite the recording.
+pub fn check_report_path(report: &Path, input: &Path, output: &Path) -> Result<()> {
+    for (p, what) in [(input, "input"), (output, "output")] {
+        if p.as_os_str() != "-" && same_path(report, p) {
+            return Err(Error::Usage(format!(
+                "--report {}: is the {what}; give the report its own file",
+                report.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// True when `a` and `b` name the same file: by device and inode when both exist,
+/// else by their canonical directory and file name.
+fn same_path(a: &Path, b: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    if a == b {
+        return true;
+    }
+    if let (Ok(x), Ok(y)) = (std::fs::metadata(a), std::fs::metadata(b)) {
+        return x.dev() == y.dev() && x.ino() == y.ino();
+    }
+    let canon = |p: &Path| {
+        let dir = match p.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+            _ => Path::new(".").to_path_buf(),
+        };
+        Some((std::fs::canonicalize(dir).ok()?, p.file_name()?.to_owned()))
+    };
+    matches!((canon(a), canon(b)), (Some(x), Some(y)) if x == y)
+}
+
+/// Writes the report as JSON into a temp file beside `path`, to be committed with
+/// the output (nothing is left if either fails).
+pub fn stage_json(report: &Report, path: &Path) -> Result<TempOutput> {
+    let json = serde_json::to_string_pretty(report)
+        .map_err(|e| Error::unsupported(format!("report: {e}")))?;
+    let tmp = TempOutput::create(path, false)?;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&tmp.path)
+        .map_err(|e| Error::io(&tmp.path, e))?;
+    f.write_all(json.as_bytes())
+        .and_then(|()| f.write_all(b"\n"))
+        .and_then(|()| f.sync_all())
+        .map_err(|source| Error::Output {
+            path: path.to_path_buf(),
+            source,
+        })?;
+    Ok(tmp)
 }
 
 /// The word used for a reason in summaries (same as the JSON value).

@@ -46,7 +46,14 @@ impl Input {
             return Ok(Input::Stdin(File::from(fd)));
         }
         let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
+        if std::os::unix::fs::FileTypeExt::is_fifo(&meta.file_type()) {
+            // A named pipe is a live stream (`perf record -o FIFO`), read like stdin.
+            let f = File::open(path).map_err(|e| Error::io(path, e))?;
+            return Ok(Input::Stdin(f));
+        }
         if meta.is_file() {
+            // A truncation while mapped (SIGBUS) names this input.
+            crate::write::interrupt::input_opened(path);
             let mut f = File::open(path).map_err(|e| Error::io(path, e))?;
             let mut head = [0u8; PIPE_HEADER_SIZE as usize];
             if f.read_exact(&mut head).is_ok() && is_stream_header(&head) {
@@ -74,17 +81,60 @@ pub fn same_file(a: &Path, b: &Path) -> bool {
 
 /// Runs the whole job from `input` to `output`; either may be `-` (stdin, stdout).
 pub fn run(input: &Path, output: &Path, opts: &Options) -> Result<Report> {
+    run_staged(input, output, opts, None, &mut |_| Ok(()))
+}
+
+/// [`run`], then `finish` on the report (the command line adds what it did besides),
+/// and the report written as JSON to `report_path`: one run, one outcome. The report
+/// goes to a temp file committed together with the output, so a report that cannot
+/// be written leaves no output (a stream on stdout is gone before the report exists:
+/// there the report is only written whole or not at all).
+pub fn run_staged(
+    input: &Path,
+    output: &Path,
+    opts: &Options,
+    report_path: Option<&Path>,
+    finish: &mut dyn FnMut(&mut Report) -> Result<()>,
+) -> Result<Report> {
+    if let Some(r) = report_path {
+        crate::report::check_report_path(r, input, output)?;
+    }
     let pool = opts.pool()?;
     let cx = Context {
         opts,
         pool: &pool,
         host: Host::Consult,
     };
-    run_in(cx, input, output)
+    let (mut report, tmp) = run_uncommitted(cx, input, output)?;
+    finish(&mut report)?;
+    let staged = match report_path {
+        Some(r) => Some(crate::report::stage_json(&report, r)?),
+        None => None,
+    };
+    if let Some(t) = tmp {
+        t.commit()?;
+    }
+    if let Some(r) = staged {
+        r.commit()?;
+    }
+    Ok(report)
 }
 
 /// [`run`] on a pool the caller owns (a batch runs every input on one pool).
 pub fn run_in(cx: Context<'_>, input: &Path, output: &Path) -> Result<Report> {
+    let (report, tmp) = run_uncommitted(cx, input, output)?;
+    if let Some(t) = tmp {
+        t.commit()?;
+    }
+    Ok(report)
+}
+
+/// The run, with a file output left in its temp file for the caller to commit.
+fn run_uncommitted(
+    cx: Context<'_>,
+    input: &Path,
+    output: &Path,
+) -> Result<(Report, Option<TempOutput>)> {
     if !is_dash(input) && !is_dash(output) && (input == output || same_file(input, output)) {
         return Err(Error::Usage(format!(
             "{}: output would overwrite the input; write to another file",
@@ -97,7 +147,11 @@ pub fn run_in(cx: Context<'_>, input: &Path, output: &Path) -> Result<Report> {
     } else {
         input.to_path_buf()
     };
-    let mut report = if is_dash(output) {
+    let skipped = match &src {
+        Input::File(i) => i.skipped.clone(),
+        _ => Vec::new(),
+    };
+    let (mut report, tmp) = if is_dash(output) {
         if std::io::stdout().is_terminal() {
             return Err(Error::Usage(
                 "refusing to write perf data to a terminal; redirect or pipe the output".into(),
@@ -106,27 +160,41 @@ pub fn run_in(cx: Context<'_>, input: &Path, output: &Path) -> Result<Report> {
         let out = Path::new("<stdout>");
         let w = BufWriter::with_capacity(1 << 20, std::io::stdout().lock());
         let mut sink = StreamSink::new(Box::new(w), out);
-        drive(cx, &in_name, src, &mut sink)?
+        (drive(cx, &in_name, src, &mut sink)?, None)
     } else {
-        let tmp = TempOutput::create(output, src.is_dir())?;
-        if src.is_dir()
-            && let Ok(m) = std::fs::metadata(input)
-        {
-            let _ = std::fs::set_permissions(&tmp.path, m.permissions());
-        }
+        // perf.data holds secrets (paths, command lines, stacks): the output's mode
+        // follows the input's; perf's 0600 for a stream read from stdin.
+        let mode = if is_dash(input) {
+            None
+        } else {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::metadata(input)
+                .ok()
+                .map(|m| m.permissions().mode() & 0o7777)
+        };
+        let tmp = TempOutput::create_with_mode(output, src.is_dir(), mode)?;
         let header_out = tmp.header_file_path();
         let r = {
             let mut sink = TableSink::new(&header_out, src.is_dir().then_some(tmp.path.as_path()));
             drive(cx, &in_name, src, &mut sink)
         };
-        let r = r.map_err(|e| e.for_output(&tmp.path, output))?;
-        tmp.commit()?;
-        r
+        (r.map_err(|e| e.for_output(&tmp.path, output))?, Some(tmp))
     };
+    if !skipped.is_empty() {
+        report.notes.push(format!(
+            "skipped {} data.N entries that are not regular files (as perf does): {}",
+            skipped.len(),
+            skipped
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
     report.pipe = is_dash(output);
     report.input = input.display().to_string();
     report.output = output.display().to_string();
-    Ok(report)
+    Ok((report, tmp))
 }
 
 /// Drives the engine over `src` into `sink`.

@@ -424,6 +424,9 @@ impl<'a> Engine<'a> {
     ) -> Result<()> {
         let t = Instant::now();
         self.file = cuts.file;
+        // Limits policy: the model may grow with the input, not beyond.
+        self.builder
+            .account_input(range.end.saturating_sub(range.start));
         let mut walker = std::mem::replace(&mut self.walker, Walker::new(self.e, 0));
         let round = std::cell::Cell::new(false);
         let r = walker.walk(
@@ -554,8 +557,14 @@ impl<'a> Engine<'a> {
                 if let Some(t) = sid.time {
                     self.span.note(t);
                 }
-                if let Some(m) = parse_mmap(&r.header, r.bytes, body_end, e)
-                    && let Some(dso) = self.builder.mmap(key(sid.time), r.header.cpumode(), &m)
+                let dso = match parse_mmap(&r.header, r.bytes, body_end, e) {
+                    Some(m) => self
+                        .builder
+                        .mmap(key(sid.time), r.header.cpumode(), &m)
+                        .map_err(|l| l.at(r.offset))?,
+                    None => None,
+                };
+                if let Some(dso) = dso
                     && !r.inner
                 {
                     self.mappings.push(MappingRecord {
@@ -574,7 +583,9 @@ impl<'a> Engine<'a> {
                     let pid = e
                         .u32(r.bytes, 8)
                         .ok_or_else(|| Error::format(r.offset, "COMM record is truncated"))?;
-                    self.builder.exec(key(sid.time), pid);
+                    self.builder
+                        .exec(key(sid.time), pid)
+                        .map_err(|l| l.at(r.offset))?;
                 }
             }
             _ => {
@@ -586,7 +597,9 @@ impl<'a> Engine<'a> {
                 if let Some(t) = t {
                     self.span.note(t);
                 }
-                self.builder.fork(key(t), pid, ppid);
+                self.builder
+                    .fork(key(t), pid, ppid)
+                    .map_err(|l| l.at(r.offset))?;
             }
         }
         Ok(())
@@ -870,11 +883,6 @@ impl<'a> Engine<'a> {
                     .into(),
             );
         }
-        if meta.table.malformed {
-            r.notes.push(
-                "the input's build-ID table ends in a damaged entry; it is copied as it is".into(),
-            );
-        }
         let undated = match self.start() {
             RecordingStart::Unknown(why) => Some(why),
             RecordingStart::Known(_) => None,
@@ -969,7 +977,11 @@ fn encodable(g: &Group, o: Outcome, e: Endian) -> Outcome {
     }
     Outcome {
         reason: Some(Reason::Unsupported),
-        detail: Some("the name is too long for a build-ID record".into()),
+        detail: Some(format!(
+            "the name is {} bytes; perf reads at most {} (PATH_MAX) and would crash on it",
+            g.name.len(),
+            crate::limits::MAX_DSO_NAME
+        )),
         ..Outcome::default()
     }
 }

@@ -162,8 +162,35 @@ pub fn read_attrs(
 ) -> Result<Vec<Attr>> {
     let e = header.endian;
     let n = header.attrs.size / header.attr_size;
+    if n > crate::limits::MAX_ATTRS {
+        return Err(crate::limits::Exceeded {
+            what: "number of event attributes",
+            value: n,
+            limit: crate::limits::MAX_ATTRS,
+        }
+        .at(32));
+    }
     let mut out = Vec::with_capacity(n.min(4096) as usize);
     let base = header.attrs.offset;
+    // Limits policy: no two ids sections share a byte (else 1,500 attrs whose ids
+    // all cover the whole file are 1,500 copies of it, in memory and in the output).
+    let attr_len = (header.attr_size - 16) as usize;
+    let mut regions = Vec::new();
+    for i in 0..n {
+        let off = base + i * header.attr_size;
+        let at = (off - base) as usize + attr_len;
+        if let (Some(o), Some(sz)) = (e.u64(file, at), e.u64(file, at + 8)) {
+            regions.push((
+                format!("the ids section of attr {i}"),
+                super::header::Section {
+                    offset: o,
+                    size: sz,
+                },
+                off + attr_len as u64,
+            ));
+        }
+    }
+    crate::limits::check_disjoint(regions, false)?;
     for i in 0..n {
         let off = base + i * header.attr_size;
         let entry = file

@@ -37,11 +37,6 @@ pub struct InnerStream {
     bytes_out: u64,
 }
 
-/// Decompressed bytes allowed per compressed byte (past a floor): perf's records
-/// compress 5–50 times; a zstd bomb would otherwise fill memory with model events.
-const MAX_RATIO: u64 = 4096;
-const RATIO_FLOOR: u64 = 256 << 20;
-
 /// Problems inside compressed data.
 #[derive(Debug)]
 pub enum InnerError {
@@ -89,12 +84,14 @@ impl InnerStream {
             self.frame_done = hint == 0;
             self.bytes_in += (input.pos() - before) as u64;
             self.bytes_out += produced as u64;
-            if self.bytes_out > RATIO_FLOOR && self.bytes_out / MAX_RATIO > self.bytes_in {
-                return Err(InnerError::Zstd(format!(
-                    "{} compressed bytes expand to over {} bytes: refusing a decompression bomb",
-                    self.bytes_in, self.bytes_out
-                )));
-            }
+            // Limits policy: decompressed bytes per compressed byte (a zstd bomb would
+            // otherwise cost minutes of CPU and fill memory with model events).
+            crate::limits::check_decompressed(self.bytes_in, self.bytes_out).map_err(|l| {
+                InnerError::Zstd(format!(
+                    "{} compressed bytes expand further: {l}",
+                    self.bytes_in
+                ))
+            })?;
             if produced > 0 {
                 let out = std::mem::take(&mut self.out);
                 let r = self.consume(&out[..produced], &mut f);

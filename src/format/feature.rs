@@ -93,8 +93,13 @@ pub struct BuildIdTable {
     /// Set when the table uses the pre-2010 layout without the pid field; pdinject
     /// cannot append modern entries to such a table (perf re-parses all of it).
     pub legacy: bool,
-    /// Set when the payload ended in bytes that are not a whole entry.
+    /// Set when the payload ended in bytes that are not a whole entry (or in an
+    /// entry perf cannot read: a name longer than its PATH_MAX buffer).
     pub malformed: bool,
+    /// Bytes of whole, readable entries before the damage (the payload's length when
+    /// not malformed). Entries appended after a damaged one would be invisible to
+    /// perf, which reads on from the damaged size, so they go here instead.
+    pub valid_len: usize,
 }
 
 /// Parses a BUILD_ID feature payload. Never fails: a damaged tail stops the walk and
@@ -115,7 +120,8 @@ pub fn parse_build_id_table(payload: &[u8], e: Endian) -> BuildIdTable {
             break;
         };
         let size = h.size as usize;
-        if size < 36 || size > rest.len() {
+        // perf reads the name into a PATH_MAX buffer without checking its length.
+        if size < 36 || size > rest.len() || size - 36 > crate::limits::MAX_DSO_NAME + 1 {
             t.malformed = true;
             break;
         }
@@ -128,6 +134,7 @@ pub fn parse_build_id_table(payload: &[u8], e: Endian) -> BuildIdTable {
             });
         }
         off += size;
+        t.valid_len = off;
     }
     t
 }
@@ -135,6 +142,8 @@ pub fn parse_build_id_table(payload: &[u8], e: Endian) -> BuildIdTable {
 /// Encodes one table entry in the modern form: misc carries BUILD_ID_SIZE, byte 32
 /// the real length, the filename NUL-terminated and padded so the entry is
 /// `36 + round_up(len + 1, 8)` bytes (perf 6.12's layout; readers use `header.size`).
+/// False (nothing written) when perf could not read the name back: perf reads table
+/// names into a PATH_MAX buffer, so a longer name would crash it (limits policy).
 pub fn encode_table_entry(
     out: &mut Vec<u8>,
     e: Endian,
@@ -142,6 +151,9 @@ pub fn encode_table_entry(
     build_id: &BuildId,
     name: &[u8],
 ) -> bool {
+    if !crate::limits::name_fits(name) {
+        return false;
+    }
     let name_len = (name.len() + 1).next_multiple_of(8);
     let size = 36 + name_len;
     if size > u16::MAX as usize {
@@ -223,6 +235,35 @@ mod tests {
         assert!(BuildId::from_hex("zz").is_none());
         assert!(BuildId::from_hex(&"ab".repeat(21)).is_none());
         assert_eq!(BuildId::from_hex("0A0b").unwrap().to_string(), "0a0b");
+    }
+
+    #[test]
+    fn names_perf_cannot_read_are_refused() {
+        let id = BuildId::from_hex("0011").unwrap();
+        let mut buf = Vec::new();
+        let name = vec![b'/'; crate::limits::MAX_DSO_NAME];
+        assert!(encode_table_entry(
+            &mut buf,
+            Endian::Little,
+            misc::USER,
+            &id,
+            &name
+        ));
+        let long = vec![b'/'; crate::limits::MAX_DSO_NAME + 1];
+        let n = buf.len();
+        assert!(!encode_table_entry(
+            &mut buf,
+            Endian::Little,
+            misc::USER,
+            &id,
+            &long
+        ));
+        assert_eq!(buf.len(), n);
+        let t = parse_build_id_table(&buf, Endian::Little);
+        assert_eq!((t.entries.len(), t.valid_len, t.malformed), (1, n, false));
+        buf.extend_from_slice(&[1, 2, 3]);
+        let t = parse_build_id_table(&buf, Endian::Little);
+        assert_eq!((t.entries.len(), t.valid_len, t.malformed), (1, n, true));
     }
 
     #[test]

@@ -231,7 +231,8 @@ impl<'a> Resolver<'a> {
                 df,
                 c.start,
                 c.end,
-                c.end - c.start,
+                // Limits policy: a chunk is mapped a bounded window at a time.
+                (c.end - c.start).min(crate::limits::MAX_RESOLVE_WINDOW),
                 &mut on_rec,
                 &mut |_, _| Ok(()),
             )

@@ -115,9 +115,11 @@ impl TableSink {
             .has_feature(FEAT_BUILD_ID)
             .then(|| input.feature(FEAT_BUILD_ID))
             .flatten();
-        let legacy = old.as_deref().is_some_and(|p| {
-            crate::format::feature::parse_build_id_table(p, input.header.endian).legacy
-        });
+        let table = old
+            .as_deref()
+            .map(|p| crate::format::feature::parse_build_id_table(p, input.header.endian));
+        let legacy = table.as_ref().is_some_and(|t| t.legacy);
+        let damaged = table.as_ref().filter(|t| t.malformed).map(|t| t.valid_len);
         if !Self::can_write_table(input) {
             if added > 0 {
                 self.report.notes.push(
@@ -130,9 +132,24 @@ impl TableSink {
         }
         // The BUILD_ID section is rewritten only when it changes or did not exist.
         let payload = if legacy || (entries.is_empty() && old.is_some()) {
+            if damaged.is_some() {
+                self.report.notes.push(
+                    "the input's build-ID table ends in a damaged entry; it is copied as it is"
+                        .into(),
+                );
+            }
             None
         } else {
             let mut p = old.unwrap_or_default();
+            // perf reads on from a damaged entry's size and would never see entries
+            // appended after it: the damaged tail is dropped.
+            if let Some(valid) = damaged.filter(|&v| p.len() > v) {
+                self.report.notes.push(format!(
+                    "the damaged last {} bytes of the input's build-ID table were dropped so that perf reads the new entries",
+                    p.len() - valid
+                ));
+                p.truncate(valid);
+            }
             p.extend_from_slice(&entries);
             self.report.ids_new = added;
             Some(p)

@@ -11,6 +11,7 @@ mod cache;
 mod demo;
 mod engine;
 mod errors;
+mod hostile;
 mod large;
 mod mutation;
 mod namespace;

@@ -4,8 +4,8 @@
 //! panic (in any thread), must leave no output and no temp file behind when it fails,
 //! and must never modify its input; when it succeeds its output must open again.
 //!
-//! Inputs: testdata/demo/demo.data, testdata/mutation/ (a `perf record -z` recording and
-//! a big-endian one) and ../shared/testdata/quipper files under 200 KB, piped ones
+//! Inputs: testdata/demo/demo.data, testdata/mutation/ (a `perf record -z` recording,
+//! a big-endian one and the hostile structures of tests/it/hostile.rs) and ../shared/testdata/quipper files under 200 KB, piped ones
 //! (pipe mode) included;
 //! with neither present the test prints a SKIP notice and passes. Mutants come from a
 //! fixed-seed xorshift PRNG, so every run tests the same mutants. `PDI_MUTATION_SCALE`
@@ -53,7 +53,16 @@ fn inputs() -> Vec<PathBuf> {
         v.push(demo);
     }
     // A compressed (-z) and a big-endian recording, shipped for this test.
-    for name in ["z-small.data", "be-small.data"] {
+    // And the hostile structures of tests/it/hostile.rs (fork chains, aliased
+    // sections, damaged tables, long and control-character names, overlapping ids).
+    for name in [
+        "z-small.data",
+        "be-small.data",
+        "hostile-forks.data",
+        "hostile-aliases.data",
+        "hostile-names.data",
+        "hostile-ids.data",
+    ] {
         let p = root.join("testdata/mutation").join(name);
         if p.is_file() {
             v.push(p);
