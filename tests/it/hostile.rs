@@ -1088,3 +1088,123 @@ fn write_issue_inputs() {
     }
     std::fs::write(dir.join("zstd-open.data"), f.bytes()).unwrap();
 }
+
+impl PerfFile {
+    /// The same records as a stream: pipe header, one HEADER_ATTR, then the data.
+    fn stream_bytes(&self) -> Vec<u8> {
+        let mut s = b"PERFILE2".to_vec();
+        s.extend_from_slice(&16u64.to_le_bytes());
+        let attr = self.attr_bytes();
+        s.extend_from_slice(&64u32.to_le_bytes()); // HEADER_ATTR
+        s.extend_from_slice(&0u16.to_le_bytes());
+        s.extend_from_slice(&((8 + attr.len()) as u16).to_le_bytes());
+        s.extend_from_slice(&attr);
+        s.extend_from_slice(&self.data);
+        s
+    }
+}
+
+/// A perf-tool record (no sample-id trailer): type, misc, body.
+fn tool_record(out: &mut Vec<u8>, kind: u32, misc: u16, body: &[u8]) {
+    out.extend_from_slice(&kind.to_le_bytes());
+    out.extend_from_slice(&misc.to_le_bytes());
+    out.extend_from_slice(&((8 + body.len()) as u16).to_le_bytes());
+    out.extend_from_slice(body);
+}
+
+/// A stream through a pipe on stdin (no first pass over a file), written to stdout:
+/// measured like every run here.
+fn run_stream(dir: &Path, bytes: &[u8]) -> Run {
+    let input = dir.join("in.pdata");
+    std::fs::write(&input, bytes).unwrap();
+    let mut c = Command::new("sh");
+    c.arg("-c")
+        .arg("cat \"$IN\" | \"$PDINJECT\" - - > /dev/null")
+        .env("PDINJECT", env!("CARGO_BIN_EXE_pdinject"))
+        .env("IN", &input)
+        .env("HOME", common::test_home());
+    measured_cmd(&mut c)
+}
+
+/// Pipe mode holds one batch and the model, whatever the stream holds: endless
+/// HEADER_BUILD_ID records (repeats dropped, distinct ones capped), endless
+/// HEADER_ATTR records, an AUXTRACE payload larger than a stream may hold (refused
+/// before it is read), and a zstd frame that never ends over 100 MB of samples
+/// (resolved through one decompressor as it goes, never held).
+#[test]
+fn streams_are_bounded_by_their_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut entry = Vec::new();
+    let id_record = |out: &mut Vec<u8>, n: u32| {
+        let mut b = Vec::new();
+        b.extend_from_slice(&(-1i32).to_le_bytes());
+        let mut id = [0x5au8; 20];
+        id[..4].copy_from_slice(&n.to_le_bytes());
+        b.extend_from_slice(&id);
+        b.extend_from_slice(&[20, 0, 0, 0]);
+        let mut name = format!("/usr/lib/hostile-{n}.so").into_bytes();
+        name.push(0);
+        b.extend_from_slice(&name);
+        pad8(&mut b);
+        tool_record(out, 67, MISC_USER | 0x8000, &b);
+    };
+    // (a) 300,000 copies of one HEADER_BUILD_ID record: one entry kept.
+    let f = simple();
+    let mut s = f.stream_bytes();
+    id_record(&mut entry, 1);
+    for _ in 0..300_000 {
+        s.extend_from_slice(&entry);
+    }
+    let r = run_stream(dir.path(), &s);
+    assert!(r.ok(), "repeated build-ID records: {}", r.stderr());
+    // (b) 100,000 distinct ones: over the limit, refused with the offset.
+    let mut s = f.stream_bytes();
+    for n in 0..100_000 {
+        id_record(&mut s, n);
+    }
+    let r = run_stream(dir.path(), &s);
+    assert!(!r.ok(), "endless distinct build-ID records were accepted");
+    assert!(
+        r.stderr().contains("HEADER_BUILD_ID") && r.stderr().contains("offset"),
+        "{}",
+        r.stderr()
+    );
+    // (c) endless HEADER_ATTR records.
+    let mut s = f.stream_bytes();
+    let attr = f.attr_bytes();
+    for _ in 0..5_000 {
+        tool_record(&mut s, 64, 0, &attr);
+    }
+    let r = run_stream(dir.path(), &s);
+    assert!(!r.ok(), "endless HEADER_ATTR records were accepted");
+    assert!(r.stderr().contains("HEADER_ATTR"), "{}", r.stderr());
+    // (d) an AUXTRACE record announcing a 512 MiB payload: refused from its header.
+    let mut s = f.stream_bytes();
+    let mut aux = Vec::new();
+    aux.extend_from_slice(&(512u64 << 20).to_le_bytes()); // size
+    aux.extend_from_slice(&[0u8; 32]); // offset, reference, idx, tid, cpu, reserved
+    tool_record(&mut s, 71, 0, &aux);
+    s.extend_from_slice(&[0u8; 4096]);
+    let r = run_stream(dir.path(), &s);
+    assert!(!r.ok(), "a 512 MiB AUXTRACE payload was held");
+    assert!(r.stderr().contains("pipe mode holds"), "{}", r.stderr());
+    // (e) one zstd frame that never ends around 1.5 M samples (60 MB decompressed,
+    // fields varied so that they compress as real samples do).
+    let mut many = PerfFile::new();
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    for t in 0..1_500_000u64 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        many.sample(42 + (x % 7) as u32, 0x40_0000 + (x >> 40), 30 + t * 997);
+    }
+    let mut f = simple();
+    compressed(&mut f, &many.data, 1, 1, false);
+    let r = run_stream(dir.path(), &f.stream_bytes());
+    assert!(r.ok(), "a frame that never ends: {}", r.stderr());
+    assert!(
+        r.stderr().contains("1500001 samples") || r.stderr().contains("1500000 samples"),
+        "every sample in the frame was resolved: {}",
+        r.stderr()
+    );
+}
