@@ -629,11 +629,6 @@ impl Model {
         }
         state.into_values().collect()
     }
-
-    /// Number of processes (the kernel counts as one).
-    pub fn process_count(&self) -> usize {
-        self.procs.len()
-    }
 }
 
 #[cfg(test)]

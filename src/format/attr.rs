@@ -35,7 +35,6 @@ pub mod rf {
 
 /// `branch_sample_type` bits that change the sample layout or meaning.
 pub mod bst {
-    pub const CALL_STACK: u64 = 1 << 11;
     pub const HW_INDEX: u64 = 1 << 17;
     pub const COUNTERS: u64 = 1 << 19;
 }
@@ -43,7 +42,6 @@ pub mod bst {
 /// Attr flag bits (normalized to little-endian bit numbering).
 pub mod flag {
     pub const SAMPLE_ID_ALL: u64 = 1 << 18;
-    pub const EXCLUDE_CALLCHAIN_USER: u64 = 1 << 22;
 }
 
 /// The fields of one event's attr that pdinject needs.
@@ -72,10 +70,6 @@ pub struct Attr {
     /// The sample ids of this event (from its ids section).
     pub ids: Vec<u64>,
 }
-
-/// PMU types at or above this are dynamic (Intel PT, CoreSight, SPE and other AUX PMUs
-/// live there); below are the fixed hardware/software/tracepoint/... types.
-pub const PERF_TYPE_MAX_FIXED: u32 = 6;
 
 impl Attr {
     /// Parses one `perf_event_attr` (without the trailing ids section).
@@ -146,11 +140,6 @@ impl Attr {
         .iter()
         .filter(|&&b| t & b != 0)
         .count()
-    }
-
-    /// Whether this event's PMU is dynamic and may produce AUX trace data.
-    pub fn is_dynamic_pmu(&self) -> bool {
-        self.kind >= PERF_TYPE_MAX_FIXED && self.kind != u32::MAX
     }
 }
 

@@ -7,6 +7,7 @@
 
 use super::Endian;
 use super::record::{RecordHeader, rt};
+use super::walk::frame;
 use zstd::stream::raw::{Decoder, InBuffer, Operation, OutBuffer};
 
 /// Largest decompressed slice handled at once; bounds memory whatever the ratio.
@@ -22,6 +23,11 @@ pub fn payload<'a>(h: &RecordHeader, rec: &'a [u8], e: Endian) -> Option<&'a [u8
         }
         _ => None,
     }
+}
+
+/// An inner record that no framing allows (its offset is the COMPRESSED record's).
+fn bad_frame(_: crate::Error) -> InnerError {
+    InnerError::BadRecord("inner record smaller than its header, or with an oversized payload")
 }
 
 /// Streaming decompressor of the inner record stream.
@@ -130,23 +136,19 @@ impl InnerStream {
             if self.carry.len() < 8 {
                 return Ok(());
             }
-            let h =
-                RecordHeader::parse(&self.carry, self.e).ok_or(InnerError::BadRecord("header"))?;
-            if (h.size as usize) < 8 {
-                return Err(InnerError::BadRecord(
-                    "inner record smaller than its header",
-                ));
-            }
-            let more = h.size as usize - self.carry.len();
+            let size = RecordHeader::parse(&self.carry, self.e)
+                .ok_or(InnerError::BadRecord("header"))?
+                .size as usize;
+            let more = size.saturating_sub(self.carry.len());
             let take = more.min(data.len());
             self.carry.extend_from_slice(&data[..take]);
             data = &data[take..];
-            if self.carry.len() < h.size as usize {
+            let Some(fr) = frame(&self.carry, self.e, 0).map_err(bad_frame)? else {
                 return Ok(());
-            }
+            };
             let rec = std::mem::take(&mut self.carry);
-            self.skip = super::record::out_of_band_len(&h, &rec, self.e).unwrap_or(0);
-            f(h, &rec)?;
+            self.skip = fr.oob;
+            f(fr.header, &rec)?;
             if self.skip > 0 {
                 let n = (self.skip.min(data.len() as u64)) as usize;
                 self.skip -= n as u64;
@@ -160,23 +162,15 @@ impl InnerStream {
                 data = &data[n..];
                 continue;
             }
-            let Some(h) = RecordHeader::parse(data, self.e) else {
+            // The one framing primitive and its size policy, as for outer records.
+            let Some(fr) = frame(data, self.e, 0).map_err(bad_frame)? else {
                 self.carry.extend_from_slice(data);
                 return Ok(());
             };
-            if (h.size as usize) < 8 {
-                return Err(InnerError::BadRecord(
-                    "inner record smaller than its header",
-                ));
-            }
-            if h.size as usize > data.len() {
-                self.carry.extend_from_slice(data);
-                return Ok(());
-            }
-            let rec = &data[..h.size as usize];
-            self.skip = super::record::out_of_band_len(&h, rec, self.e).unwrap_or(0);
-            f(h, rec)?;
-            data = &data[h.size as usize..];
+            let rec = &data[..fr.size()];
+            self.skip = fr.oob;
+            f(fr.header, rec)?;
+            data = &data[fr.size()..];
         }
         Ok(())
     }
