@@ -20,6 +20,16 @@ pub struct Args {
     /// Table entries for every mapped DSO, hit or not.
     #[arg(long = "buildid-all")]
     pub buildid_all: bool,
+    /// Every mapping record of a DSO mapped as code, in build-ID MMAP2 form (as perf
+    /// 6.12's --mmap2-buildid-all), and its ID in the table.
+    #[arg(long = "mmap2-buildid-all")]
+    pub mmap2_buildid_all: bool,
+    /// Mapping records of the DSOs samples touch, in build-ID MMAP2 form.
+    #[arg(long = "mmap2-buildids")]
+    pub mmap2_buildids: bool,
+    /// Rewrite IN itself (only what changes, crash-safe); no OUT.
+    #[arg(long = "in-place")]
+    pub in_place: bool,
     /// Build IDs to use for paths: 'HEX PATH,HEX PATH' (as perf inject).
     #[arg(long = "known-build-ids", value_name = "LIST")]
     pub known_build_ids: Option<String>,
@@ -123,15 +133,28 @@ fn execute(args: &Args) -> Result<()> {
     if paths.next().is_some() {
         return Err(Error::Usage("too many paths: give IN and OUT".into()));
     }
+    if args.in_place {
+        let (Some(file), None) = (&input, &output) else {
+            return Err(Error::Usage(
+                "--in-place takes one file: pdinject --buildids --in-place FILE".into(),
+            ));
+        };
+        return execute_with(args, file, None);
+    }
     let (Some(input), Some(output)) = (input, output) else {
         return Err(Error::Usage(
             "give an input and an output: pdinject --buildids IN OUT".into(),
         ));
     };
+    execute_with(args, &input, Some(&output))
+}
+
+/// Runs with `output`, or in place when it is `None`.
+fn execute_with(args: &Args, input: &PathBuf, output: Option<&PathBuf>) -> Result<()> {
     // A stream in or out: the streaming pipeline, quiet apart from the summary (a
     // pipeline's terminal belongs to perf record and perf report too).
     let dash = |p: &PathBuf| p.as_os_str() == "-";
-    let stream = dash(&input) || dash(&output);
+    let stream = dash(input) || output.is_some_and(dash);
     if args.jobs == Some(0) {
         return Err(Error::Usage("--jobs must be at least 1".into()));
     }
@@ -139,7 +162,7 @@ fn execute(args: &Args) -> Result<()> {
         Some(s) => parse_known(s)?,
         None => Vec::new(),
     };
-    let mode = if args.buildid_all {
+    let mode = if args.buildid_all || args.mmap2_buildid_all {
         Mode::All
     } else {
         Mode::Hit
@@ -186,8 +209,13 @@ fn execute(args: &Args) -> Result<()> {
         unwind,
         unwind_budget: args.unwind_budget,
         max_frames: args.unwind_max_frames,
+        mmap2: args.mmap2_buildid_all || args.mmap2_buildids,
+        in_place: output.is_none(),
     };
-    let result = run(&input, &output, &opts);
+    let result = match output {
+        Some(output) => run(input, output, &opts),
+        None => pdinject::run::run_in_place(input, &opts),
+    };
     if let Some(b) = bar {
         b.finish_and_clear();
     }

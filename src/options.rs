@@ -55,6 +55,13 @@ pub struct Options {
     pub unwind_budget: Duration,
     /// Frames walked at most per sample.
     pub max_frames: usize,
+    /// Mapping records of DSOs with a decided ID are written in build-ID form
+    /// (`--mmap2-buildids` with [`Mode::Hit`], `--mmap2-buildid-all` with
+    /// [`Mode::All`]); see [`crate::sink::mmap2`].
+    pub mmap2: bool,
+    /// Rewrite the input itself, only what changes, crash-safe
+    /// ([`crate::write::inplace`]).
+    pub in_place: bool,
 }
 
 impl Default for Options {
@@ -67,6 +74,8 @@ impl Default for Options {
             unwind: UnwindChoice::Auto,
             unwind_budget: DEFAULT_UNWIND_BUDGET,
             max_frames: DEFAULT_MAX_FRAMES,
+            mmap2: false,
+            in_place: false,
         }
     }
 }
@@ -80,6 +89,8 @@ impl std::fmt::Debug for Options {
             .field("unwind", &self.unwind)
             .field("unwind_budget", &self.unwind_budget)
             .field("max_frames", &self.max_frames)
+            .field("mmap2", &self.mmap2)
+            .field("in_place", &self.in_place)
             .finish_non_exhaustive()
     }
 }

@@ -11,6 +11,8 @@ use crate::format::header::PIPE_HEADER_SIZE;
 use crate::input::PerfInput;
 use crate::options::Options;
 use crate::report::Report;
+use crate::sink::inplace::InplaceSink;
+use crate::sink::mmap2::Mmap2Sink;
 use crate::sink::stream::StreamSink;
 use crate::sink::table::TableSink;
 use crate::sink::{NullSink, Sink};
@@ -80,6 +82,18 @@ pub fn run(input: &Path, output: &Path, opts: &Options) -> Result<Report> {
             output.display()
         )));
     }
+    if opts.in_place {
+        return Err(Error::Usage(
+            "--in-place takes one file: pdinject --buildids --in-place FILE".into(),
+        ));
+    }
+    if !is_dash(input) && crate::write::inplace::has_journal(input) {
+        return Err(Error::unsupported(format!(
+            "an in-place run was interrupted and left its undo journal {}; run pdinject --in-place on the file to restore and finish it",
+            crate::write::inplace::journal_path(input).display()
+        ))
+        .in_file(input));
+    }
     let pool = opts.pool()?;
     let cx = Context {
         opts,
@@ -100,8 +114,13 @@ pub fn run(input: &Path, output: &Path, opts: &Options) -> Result<Report> {
         }
         let out = Path::new("<stdout>");
         let w = BufWriter::with_capacity(1 << 20, std::io::stdout().lock());
-        let mut sink = StreamSink::new(Box::new(w), out);
-        drive(cx, &in_name, src, &mut sink)?
+        let sink = StreamSink::new(Box::new(w), out);
+        if opts.mmap2 {
+            drive(cx, &in_name, src, &mut Mmap2Sink::stream(sink))?
+        } else {
+            let mut sink = sink;
+            drive(cx, &in_name, src, &mut sink)?
+        }
     } else {
         let tmp = TempOutput::create(output, src.is_dir())?;
         if src.is_dir()
@@ -110,9 +129,11 @@ pub fn run(input: &Path, output: &Path, opts: &Options) -> Result<Report> {
             let _ = std::fs::set_permissions(&tmp.path, m.permissions());
         }
         let header_out = tmp.header_file_path();
-        let r = {
-            let mut sink = TableSink::new(&header_out, src.is_dir().then_some(tmp.path.as_path()));
-            drive(cx, &in_name, src, &mut sink)
+        let dir = src.is_dir().then_some(tmp.path.as_path());
+        let r = if opts.mmap2 {
+            drive(cx, &in_name, src, &mut Mmap2Sink::file(&header_out, dir))
+        } else {
+            drive(cx, &in_name, src, &mut TableSink::new(&header_out, dir))
         };
         let r = r.map_err(|e| e.for_output(&tmp.path, output))?;
         tmp.commit()?;
@@ -121,6 +142,41 @@ pub fn run(input: &Path, output: &Path, opts: &Options) -> Result<Report> {
     report.pipe = is_dash(output);
     report.input = input.display().to_string();
     report.output = output.display().to_string();
+    Ok(report)
+}
+
+/// Rewrites `path` itself (`--in-place`): restores it first if an earlier in-place
+/// run was interrupted, then writes only what changes, crash-safe
+/// ([`crate::write::inplace`]).
+pub fn run_in_place(path: &Path, opts: &Options) -> Result<Report> {
+    if is_dash(path) {
+        return Err(Error::Usage(
+            "--in-place needs a file, not a stream on stdin".into(),
+        ));
+    }
+    let restored = crate::write::inplace::recover(path)?;
+    let pool = opts.pool()?;
+    let cx = Context {
+        opts,
+        pool: &pool,
+        host: Host::Consult,
+    };
+    let src = Input::open(path)?;
+    if !matches!(src, Input::File(_)) {
+        return Err(Error::Usage(format!(
+            "{}: --in-place takes a file-format perf.data (a stream cannot gain records in place); write a new file",
+            path.display()
+        )));
+    }
+    let mut report = drive(cx, path, src, &mut InplaceSink::new(opts.mmap2))?;
+    if restored {
+        report.notes.insert(
+            0,
+            "an interrupted in-place run was undone from its journal first".into(),
+        );
+    }
+    report.input = path.display().to_string();
+    report.output = path.display().to_string();
     Ok(report)
 }
 
