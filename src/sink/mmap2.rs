@@ -120,7 +120,9 @@ pub fn plan(
     if whole {
         let mut by_group: HashMap<usize, Vec<FileIdent>> = HashMap::new();
         for (m, _, ident) in &found {
-            if let Some((g, _, _)) = ids.get(&m.dso) {
+            // Kernel-space maps carry no file identity (perf fills the device
+            // fields of a synthesized kernel map with whatever it has).
+            if let Some((g, _, false)) = ids.get(&m.dso) {
                 by_group.entry(*g).or_default().push(*ident);
             }
         }
