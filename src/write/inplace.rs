@@ -14,11 +14,12 @@
 //!    header and the feature table point at);
 //! 2. mapping records, one write each: every intermediate file is one perf reads
 //!    (each record is whole in one form or the other);
-//! 3. the switch: the feature table, then the header's bitmap, then fsync. When the
-//!    table already had a BUILD_ID section, the switch is one 16-byte write of its
-//!    offset and size: old, then new, never anything between;
-//! 4. the modification time is set back (pdinject dates a recording by it), the
-//!    journal is removed and the directory synced.
+//! 3. the switch: the feature table, then the header's bitmap. When the table
+//!    already had a BUILD_ID section, the switch is one 16-byte write of its offset
+//!    and size: old, then new, never anything between;
+//! 4. the modification time is set back (pdinject dates a recording by it), fsync,
+//!    and the journal is removed (a power cut that loses the removal makes the next
+//!    run undo the finished run: the old state, whole).
 //!
 //! A run that finds a journal restores first: old bytes written back, the file cut
 //! to its old length, its time set back, then the journal removed. Restoring is
@@ -317,7 +318,8 @@ pub fn apply(target: &Path, plan: &Plan) -> Result<()> {
             jf.write_all(&part).map_err(|e| Error::io(&jp, e))?;
             step();
         }
-        jf.sync_all().map_err(|e| Error::io(&jp, e))?;
+        // fdatasync also makes the new file's size durable (needed to read it back).
+        jf.sync_data().map_err(|e| Error::io(&jp, e))?;
         step();
     }
     sync_dir(target)?;
@@ -326,21 +328,24 @@ pub fn apply(target: &Path, plan: &Plan) -> Result<()> {
         step();
     }
     if !plan.appends.is_empty() {
-        f.sync_all().map_err(io)?;
+        // The barrier that keeps a power cut from persisting the switch without
+        // the bytes it points at (a kill alone would not need it).
+        f.sync_data().map_err(io)?;
         step();
     }
     for c in plan.records.iter().chain(&plan.switch) {
         f.write_all_at(&c.bytes, c.offset).map_err(io)?;
         step();
     }
-    f.sync_all().map_err(io)?;
-    step();
     set_times(&f, target, j.atime, j.mtime)?;
+    // The new state is durable before the journal that could undo it goes.
     f.sync_all().map_err(io)?;
     step();
+    // No directory sync after: a power cut that loses the unlink leaves a journal
+    // that the next run uses to undo this finished run, which is the old state, whole.
     std::fs::remove_file(&jp).map_err(|e| Error::io(&jp, e))?;
     step();
-    sync_dir(target)
+    Ok(())
 }
 
 #[cfg(test)]
