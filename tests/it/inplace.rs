@@ -84,6 +84,14 @@ fn in_place_writes_what_a_new_file_gets() {
             "{mode}: the data section keeps its place and size"
         );
         assert!(!journal(&f).exists());
+        if let Some(p612) = perf612(t) {
+            assert_eq!(
+                buildid_list(&p612, &f),
+                buildid_list(&p612, &out),
+                "{mode}: perf 6.12"
+            );
+            assert_same_script(&p612, &b, &f, &["-F", "comm,tid,time,event,ip,dso"]);
+        }
         // Again: nothing to change, nothing written.
         let len = std::fs::metadata(&f).unwrap().len();
         let o = in_place(&f, mode, None);

@@ -266,3 +266,26 @@ fn buildid_mmap_input_opens_no_dso() {
         }
     }
 }
+
+/// `perf record -z`: mapping records inside COMPRESSED data stay as they are (one
+/// zstd frame runs through the whole recording); their IDs are in the table.
+#[test]
+fn mmap2_compressed_records_stay_and_ids_go_to_the_table() {
+    let t = "mmap2_compressed_records_stay_and_ids_go_to_the_table";
+    let Some(st) = setup(t) else { return };
+    let z = record_prog(&st, &["-z", "-B", "-g"], "z.data");
+    let out = st.dir.join("out.data");
+    pdinject_ok(&z, &out, &["--mmap2-buildid-all"]);
+    let table = buildid_list(&st.perf, &out);
+    for (p, id) in [(&st.fx.prog, PROG_ID), (&st.fx.libfix, LIB_ID)] {
+        assert_eq!(table.get(&s(p)).map(String::as_str), Some(id), "{table:?}");
+    }
+    check_ids(
+        &st.perf,
+        &out,
+        &BTreeMap::new(),
+        &[s(&st.fx.prog), s(&st.fx.libfix)],
+        "compressed",
+    );
+    same_samples(&st.perf, &z, &out);
+}
