@@ -52,7 +52,10 @@ pub fn tail_changes(input: &PerfInput, payload: Vec<u8>, plan: &mut Plan) -> Res
         .in_file(name));
     }
     let had = sections.contains_key(&FEAT_BUILD_ID);
-    let mut end = input.file_len;
+    // Appends start past the old end and past the (grown) table, which a file whose
+    // features are all empty ends with.
+    let table_end = data_end + 16 * (sections.len() as u64 + u64::from(!had));
+    let mut end = input.file_len.max(table_end);
     sections.insert(
         FEAT_BUILD_ID,
         Section {

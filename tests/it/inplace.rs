@@ -117,7 +117,9 @@ fn in_place_writes_what_a_new_file_gets() {
 }
 
 /// Kills pdinject at every step of an in-place run (and at the first steps of the
-/// run that restores), for --buildids and --mmap2-buildid-all; each time perf must
+/// run that restores), for --buildids and --mmap2-buildid-all on a `-B` recording
+/// (the table grows by an entry) and --buildid-all on a file that has a BUILD_ID
+/// section (one 16-byte switch); each time perf must
 /// read the file in the old or the new state, or the next run must restore and
 /// finish it.
 #[test]
@@ -127,12 +129,22 @@ fn in_place_survives_kill_at_every_step() {
     let b = record_prog(&st, &["-B", "-g"], "b.data");
     let fields = ["-F", "comm,tid,time,event,ip,dso"];
     let old_script = perf_script(&st.perf, &b, &fields);
-    let old_ids = buildid_list(&st.perf, &b);
+    // A file that already has a BUILD_ID section: --buildid-all adds libunused with
+    // the one-write switch.
+    let with_ids = st.dir.join("ids.data");
+    copy_of(&b, &with_ids);
+    assert!(in_place(&with_ids, "--buildids", None).status.success());
     let mut points = 0;
     let mut restored = 0;
-    for mode in ["--buildids", "--mmap2-buildid-all"] {
+    for (base, mode) in [
+        (&b, "--buildids"),
+        (&b, "--mmap2-buildid-all"),
+        (&with_ids, "--buildid-all"),
+    ] {
+        let b = base;
+        let old_ids = buildid_list(&st.perf, b);
         let reference = st.dir.join("ref.data");
-        copy_of(&b, &reference);
+        copy_of(b, &reference);
         assert!(in_place(&reference, mode, None).status.success());
         let new_ids = buildid_list(&st.perf, &reference);
         let new_mmaps = mmap2_build_ids(&st.perf, &reference);
@@ -141,7 +153,7 @@ fn in_place_survives_kill_at_every_step() {
         let f = st.dir.join("f.data");
         let mut finished = false;
         for n in 1..400 {
-            copy_of(&b, &f);
+            copy_of(b, &f);
             let o = in_place(&f, mode, Some(n));
             if o.status.success() {
                 finished = true;
@@ -203,7 +215,7 @@ fn in_place_survives_kill_at_every_step() {
                 "{mode} after kill point {n}: {}",
                 first_diff(&old_script, &now)
             );
-            assert_eq!(mtime(&f), mtime(&b), "{mode} after kill point {n}: mtime");
+            assert_eq!(mtime(&f), mtime(b), "{mode} after kill point {n}: mtime");
         }
         assert!(finished, "{mode}: the run never finished");
     }
