@@ -34,6 +34,7 @@ use crate::format::header::FileHeader;
 use crate::format::record::{FileIdent, RecordHeader, encode_build_id_mmap2, parse_mmap, rt};
 use crate::input::PerfInput;
 use crate::model::{DsoId, DsoKind};
+use crate::write::clone::{Piece, write_pieces};
 use crate::write::{copy_prefix, write_tail};
 use crate::{Error, Result};
 use std::collections::HashMap;
@@ -280,9 +281,16 @@ impl<'w> Mmap2Sink<'w> {
         self.report.ids_lost = plan_t.ids_lost;
         self.report.notes.extend(plan_t.note);
         let cancel = AtomicBool::new(false);
-        let first_grow = splices.iter().find(|s| s.grows() > 0).map(|s| s.offset);
+        // With a tail to write, the data from the first converted record on is
+        // written by this sink (shifted where records grew); before it, and without
+        // a tail (the whole file copied), the plain copy.
         let data_end = input.header.feature_table_offset();
-        let copy_len = match (plan_t.write, first_grow) {
+        let rewrite_from = splices
+            .iter()
+            .find(|s| s.file == 0)
+            .map(|s| s.offset)
+            .filter(|_| plan_t.write);
+        let copy_len = match (plan_t.write, rewrite_from) {
             (false, _) => input.file_len,
             (true, None) => data_end,
             (true, Some(g)) => g,
@@ -299,16 +307,15 @@ impl<'w> Mmap2Sink<'w> {
             write_tail(input, out, plan_t.payload.as_deref())
                 .map_err(|e| e.in_file(&input.header_path))?;
         }
-        if first_grow.is_some() {
+        if rewrite_from.is_some() {
             let zero: Vec<Splice> = splices.iter().filter(|s| s.file == 0).cloned().collect();
-            grow_data(input, out, &zero)?;
+            rewrite_data(input, out, &zero)?;
         }
-        // Same-size records: patched where they are (after the grown ones moved them).
-        let mut shift = 0u64;
+        // Records the rewrite did not write (data.N files; a file without a tail):
+        // patched where they are, all of the same size.
         let mut files: HashMap<usize, File> = HashMap::new();
         for s in &splices {
-            if s.grows() > 0 {
-                shift += s.grows();
+            if (s.file == 0 && rewrite_from.is_some()) || s.grows() > 0 {
                 continue;
             }
             let Some(path) = part_path(input, out, dir, s.file) else {
@@ -323,8 +330,7 @@ impl<'w> Mmap2Sink<'w> {
                         .map_err(|e| Error::io(&path, e))?,
                 ),
             };
-            let at = s.offset + if s.file == 0 { shift } else { 0 };
-            f.write_all_at(&s.new, at)
+            f.write_all_at(&s.new, s.offset)
                 .map_err(|e| Error::io(&path, e))?;
         }
         self.report.timings.insert("write-tail", t.elapsed());
@@ -332,87 +338,103 @@ impl<'w> Mmap2Sink<'w> {
     }
 }
 
-/// Writes the data section of `out` from the first growing record on: the input's
-/// records copied around the converted ones, each later byte shifted by what the
-/// records before it grew; then moves the feature tail (already written by
-/// `write_tail` at the input's data end) after the grown data and patches every
-/// offset that pointed past the data: the header's data size and attrs offset, the
-/// feature table, and ids sections the tail holds.
-fn grow_data(input: &PerfInput, out: &Path, splices: &[Splice]) -> Result<()> {
+/// Writes the data section of `out` from the first converted record on: the input's
+/// records around the converted ones, each later byte shifted by what the records
+/// before it grew (one sequential pass, direct I/O, rather than a copy then a
+/// read-modify-write of each record's page). When records grew, the feature tail
+/// (already written by `write_tail` at the input's data end) moves after the grown
+/// data and every offset that pointed past the data follows: the header's data size
+/// and attrs offset, the feature table, and ids sections the tail holds.
+fn rewrite_data(input: &PerfInput, out: &Path, splices: &[Splice]) -> Result<()> {
     let io = |e| Error::io(out, e);
     let h = &input.header;
     let e = h.endian;
     let data_end = h.feature_table_offset();
     let grown: u64 = splices.iter().map(Splice::grows).sum();
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(out)
-        .map_err(io)?;
-    // The tail as write_tail left it, then moved.
-    let len = f.metadata().map_err(io)?.len();
-    let mut tail = vec![0u8; (len - data_end) as usize];
-    f.read_exact_at(&mut tail, data_end).map_err(io)?;
-    let mut head = vec![0u8; h.header_size as usize];
-    f.read_exact_at(&mut head, 0).map_err(io)?;
-    let oh = FileHeader::parse(&head, len).map_err(|e| e.in_file(out))?;
-    let nfeat = oh.feature_bits().count();
-    for i in 0..nfeat {
-        let at = 16 * i;
-        if let Some(off) = e.u64(&tail, at)
-            && off >= data_end
-        {
-            tail[at..at + 8].copy_from_slice(&e.put_u64(off + grown));
+    // Read before the data overwrites where it lies; written after.
+    let moved = if grown > 0 {
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(out)
+            .map_err(io)?;
+        // The tail as write_tail left it, then moved.
+        let len = f.metadata().map_err(io)?.len();
+        let mut tail = vec![0u8; (len - data_end) as usize];
+        f.read_exact_at(&mut tail, data_end).map_err(io)?;
+        let mut head = vec![0u8; h.header_size as usize];
+        f.read_exact_at(&mut head, 0).map_err(io)?;
+        let oh = FileHeader::parse(&head, len).map_err(|e| e.in_file(out))?;
+        let mut attrs_at = None;
+        let nfeat = oh.feature_bits().count();
+        for i in 0..nfeat {
+            let at = 16 * i;
+            if let Some(off) = e.u64(&tail, at)
+                && off >= data_end
+            {
+                tail[at..at + 8].copy_from_slice(&e.put_u64(off + grown));
+            }
         }
-    }
-    let attr_len = (oh.attr_size as usize).saturating_sub(16);
-    let patch_attr = |entry: &mut [u8]| {
-        if let Some(ids) = e.u64(entry, attr_len)
-            && ids >= data_end
-        {
-            entry[attr_len..attr_len + 8].copy_from_slice(&e.put_u64(ids + grown));
-        }
-    };
-    if oh.attrs.offset >= data_end {
-        let a = (oh.attrs.offset - data_end) as usize;
-        let n = oh.attrs.size as usize;
-        if let Some(attrs) = tail.get_mut(a..a + n) {
+        let attr_len = (oh.attr_size as usize).saturating_sub(16);
+        let patch_attr = |entry: &mut [u8]| {
+            if let Some(ids) = e.u64(entry, attr_len)
+                && ids >= data_end
+            {
+                entry[attr_len..attr_len + 8].copy_from_slice(&e.put_u64(ids + grown));
+            }
+        };
+        if oh.attrs.offset >= data_end {
+            let a = (oh.attrs.offset - data_end) as usize;
+            let n = oh.attrs.size as usize;
+            if let Some(attrs) = tail.get_mut(a..a + n) {
+                attrs
+                    .chunks_exact_mut(oh.attr_size as usize)
+                    .for_each(patch_attr);
+            }
+            head[24..32].copy_from_slice(&e.put_u64(oh.attrs.offset + grown));
+        } else {
+            let mut attrs = vec![0u8; oh.attrs.size as usize];
+            f.read_exact_at(&mut attrs, oh.attrs.offset).map_err(io)?;
             attrs
                 .chunks_exact_mut(oh.attr_size as usize)
                 .for_each(patch_attr);
+            attrs_at = Some((oh.attrs.offset, attrs));
         }
-        head[24..32].copy_from_slice(&e.put_u64(oh.attrs.offset + grown));
+        Some((tail, head, attrs_at))
     } else {
-        let mut attrs = vec![0u8; oh.attrs.size as usize];
-        f.read_exact_at(&mut attrs, oh.attrs.offset).map_err(io)?;
-        attrs
-            .chunks_exact_mut(oh.attr_size as usize)
-            .for_each(patch_attr);
-        f.write_all_at(&attrs, oh.attrs.offset).map_err(io)?;
-    }
-    f.write_all_at(&tail, data_end + grown).map_err(io)?;
-    // The data from the first grown record on.
+        None
+    };
+    // The data from the first grown record on: the input's bytes around the
+    // converted records, written shifted.
     let src = File::open(&input.header_path).map_err(|e| Error::io(&input.header_path, e))?;
-    let mut from = splices.first().map_or(data_end, |s| s.offset);
-    let mut to = from;
-    for s in splices.iter().chain(std::iter::once(&Splice {
-        file: 0,
-        offset: data_end,
-        old_len: 0,
-        new: Vec::new(),
-    })) {
-        if s.offset < from {
-            continue;
-        }
-        crate::write::clone::copy_range(&src, from, &f, to, s.offset - from)
-            .map_err(|e| e.in_file(out))?;
-        to += s.offset - from;
-        f.write_all_at(&s.new, to).map_err(io)?;
-        to += s.new.len() as u64;
+    let first = splices.first().map_or(data_end, |s| s.offset);
+    let mut pieces = Vec::with_capacity(2 * splices.len() + 1);
+    let mut from = first;
+    for s in splices.iter().filter(|s| s.offset >= first) {
+        pieces.push(Piece::Src {
+            at: from,
+            len: s.offset - from,
+        });
+        pieces.push(Piece::Bytes(&s.new));
         from = s.offset + s.old_len;
     }
-    head[48..56].copy_from_slice(&e.put_u64(h.data.size + grown));
-    f.write_all_at(&head, 0).map_err(io)?;
+    pieces.push(Piece::Src {
+        at: from,
+        len: data_end - from,
+    });
+    write_pieces((&src, &input.header_path), out, first, &pieces)?;
+    if let Some((tail, mut head, attrs_at)) = moved {
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(out)
+            .map_err(io)?;
+        if let Some((at, attrs)) = attrs_at {
+            f.write_all_at(&attrs, at).map_err(io)?;
+        }
+        f.write_all_at(&tail, data_end + grown).map_err(io)?;
+        head[48..56].copy_from_slice(&e.put_u64(h.data.size + grown));
+        f.write_all_at(&head, 0).map_err(io)?;
+    }
     Ok(())
 }
 

@@ -1,7 +1,7 @@
 //! Copies that share or move blocks instead of bytes where the filesystem allows:
 //! a reflink (`FICLONE`: btrfs, XFS, bcachefs, OCFS2 share the extents, so a copy of
-//! any size takes no time and no space until one side changes), and ranged copies
-//! at different offsets (`copy_file_range`, else `pread`/`pwrite` in large steps).
+//! any size takes no time and no space until one side changes), and bytes written
+//! at other offsets than they were read from (direct I/O where it can).
 
 use crate::{Error, Result};
 use std::fs::File;
@@ -29,53 +29,122 @@ pub fn reflink(src: &File, dst: &File, len: u64) -> bool {
     true
 }
 
-/// Copies `len` bytes from `src` at `from` to `dst` at `to` (offsets need not be
-/// aligned or equal): copy_file_range in the kernel, else 1 MB reads and writes.
-pub fn copy_range(src: &File, mut from: u64, dst: &File, mut to: u64, len: u64) -> Result<()> {
-    let io = |e| Error::io("", e);
-    let end = from + len;
-    let mut kernel = true;
-    while from < end {
-        let step = (end - from).min(64 << 20) as usize;
-        if kernel {
-            let mut off_in = from as libc::loff_t;
-            let mut off_out = to as libc::loff_t;
-            // SAFETY: both descriptors are open; the offsets are ours.
-            let n = unsafe {
-                libc::copy_file_range(
-                    src.as_raw_fd(),
-                    &mut off_in,
-                    dst.as_raw_fd(),
-                    &mut off_out,
-                    step,
-                    0,
-                )
-            };
-            if n > 0 {
-                from += n as u64;
-                to += n as u64;
-                continue;
-            }
-            let err = std::io::Error::last_os_error();
-            match (n, err.raw_os_error()) {
-                (_, Some(libc::EINTR)) => continue,
-                (0, _) => {
-                    return Err(io(std::io::Error::new(
-                        std::io::ErrorKind::UnexpectedEof,
-                        "input shrank while copying",
-                    )));
-                }
-                _ => kernel = false,
-            }
-            continue;
+/// One part of an output range: bytes of the source file, or bytes in memory.
+#[derive(Clone, Copy, Debug)]
+pub enum Piece<'a> {
+    /// `len` bytes of the source at `at`.
+    Src {
+        /// Offset in the source.
+        at: u64,
+        /// Bytes.
+        len: u64,
+    },
+    /// These bytes.
+    Bytes(&'a [u8]),
+}
+
+impl Piece<'_> {
+    fn len(&self) -> u64 {
+        match self {
+            Piece::Src { len, .. } => *len,
+            Piece::Bytes(b) => b.len() as u64,
         }
-        let mut buf = vec![0u8; step.min(1 << 20)];
-        src.read_exact_at(&mut buf, from).map_err(io)?;
-        dst.write_all_at(&buf, to).map_err(io)?;
-        from += buf.len() as u64;
-        to += buf.len() as u64;
+    }
+}
+
+const BLOCK: u64 = 4096;
+const STEP: usize = 16 << 20;
+
+/// Fills `buf` with the output bytes at `out` (relative to the start of `pieces`).
+fn fill(
+    (src, name): (&File, &std::path::Path),
+    pieces: &[Piece<'_>],
+    starts: &[u64],
+    out: u64,
+    buf: &mut [u8],
+) -> Result<()> {
+    let end = out + buf.len() as u64;
+    let mut i = starts.partition_point(|&s| s <= out).saturating_sub(1);
+    let mut pos = out;
+    while pos < end && i < pieces.len() {
+        let (start, p) = (starts[i], pieces[i]);
+        let from = pos - start;
+        let n = (p.len() - from).min(end - pos) as usize;
+        let dst = &mut buf[(pos - out) as usize..(pos - out) as usize + n];
+        match p {
+            Piece::Src { at, .. } => src
+                .read_exact_at(dst, at + from)
+                .map_err(|e| Error::io(name, e))?,
+            Piece::Bytes(b) => dst.copy_from_slice(&b[from as usize..from as usize + n]),
+        }
+        pos += n as u64;
+        i += 1;
     }
     Ok(())
+}
+
+/// Writes `pieces` (of `src`, named for messages), one after the other, into `dst`
+/// from offset `at`. Whole 4 KiB
+/// blocks go out with O_DIRECT from an aligned buffer read from the (cached)
+/// source, so the output's pages are not copied into the page cache a second time
+/// (the direct copy of [`super::copy_prefix`], for bytes that moved); the unaligned
+/// ends, and everything where O_DIRECT is refused (tmpfs), are ordinary writes.
+pub fn write_pieces(
+    src: (&File, &std::path::Path),
+    dst: &std::path::Path,
+    at: u64,
+    pieces: &[Piece<'_>],
+) -> Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let io = |e| Error::io(dst, e);
+    let mut starts = Vec::with_capacity(pieces.len());
+    let mut total = 0u64;
+    for p in pieces {
+        starts.push(total);
+        total += p.len();
+    }
+    let end = at + total;
+    let buffered = std::fs::OpenOptions::new()
+        .write(true)
+        .open(dst)
+        .map_err(io)?;
+    let plain = |from: u64, to: u64| -> Result<()> {
+        let mut pos = from;
+        while pos < to {
+            let n = (to - pos).min(STEP as u64) as usize;
+            let mut buf = vec![0u8; n];
+            fill(src, pieces, &starts, pos - at, &mut buf)?;
+            buffered.write_all_at(&buf, pos).map_err(io)?;
+            pos += n as u64;
+        }
+        Ok(())
+    };
+    let a = at.next_multiple_of(BLOCK);
+    let b = end - end % BLOCK;
+    let direct = std::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(dst)
+        .ok()
+        .filter(|f| !super::is_tmpfs(f));
+    let Some(direct) = direct.filter(|_| a < b) else {
+        return plain(at, end);
+    };
+    plain(at, a)?;
+    let mut raw = vec![0u8; STEP + BLOCK as usize];
+    let skip = raw.as_ptr().align_offset(BLOCK as usize);
+    let buf = &mut raw[skip..skip + STEP];
+    let mut pos = a;
+    while pos < b {
+        let n = (b - pos).min(STEP as u64) as usize;
+        fill(src, pieces, &starts, pos - at, &mut buf[..n])?;
+        match direct.write_at(&buf[..n], pos) {
+            Ok(w) if w == n => pos += n as u64,
+            // A short or refused direct write: the rest goes the ordinary way.
+            _ => break,
+        }
+    }
+    plain(pos, end)
 }
 
 #[cfg(test)]
@@ -83,18 +152,33 @@ mod tests {
     use super::*;
 
     #[test]
-    fn copy_range_shifts_bytes() {
+    fn pieces_land_shifted_whatever_the_alignment() {
         let dir = std::env::temp_dir().join(format!("pdinject-clone-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let (a, b) = (dir.join("a"), dir.join("b"));
-        let data: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
+        let data: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
         std::fs::write(&a, &data).unwrap();
-        std::fs::write(&b, b"").unwrap();
         let src = File::open(&a).unwrap();
-        let dst = std::fs::OpenOptions::new().write(true).open(&b).unwrap();
-        copy_range(&src, 10, &dst, 42, 99_000).unwrap();
-        let got = std::fs::read(&b).unwrap();
-        assert_eq!(&got[42..], &data[10..99_010]);
+        for at in [0u64, 10, 4096, 5000] {
+            std::fs::write(&b, vec![7u8; at as usize]).unwrap();
+            let pieces = [
+                Piece::Src { at: 3, len: 5000 },
+                Piece::Bytes(b"0123456789abcdef0123456789abcdef"),
+                Piece::Src {
+                    at: 5003,
+                    len: 290_000,
+                },
+                Piece::Bytes(b"end"),
+            ];
+            write_pieces((&src, &a), &b, at, &pieces).unwrap();
+            let got = std::fs::read(&b).unwrap();
+            let mut want = vec![7u8; at as usize];
+            want.extend_from_slice(&data[3..5003]);
+            want.extend_from_slice(b"0123456789abcdef0123456789abcdef");
+            want.extend_from_slice(&data[5003..295_003]);
+            want.extend_from_slice(b"end");
+            assert!(got == want, "at {at}");
+        }
         // A reflink either works or leaves the copy to the caller.
         let dst2 = std::fs::OpenOptions::new()
             .write(true)

@@ -167,7 +167,7 @@ fn copy_direct(i: &File, dst: &Path, len: u64, cancel: &AtomicBool) -> Result<u6
     Ok(done)
 }
 
-fn is_tmpfs(f: &File) -> bool {
+pub(crate) fn is_tmpfs(f: &File) -> bool {
     use std::os::fd::AsRawFd;
     const TMPFS_MAGIC: i64 = 0x0102_1994;
     // SAFETY: fstatfs fills the struct on success.
