@@ -54,12 +54,16 @@ for f in "$@"; do
         for _ in $(seq "$runs"); do
             case $row in
             script) res+=("$(timed perf script -F ip,dso -i "$f")") ;;
-            inject) res+=("$(timed perf inject -b -i "$f" -o "$work/.inplace-bench-inject.data")") ;;
+            inject)
+                rm -f "$work/.inplace-bench-inject.data"
+                res+=("$(timed perf inject -b -i "$f" -o "$work/.inplace-bench-inject.data")")
+                ;;
             esac
         done
         r=$(printf '%s\n' "${res[@]}" | best)
         ratio=$(awk -v a="${r% *}" -v b="${p% *}" 'BEGIN { printf "%.1f", a / b }')
         echo "$(basename "$f"): perf $row best ${r% *} s, max RSS ${r#* } KB: ${ratio}x pdinject's time"
     done
-    rm -f "$copy" "$copy.head" "$copy.tail" "$work/.inplace-bench-inject.data"
+    # perf inject keeps an earlier output as .old.
+    rm -f "$copy" "$copy.head" "$copy.tail" "$work/.inplace-bench-inject.data"{,.old}
 done
