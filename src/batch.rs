@@ -53,6 +53,8 @@ pub enum Dest {
     OutDir(PathBuf),
     /// Beside each input, its name with this suffix appended (`perf.data.bid`).
     Suffix(String),
+    /// The input itself, rewritten in place (crash-safe; see the README's "In place").
+    InPlace,
 }
 
 /// What the walk leaves out.
@@ -77,6 +79,7 @@ impl WalkSkip {
                 out_dir: None,
                 suffix: Some(s.clone()),
             },
+            Dest::InPlace => WalkSkip::default(),
         }
     }
 }
@@ -509,13 +512,14 @@ struct Marker {
 pub fn fingerprint(o: &Options) -> String {
     let known: Vec<String> = o.known.iter().map(|(id, p)| format!("{id} {p}")).collect();
     format!(
-        "mode={:?};known={};unwind={:?};unwind_budget_ns={};max_frames={};symfs={:?}",
+        "mode={:?};known={};unwind={:?};unwind_budget_ns={};max_frames={};symfs={:?};mmap2={}",
         o.mode,
         known.join(","),
         o.unwind,
         o.unwind_budget.as_nanos(),
         o.max_frames,
-        o.symfs
+        o.symfs,
+        o.mmap2
     )
 }
 
@@ -523,6 +527,7 @@ pub fn fingerprint(o: &Options) -> String {
 pub fn output_path(dest: &Dest, input: &Input) -> PathBuf {
     match dest {
         Dest::OutDir(d) => d.join(&input.rel),
+        Dest::InPlace => input.path.clone(),
         Dest::Suffix(s) => {
             let mut o = input.path.clone().into_os_string();
             o.push(s);
@@ -539,6 +544,18 @@ pub fn marker_path(dest: &Dest, input: &Input) -> PathBuf {
             let mut p = d.join(".pdinject").join(&input.rel).into_os_string();
             p.push(".json");
             PathBuf::from(p)
+        }
+        // Not `.NAME.pdinject.json`: the walk takes a file with that beside it for
+        // an earlier batch's output, and an input rewritten in place is still one.
+        Dest::InPlace => {
+            let name = input
+                .path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            input
+                .path
+                .with_file_name(format!(".{name}.pdinject-inplace.json"))
         }
         Dest::Suffix(_) => {
             let out = output_path(dest, input);
@@ -726,9 +743,11 @@ fn process(input: &Input, opts: &BatchOptions, fp: &str, pool: &rayon::ThreadPoo
         pool,
         host: crate::engine::Host::Consult,
     };
+    let in_place = opts.dest == Dest::InPlace;
     let r = (|| {
         if let Some(d) = output.parent()
             && !d.as_os_str().is_empty()
+            && !in_place
         {
             std::fs::create_dir_all(d).map_err(|e| Error::Output {
                 path: output.clone(),
@@ -739,7 +758,11 @@ fn process(input: &Input, opts: &BatchOptions, fp: &str, pool: &rayon::ThreadPoo
         // A panic in one input must not end the batch; the library is meant never to
         // panic, so this only turns a bug into that input's error line.
         let report = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            crate::run::run_in(cx, &input.path, &output)
+            if in_place {
+                crate::run::run_in_place_in(cx, &input.path)
+            } else {
+                crate::run::run_in(cx, &input.path, &output)
+            }
         }))
         .map_err(|p| {
             let what = p

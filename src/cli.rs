@@ -22,6 +22,16 @@ pub struct Args {
     /// Table entries for every mapped DSO, hit or not.
     #[arg(long = "buildid-all")]
     pub buildid_all: bool,
+    /// Every mapping record of a DSO mapped as code, in build-ID MMAP2 form (as perf
+    /// 6.12's --mmap2-buildid-all), and its ID in the table.
+    #[arg(long = "mmap2-buildid-all")]
+    pub mmap2_buildid_all: bool,
+    /// Mapping records of the DSOs samples touch, in build-ID MMAP2 form.
+    #[arg(long = "mmap2-buildids")]
+    pub mmap2_buildids: bool,
+    /// Rewrite IN itself (only what changes, crash-safe); no OUT.
+    #[arg(long = "in-place")]
+    pub in_place: bool,
     /// Build IDs to use for paths: 'HEX PATH,HEX PATH' (as perf inject).
     #[arg(long = "known-build-ids", value_name = "LIST")]
     pub known_build_ids: Option<String>,
@@ -148,15 +158,28 @@ fn execute(args: &Args) -> Result<()> {
     if paths.next().is_some() {
         return Err(Error::Usage("too many paths: give IN and OUT".into()));
     }
+    if args.in_place {
+        let (Some(file), None) = (&input, &output) else {
+            return Err(Error::Usage(
+                "--in-place takes one file: pdinject --buildids --in-place FILE".into(),
+            ));
+        };
+        return execute_with(args, file, None);
+    }
     let (Some(input), Some(output)) = (input, output) else {
         return Err(Error::Usage(
             "give an input and an output: pdinject --buildids IN OUT".into(),
         ));
     };
+    execute_with(args, &input, Some(&output))
+}
+
+/// Runs with `output`, or in place when it is `None`.
+fn execute_with(args: &Args, input: &PathBuf, output: Option<&PathBuf>) -> Result<()> {
     // A stream in or out: the streaming pipeline, quiet apart from the summary (a
     // pipeline's terminal belongs to perf record and perf report too).
     let dash = |p: &PathBuf| p.as_os_str() == "-";
-    let stream = dash(&input) || dash(&output);
+    let stream = dash(input) || output.is_some_and(dash);
     if let Some(j) = args.jobs {
         pdinject::limits::check_jobs(j)?;
     }
@@ -164,7 +187,7 @@ fn execute(args: &Args) -> Result<()> {
         Some(s) => parse_known(s)?,
         None => Vec::new(),
     };
-    let mode = if args.buildid_all {
+    let mode = if args.buildid_all || args.mmap2_buildid_all {
         Mode::All
     } else {
         Mode::Hit
@@ -239,6 +262,8 @@ fn execute(args: &Args) -> Result<()> {
         unwind,
         unwind_budget: args.unwind_budget,
         max_frames: args.unwind_max_frames,
+        mmap2: args.mmap2_buildid_all || args.mmap2_buildids,
+        in_place: output.is_none(),
     };
     // Cache totals and the archive go into the report before it is written: the
     // report is committed together with the output (one run, one outcome).
@@ -261,8 +286,24 @@ fn execute(args: &Args) -> Result<()> {
         }
         Ok(())
     };
-    let result =
-        pdinject::run::run_staged(&input, &output, &opts, args.report.as_deref(), &mut finish);
+    let result = match output {
+        Some(output) => {
+            pdinject::run::run_staged(input, output, &opts, args.report.as_deref(), &mut finish)
+        }
+        // In place, the file itself is the output, already in its new state: the
+        // report follows it.
+        None => (|| {
+            if let Some(r) = &args.report {
+                pdinject::report::check_report_path(r, input, input)?;
+            }
+            let mut report = pdinject::run::run_in_place(input, &opts)?;
+            finish(&mut report)?;
+            if let Some(r) = &args.report {
+                pdinject::report::stage_json(&report, r)?.commit()?;
+            }
+            Ok(report)
+        })(),
+    };
     if let Some(b) = bar {
         b.finish_and_clear();
     }

@@ -60,6 +60,13 @@ pub struct Options {
     pub cache: Option<crate::buildid::cache::BuildIdCache>,
     /// `--symfs`: user DSOs are read under this sysroot.
     pub symfs: Option<std::path::PathBuf>,
+    /// Mapping records of DSOs with a decided ID are written in build-ID form
+    /// (`--mmap2-buildids` with [`Mode::Hit`], `--mmap2-buildid-all` with
+    /// [`Mode::All`]); see [`crate::sink::mmap2`].
+    pub mmap2: bool,
+    /// Rewrite the input itself, only what changes, crash-safe
+    /// ([`crate::write::inplace`]).
+    pub in_place: bool,
 }
 
 impl Default for Options {
@@ -74,6 +81,8 @@ impl Default for Options {
             max_frames: DEFAULT_MAX_FRAMES,
             cache: None,
             symfs: None,
+            mmap2: false,
+            in_place: false,
         }
     }
 }
@@ -89,6 +98,8 @@ impl std::fmt::Debug for Options {
             .field("max_frames", &self.max_frames)
             .field("cache", &self.cache)
             .field("symfs", &self.symfs)
+            .field("mmap2", &self.mmap2)
+            .field("in_place", &self.in_place)
             .finish_non_exhaustive()
     }
 }

@@ -11,6 +11,8 @@ use crate::format::header::PIPE_HEADER_SIZE;
 use crate::input::PerfInput;
 use crate::options::Options;
 use crate::report::Report;
+use crate::sink::inplace::InplaceSink;
+use crate::sink::mmap2::Mmap2Sink;
 use crate::sink::stream::StreamSink;
 use crate::sink::table::TableSink;
 use crate::sink::{NullSink, Sink};
@@ -141,6 +143,18 @@ fn run_uncommitted(
             output.display()
         )));
     }
+    if cx.opts.in_place {
+        return Err(Error::Usage(
+            "--in-place takes one file: pdinject --buildids --in-place FILE".into(),
+        ));
+    }
+    if !is_dash(input) && crate::write::inplace::has_journal(input) {
+        return Err(Error::unsupported(format!(
+            "an in-place run was interrupted and left its undo journal {}; run pdinject --in-place on the file to restore and finish it",
+            crate::write::inplace::journal_path(input).display()
+        ))
+        .in_file(input));
+    }
     let src = Input::open(input)?;
     let in_name = if is_dash(input) {
         PathBuf::from("<stdin>")
@@ -159,8 +173,14 @@ fn run_uncommitted(
         }
         let out = Path::new("<stdout>");
         let w = BufWriter::with_capacity(1 << 20, std::io::stdout().lock());
-        let mut sink = StreamSink::new(Box::new(w), out);
-        (drive(cx, &in_name, src, &mut sink)?, None)
+        let sink = StreamSink::new(Box::new(w), out);
+        let r = if cx.opts.mmap2 {
+            drive(cx, &in_name, src, &mut Mmap2Sink::stream(sink))?
+        } else {
+            let mut sink = sink;
+            drive(cx, &in_name, src, &mut sink)?
+        };
+        (r, None)
     } else {
         // perf.data holds secrets (paths, command lines, stacks): the output's mode
         // follows the input's; perf's 0600 for a stream read from stdin.
@@ -174,9 +194,11 @@ fn run_uncommitted(
         };
         let tmp = TempOutput::create_with_mode(output, src.is_dir(), mode)?;
         let header_out = tmp.header_file_path();
-        let r = {
-            let mut sink = TableSink::new(&header_out, src.is_dir().then_some(tmp.path.as_path()));
-            drive(cx, &in_name, src, &mut sink)
+        let dir = src.is_dir().then_some(tmp.path.as_path());
+        let r = if cx.opts.mmap2 {
+            drive(cx, &in_name, src, &mut Mmap2Sink::file(&header_out, dir))
+        } else {
+            drive(cx, &in_name, src, &mut TableSink::new(&header_out, dir))
         };
         (r.map_err(|e| e.for_output(&tmp.path, output))?, Some(tmp))
     };
@@ -195,6 +217,47 @@ fn run_uncommitted(
     report.input = input.display().to_string();
     report.output = output.display().to_string();
     Ok((report, tmp))
+}
+
+/// Rewrites `path` itself (`--in-place`): restores it first if an earlier in-place
+/// run was interrupted, then writes only what changes, crash-safe
+/// ([`crate::write::inplace`]).
+pub fn run_in_place(path: &Path, opts: &Options) -> Result<Report> {
+    if is_dash(path) {
+        return Err(Error::Usage(
+            "--in-place needs a file, not a stream on stdin".into(),
+        ));
+    }
+    let pool = opts.pool()?;
+    let cx = Context {
+        opts,
+        pool: &pool,
+        host: Host::Consult,
+    };
+    run_in_place_in(cx, path)
+}
+
+/// [`run_in_place`] on a pool the caller owns (a batch of files rewritten in place).
+pub fn run_in_place_in(cx: Context<'_>, path: &Path) -> Result<Report> {
+    let opts = cx.opts;
+    let restored = crate::write::inplace::recover(path)?;
+    let src = Input::open(path)?;
+    if !matches!(src, Input::File(_)) {
+        return Err(Error::Usage(format!(
+            "{}: --in-place takes a file-format perf.data (a stream cannot gain records in place); write a new file",
+            path.display()
+        )));
+    }
+    let mut report = drive(cx, path, src, &mut InplaceSink::new(opts.mmap2))?;
+    if restored {
+        report.notes.insert(
+            0,
+            "an interrupted in-place run was undone from its journal first".into(),
+        );
+    }
+    report.input = path.display().to_string();
+    report.output = path.display().to_string();
+    Ok(report)
 }
 
 /// Drives the engine over `src` into `sink`.

@@ -46,9 +46,15 @@ pub struct BatchArgs {
     /// Write each output beside its input, named as the input plus SUFFIX (e.g. .bid).
     #[arg(long = "suffix", value_name = "SUFFIX")]
     pub suffix: Option<String>,
-    /// Replace each input (not supported yet).
+    /// Rewrite each input itself, only what changes, crash-safe (see "In place").
     #[arg(long = "in-place")]
     pub in_place: bool,
+    /// Every mapping record of a DSO mapped as code in build-ID MMAP2 form.
+    #[arg(long = "mmap2-buildid-all")]
+    pub mmap2_buildid_all: bool,
+    /// Mapping records of the DSOs samples touch in build-ID MMAP2 form.
+    #[arg(long = "mmap2-buildids")]
+    pub mmap2_buildids: bool,
     /// Also read input paths from FILE, one per line ('-': standard input).
     #[arg(long = "from", value_name = "FILE")]
     pub from: Vec<PathBuf>,
@@ -157,7 +163,9 @@ fn engine_options(args: &BatchArgs) -> Result<Options> {
     Ok(Options {
         cache,
         symfs: args.symfs.clone(),
-        mode: if args.buildid_all {
+        mmap2: args.mmap2_buildid_all || args.mmap2_buildids,
+        in_place: false,
+        mode: if args.buildid_all || args.mmap2_buildid_all {
             Mode::All
         } else {
             Mode::Hit
@@ -181,9 +189,13 @@ fn engine_options(args: &BatchArgs) -> Result<Options> {
 
 fn destination(args: &BatchArgs) -> Result<Dest> {
     if args.in_place {
-        return Err(Error::Usage(
-            "--in-place is not supported yet: use --out-dir DIR or --suffix SUFFIX".into(),
-        ));
+        return match (&args.out_dir, &args.suffix) {
+            (None, None) => Ok(Dest::InPlace),
+            _ => Err(Error::Usage(
+                "--in-place rewrites each input: it goes with neither --out-dir nor --suffix"
+                    .into(),
+            )),
+        };
     }
     match (&args.out_dir, &args.suffix) {
         (Some(d), None) => Ok(Dest::OutDir(d.clone())),

@@ -280,3 +280,125 @@ pub fn parse_build_id_entry<'a>(h: &RecordHeader, rec: &'a [u8]) -> Option<Build
         filename: c_str(rec.get(36..)?),
     })
 }
+
+/// Size of the build-ID union of an MMAP2 record (maj/min/ino/generation in the
+/// classic form; size, reserved bytes and 20 ID bytes in the build-ID form).
+pub const MMAP2_UNION: usize = 24;
+
+/// The build-ID form of the MMAP or MMAP2 record `rec` (the whole record, trailer
+/// included): misc gains `MMAP_BUILD_ID`, bytes 40..64 hold the ID's size, three
+/// reserved bytes and the ID zero-padded to 20 bytes (perf-format.md §3.2). An
+/// MMAP2 keeps its size; an MMAP becomes an MMAP2 32 bytes longer, its name and
+/// trailer bytes copied as they are, prot and flags as perf reads an MMAP (PROT_EXEC
+/// unless MMAP_DATA; kernel-space maps 0, as `perf record --buildid-mmap` writes
+/// them). `None` when the record is too short to be a mapping or would outgrow a
+/// record's 64 KiB.
+pub fn encode_build_id_mmap2(
+    rec: &[u8],
+    e: Endian,
+    id: &super::feature::BuildId,
+    kernel_space: bool,
+) -> Option<Vec<u8>> {
+    let h = RecordHeader::parse(rec, e)?;
+    if rec.len() != h.size as usize {
+        return None;
+    }
+    let mut union = [0u8; MMAP2_UNION];
+    let raw = id.as_bytes();
+    union[0] = raw.len() as u8;
+    union[4..4 + raw.len()].copy_from_slice(raw);
+    match h.kind {
+        rt::MMAP2 if rec.len() >= 72 => {
+            let mut out = rec.to_vec();
+            out[4..6].copy_from_slice(&e.put_u16(h.misc | misc::MMAP_BUILD_ID));
+            out[40..64].copy_from_slice(&union);
+            Some(out)
+        }
+        rt::MMAP if rec.len() >= 40 => {
+            let size = u16::try_from(rec.len() + 32).ok()?;
+            let prot = if kernel_space || h.misc & misc::MMAP_DATA != 0 {
+                0
+            } else {
+                PROT_EXEC
+            };
+            let mut out = Vec::with_capacity(rec.len() + 32);
+            out.extend_from_slice(&e.put_u32(rt::MMAP2));
+            out.extend_from_slice(&e.put_u16(h.misc | misc::MMAP_BUILD_ID));
+            out.extend_from_slice(&e.put_u16(size));
+            out.extend_from_slice(&rec[8..40]);
+            out.extend_from_slice(&union);
+            out.extend_from_slice(&e.put_u32(prot));
+            out.extend_from_slice(&e.put_u32(0));
+            out.extend_from_slice(&rec[40..]);
+            Some(out)
+        }
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod mmap2_tests {
+    use super::*;
+    use crate::format::feature::BuildId;
+
+    fn mmap_v1(e: Endian, name: &[u8], trailer: &[u8]) -> Vec<u8> {
+        let mut r = Vec::new();
+        let size = 40 + name.len() + trailer.len();
+        r.extend_from_slice(&e.put_u32(rt::MMAP));
+        r.extend_from_slice(&e.put_u16(misc::KERNEL));
+        r.extend_from_slice(&e.put_u16(size as u16));
+        for v in [u32::MAX, 0] {
+            r.extend_from_slice(&e.put_u32(v));
+        }
+        for v in [0xffff_ffff_8100_0000u64, 0x120_0000, 0xffff_ffff_8100_0000] {
+            r.extend_from_slice(&e.put_u64(v));
+        }
+        r.extend_from_slice(name);
+        r.extend_from_slice(trailer);
+        r
+    }
+
+    #[test]
+    fn mmap_grows_by_32_and_parses_back_with_the_id() {
+        for e in [Endian::Little, Endian::Big] {
+            let id = BuildId::from_hex("0123456789abcdef0123456789abcdef01234567").unwrap();
+            let name = b"[kernel.kallsyms]_text\0\0";
+            let trailer = [7u8; 16];
+            let v1 = mmap_v1(e, name, &trailer);
+            let v2 = encode_build_id_mmap2(&v1, e, &id, true).unwrap();
+            assert_eq!(v2.len(), v1.len() + 32);
+            let h = RecordHeader::parse(&v2, e).unwrap();
+            assert_eq!((h.kind, h.size as usize), (rt::MMAP2, v2.len()));
+            assert_eq!(h.misc, misc::KERNEL | misc::MMAP_BUILD_ID);
+            let m = parse_mmap(&h, &v2, v2.len() - 16, e).unwrap();
+            assert_eq!(m.ident, FileIdent::BuildId(id));
+            assert_eq!(m.filename, b"[kernel.kallsyms]_text");
+            assert_eq!(m.pgoff, 0xffff_ffff_8100_0000);
+            assert_eq!(&v2[v2.len() - 16..], &trailer);
+        }
+    }
+
+    #[test]
+    fn mmap2_keeps_its_size_and_a_short_id_is_padded() {
+        let e = Endian::Little;
+        let v1 = mmap_v1(e, b"/bin/x\0\0", &[]);
+        let mut v2 =
+            encode_build_id_mmap2(&v1, e, &BuildId::from_hex("aa").unwrap(), false).unwrap();
+        // A classic MMAP2 with inode fields set: the union is replaced whole.
+        v2[4..6].copy_from_slice(&e.put_u16(misc::USER));
+        v2[40..64].copy_from_slice(&[0xee; 24]);
+        let id = BuildId::from_hex("deadbeefdeadbeefdeadbeefdeadbeef").unwrap();
+        let v3 = encode_build_id_mmap2(&v2, e, &id, false).unwrap();
+        assert_eq!(v3.len(), v2.len());
+        assert_eq!(v3[40], 16);
+        assert_eq!(&v3[41..44], &[0, 0, 0]);
+        assert_eq!(&v3[60..64], &[0, 0, 0, 0]);
+        let h = RecordHeader::parse(&v3, e).unwrap();
+        assert_eq!(
+            parse_mmap(&h, &v3, v3.len(), e).unwrap().ident,
+            FileIdent::BuildId(id)
+        );
+        assert_eq!(e.u32(&v3, 64), Some(PROT_EXEC), "an MMAP is executable");
+        assert!(encode_build_id_mmap2(&v3[..50], e, &id, false).is_none());
+    }
+}

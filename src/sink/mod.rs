@@ -8,10 +8,14 @@
 //!   moved into the header);
 //! * [`stream::StreamSink`]: a stream (`perf record -o -` format) with a
 //!   HEADER_BUILD_ID record before the first sample that needs it (from a file: the
-//!   header turned into HEADER_ATTR and HEADER_FEATURE records first).
+//!   header turned into HEADER_ATTR and HEADER_FEATURE records first);
+//! * [`mmap2::Mmap2Sink`]: either of those with the mapping records of decided
+//!   DSOs in build-ID form (`--mmap2-buildid-all`, `--mmap2-buildids`).
 //!
 //! The engine does not know which sink it feeds; a new output form is a new sink.
 
+pub mod inplace;
+pub mod mmap2;
 pub mod stream;
 pub mod table;
 

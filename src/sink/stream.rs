@@ -28,6 +28,8 @@ pub struct StreamSink<'w> {
     out: PathBuf,
     e: Endian,
     report: SinkReport,
+    /// Records of a file input's data replaced on the way (build-ID MMAP2 sink).
+    splices: Vec<super::mmap2::Splice>,
 }
 
 impl<'w> StreamSink<'w> {
@@ -38,7 +40,13 @@ impl<'w> StreamSink<'w> {
             out: out.to_path_buf(),
             e: Endian::Little,
             report: SinkReport::default(),
+            splices: Vec::new(),
         }
+    }
+
+    /// Records of a file input's data section to replace as it is written (sorted).
+    pub fn set_splices(&mut self, splices: Vec<super::mmap2::Splice>) {
+        self.splices = splices;
     }
 
     fn write(&mut self, b: &[u8]) -> Result<()> {
@@ -146,7 +154,13 @@ impl<'w> StreamSink<'w> {
         while at < end {
             let n = (end - at).min(crate::engine::source::WINDOW_BYTES);
             let win = src.window(at, n)?;
-            self.write(&win)?;
+            if self.splices.is_empty() {
+                self.write(&win)?;
+            } else {
+                let mut v = Vec::with_capacity(win.len() + 32 * self.splices.len());
+                super::mmap2::splice_into(&mut v, at, &win, &self.splices);
+                self.write(&v)?;
+            }
             at += n;
         }
         Ok(())

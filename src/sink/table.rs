@@ -82,7 +82,7 @@ impl TableSink {
     /// A table entry can be added: a feature bitmap (104-byte header) and a non-empty
     /// data section (perf reads a data size of 0 as "to the end of the file", which
     /// would swallow a feature table written after it).
-    fn can_write_table(input: &PerfInput) -> bool {
+    pub(crate) fn can_write_table(input: &PerfInput) -> bool {
         input.header.header_size == FILE_HEADER_SIZE && input.header.data.size > 0
     }
 
@@ -96,69 +96,109 @@ impl TableSink {
             .join()
             .map_err(|_| Error::Internal("the copy thread panicked".into()))??;
         self.report.timings.insert("copy", t_copy);
-        let mut entries = Vec::new();
-        let mut added = 0;
-        for d in engine.decisions() {
-            if let Some(id) = d.id_for_table() {
-                encode_table_entry(
-                    &mut entries,
-                    input.header.endian,
-                    d.cpumode(),
-                    &id,
-                    d.group.name.as_bytes(),
-                );
-                added += usize::from(!d.from_input());
-            }
-        }
-        let old = input
-            .header
-            .has_feature(FEAT_BUILD_ID)
-            .then(|| input.feature(FEAT_BUILD_ID))
-            .flatten();
-        let table = old
-            .as_deref()
-            .map(|p| crate::format::feature::parse_build_id_table(p, input.header.endian));
-        let legacy = table.as_ref().is_some_and(|t| t.legacy);
-        let damaged = table.as_ref().filter(|t| t.malformed).map(|t| t.valid_len);
-        if !Self::can_write_table(input) {
-            if added > 0 {
-                self.report.notes.push(
-                    "the input has no feature bitmap (pre-2010 header) or no records: no build-ID table can be added"
-                        .into(),
-                );
-            }
-            self.report.ids_lost = added;
+        let plan = table_plan(input, engine);
+        self.report.ids_new = plan.ids_new;
+        self.report.ids_lost = plan.ids_lost;
+        self.report.notes.extend(plan.note);
+        if !plan.write {
             return Ok(());
         }
-        // The BUILD_ID section is rewritten only when it changes or did not exist.
-        let payload = if legacy || (entries.is_empty() && old.is_some()) {
-            if damaged.is_some() {
-                self.report.notes.push(
-                    "the input's build-ID table ends in a damaged entry; it is copied as it is"
-                        .into(),
-                );
-            }
-            None
-        } else {
-            let mut p = old.unwrap_or_default();
-            // perf reads on from a damaged entry's size and would never see entries
-            // appended after it: the damaged tail is dropped.
-            if let Some(valid) = damaged.filter(|&v| p.len() > v) {
-                self.report.notes.push(format!(
-                    "the damaged last {} bytes of the input's build-ID table were dropped so that perf reads the new entries",
-                    p.len() - valid
-                ));
-                p.truncate(valid);
-            }
-            p.extend_from_slice(&entries);
-            self.report.ids_new = added;
-            Some(p)
-        };
+        let payload = plan.payload;
         let t = Instant::now();
         write_tail(input, &self.out, payload.as_deref())
             .map_err(|e| e.in_file(&input.header_path))?;
         self.report.timings.insert("write-tail", t.elapsed());
         Ok(())
+    }
+}
+
+/// What the BUILD_ID section of a file-format output of a file input becomes (shared
+/// by every sink that writes one: [`TableSink`], the MMAP2 sink, in-place runs).
+pub(crate) struct TablePlan {
+    /// A feature tail can be written at all (see [`TableSink::can_write_table`]).
+    pub write: bool,
+    /// The new BUILD_ID payload: the input's entries verbatim, then the new ones;
+    /// `None` when the section does not change.
+    pub payload: Option<Vec<u8>>,
+    /// Entries pdinject adds.
+    pub ids_new: usize,
+    /// IDs decided that no table can hold.
+    pub ids_lost: usize,
+    /// What the user should know.
+    pub note: Option<String>,
+}
+
+/// The BUILD_ID section for `input` after the engine's decisions.
+pub(crate) fn table_plan(input: &PerfInput, engine: &Engine<'_>) -> TablePlan {
+    let mut entries = Vec::new();
+    let mut added = 0;
+    for d in engine.decisions() {
+        if let Some(id) = d.id_for_table() {
+            encode_table_entry(
+                &mut entries,
+                input.header.endian,
+                d.cpumode(),
+                &id,
+                d.group.name.as_bytes(),
+            );
+            added += usize::from(!d.from_input());
+        }
+    }
+    let old = input
+        .header
+        .has_feature(FEAT_BUILD_ID)
+        .then(|| input.feature(FEAT_BUILD_ID))
+        .flatten();
+    let table = old
+        .as_deref()
+        .map(|p| crate::format::feature::parse_build_id_table(p, input.header.endian));
+    let legacy = table.as_ref().is_some_and(|t| t.legacy);
+    let damaged = table.as_ref().filter(|t| t.malformed).map(|t| t.valid_len);
+    let mut note = None;
+    if !TableSink::can_write_table(input) {
+        if added > 0 {
+            note = Some(
+                    "the input has no feature bitmap (pre-2010 header) or no records: no build-ID table can be added"
+                        .into(),
+                );
+        }
+        return TablePlan {
+            write: false,
+            payload: None,
+            ids_new: 0,
+            ids_lost: added,
+            note,
+        };
+    }
+    // The BUILD_ID section is rewritten only when it changes or did not exist.
+    let payload = if legacy || (entries.is_empty() && old.is_some()) {
+        if damaged.is_some() {
+            note = Some(
+                "the input's build-ID table ends in a damaged entry; it is copied as it is".into(),
+            );
+        }
+        None
+    } else {
+        let mut p = old.unwrap_or_default();
+        // perf reads on from a damaged entry's size and would never see entries
+        // appended after it: the damaged tail is dropped.
+        if let Some(valid) = damaged.filter(|&v| p.len() > v) {
+            note = Some(format!(
+                "the damaged last {} bytes of the input's build-ID table were dropped so that perf reads the new entries",
+                p.len() - valid
+            ));
+            p.truncate(valid);
+        }
+        p.extend_from_slice(&entries);
+        Some(p)
+    };
+    let ids_new = if payload.is_some() { added } else { 0 };
+    TablePlan {
+        write: true,
+        payload,
+        ids_new,
+        ids_lost: 0,
+        note,
     }
 }
 

@@ -4,6 +4,9 @@
 //! copied byte for byte. Output goes to a temp file renamed over the target on
 //! success, so an error never leaves a partial output.
 
+pub mod clone;
+pub mod inplace;
+
 use crate::format::header::{FEAT_BUILD_ID, FileHeader};
 use crate::input::PerfInput;
 use crate::{Error, Result};
@@ -217,7 +220,7 @@ fn copy_direct(i: &File, dst: &Path, len: u64, cancel: &AtomicBool) -> Result<u6
     Ok(done)
 }
 
-fn is_tmpfs(f: &File) -> bool {
+pub(crate) fn is_tmpfs(f: &File) -> bool {
     use std::os::fd::AsRawFd;
     const TMPFS_MAGIC: i64 = 0x0102_1994;
     // SAFETY: fstatfs fills the struct on success.
@@ -240,6 +243,9 @@ pub fn copy_prefix(src: &Path, dst: &Path, len: u64, cancel: &AtomicBool) -> Res
     // perf.data can hold secrets (paths, command lines, stacks): keep the input's mode.
     if let Ok(m) = i.metadata() {
         let _ = o.set_permissions(m.permissions());
+    }
+    if clone::reflink(&i, &o, len) {
+        return Ok(());
     }
     let (fi, fo) = (i.as_raw_fd(), o.as_raw_fd());
     let mut done = if len >= DIRECT_MIN {

@@ -279,7 +279,10 @@ fn batch_list_suffix_and_usage() {
     );
     // Usage errors: exit 2, a clear message.
     for (args, says) in [
-        (vec!["--in-place"], "not supported yet"),
+        (
+            vec!["--in-place", "--out-dir", "x"],
+            "neither --out-dir nor --suffix",
+        ),
         (vec![], "--out-dir DIR or --suffix"),
         (vec!["--out-dir", "x", "--shard", "5/4"], "K/N"),
         (
@@ -398,4 +401,60 @@ fn batch_memo_reads_each_dso_once() {
             "h{i}: the batch output differs from the single-file run's"
         );
     }
+}
+
+/// `--in-place`: each recording rewritten itself (the crash-safe in-place writer);
+/// its IDs read back from the file, the mtime kept, a rerun skips them all.
+#[test]
+fn batch_in_place() {
+    let d = tempfile::tempdir().unwrap();
+    let demo = manifest_dir().join("testdata/demo/demo.data");
+    let mut files = Vec::new();
+    for i in 0..3 {
+        let f = d.path().join(format!("host{i}/perf.data"));
+        std::fs::create_dir_all(f.parent().unwrap()).unwrap();
+        std::fs::copy(&demo, &f).unwrap();
+        files.push(f);
+    }
+    let mtimes: Vec<_> = files
+        .iter()
+        .map(|f| std::fs::metadata(f).unwrap().modified().unwrap())
+        .collect();
+    let report = d.path().join("r.jsonl");
+    let o = pdinject_run([
+        "batch".as_ref(),
+        "--in-place".as_ref(),
+        "--report".as_ref(),
+        report.as_os_str(),
+        d.path().as_os_str(),
+    ]);
+    assert!(o.status.success(), "{}", tail(&o.stderr));
+    for (f, m) in files.iter().zip(&mtimes) {
+        let back = pdinject::run::validate(f).expect("rewritten in place, still valid");
+        assert!(back.samples > 100, "{}", f.display());
+        assert_eq!(
+            &std::fs::metadata(f).unwrap().modified().unwrap(),
+            m,
+            "mtime kept"
+        );
+        let lines = report_lines(&report);
+        let line = &lines[&f.display().to_string()];
+        assert!(line["ids_written"].as_u64().unwrap_or(0) >= 3, "{line}");
+    }
+    // The table is in the file: a later run finds every ID in the input's table.
+    let out = d.path().join("again.data");
+    let (_, r) = pdinject_ok(&files[0], &out, &["-N"]);
+    assert_eq!(r["ids_new"].as_u64(), Some(0), "{r}");
+    let o = pdinject_run([
+        "batch".as_ref(),
+        "--in-place".as_ref(),
+        "--report".as_ref(),
+        report.as_os_str(),
+        d.path().join("host0").as_os_str(),
+        d.path().join("host1").as_os_str(),
+        d.path().join("host2").as_os_str(),
+    ]);
+    assert!(o.status.success(), "{}", tail(&o.stderr));
+    let s = summary(&report);
+    assert_eq!(s["skipped"].as_u64(), Some(3), "a rerun skips: {s}");
 }

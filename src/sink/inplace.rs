@@ -1,0 +1,209 @@
+//! `--in-place`: the table sink's BUILD_ID section and the MMAP2 sink's records,
+//! written into the input itself through the crash-safe plan of
+//! [`crate::write::inplace`]. Only what changes is written: a new BUILD_ID payload
+//! past the end of the file and the feature table entries that point at it (plus the
+//! header's bitmap when the file had no table), and mapping records that keep their
+//! size (MMAP records, which would grow, are left; their IDs are in the table).
+
+use super::mmap2::{mapping_note, plan as mmap2_plan, read_record};
+use super::table::table_plan;
+use super::{Batch, Begin, Sink, SinkReport};
+use crate::engine::Engine;
+use crate::format::header::{FEAT_BUILD_ID, Section};
+use crate::input::PerfInput;
+use crate::write::inplace::{Change, Plan, apply};
+use crate::{Error, Result};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Instant;
+
+/// Rewrites a file-format input in place.
+pub struct InplaceSink {
+    mmap2: bool,
+    report: SinkReport,
+}
+
+impl InplaceSink {
+    /// `mmap2`: mapping records are written in build-ID form too.
+    pub fn new(mmap2: bool) -> Self {
+        InplaceSink {
+            mmap2,
+            report: SinkReport::default(),
+        }
+    }
+}
+
+/// The changes that give `input` the BUILD_ID section `payload`: the payload past
+/// the end of the file; when the file had no BUILD_ID section, the feature table
+/// grows by one entry over the first bytes after it, so whatever feature payload
+/// lay there is copied past the end too, and the bitmap gains the bit.
+pub fn tail_changes(input: &PerfInput, payload: Vec<u8>, plan: &mut Plan) -> Result<()> {
+    let h = &input.header;
+    let e = h.endian;
+    let name = &input.header_path;
+    let data_end = h.feature_table_offset();
+    let old_bits: Vec<u32> = h.feature_bits().collect();
+    let mut sections: BTreeMap<u32, Section> = input.features.iter().copied().collect();
+    if sections.len() != old_bits.len() || !old_bits.iter().all(|b| sections.contains_key(b)) {
+        return Err(Error::unsupported(
+            "the feature table does not match the header's bitmap; write a new file instead of --in-place",
+        )
+        .in_file(name));
+    }
+    let had = sections.contains_key(&FEAT_BUILD_ID);
+    // Appends start past the old end and past the (grown) table, which a file whose
+    // features are all empty ends with.
+    let table_end = data_end + 16 * (sections.len() as u64 + u64::from(!had));
+    let mut end = input.file_len.max(table_end);
+    sections.insert(
+        FEAT_BUILD_ID,
+        Section {
+            offset: end,
+            size: payload.len() as u64,
+        },
+    );
+    let n = sections.len() as u64;
+    plan.appends.push(Change {
+        offset: end,
+        bytes: payload,
+    });
+    end += sections[&FEAT_BUILD_ID].size;
+    if had {
+        let idx = sections
+            .keys()
+            .position(|&b| b == FEAT_BUILD_ID)
+            .unwrap_or(0) as u64;
+        let s = sections[&FEAT_BUILD_ID];
+        let mut entry = e.put_u64(s.offset).to_vec();
+        entry.extend_from_slice(&e.put_u64(s.size));
+        plan.switch.push(Change {
+            offset: data_end + 16 * idx,
+            bytes: entry,
+        });
+        return Ok(());
+    }
+    // The table grows from `old_end` to `new_end`: what lay there moves.
+    let (old_end, new_end) = (data_end + 16 * (n - 1), data_end + 16 * n);
+    let hit = |s: &Section| s.size > 0 && s.offset < new_end && s.offset + s.size > old_end;
+    if hit(&h.attrs) {
+        return Err(Error::unsupported(
+            "the attrs section follows the feature table; write a new file instead of --in-place",
+        )
+        .in_file(name));
+    }
+    let raw = input.data_files[0].read_at(h.attrs.offset, h.attrs.size)?;
+    let attr_len = (h.attr_size as usize).saturating_sub(16);
+    for entry in raw.chunks_exact(h.attr_size as usize) {
+        let ids = Section {
+            offset: e.u64(entry, attr_len).unwrap_or(0),
+            size: e.u64(entry, attr_len + 8).unwrap_or(0),
+        };
+        if hit(&ids) {
+            return Err(Error::unsupported(
+                "an ids section follows the feature table; write a new file instead of --in-place",
+            )
+            .in_file(name));
+        }
+    }
+    let bits: Vec<u32> = sections.keys().copied().collect();
+    for bit in bits {
+        let s = sections[&bit];
+        if bit != FEAT_BUILD_ID && hit(&s) {
+            let bytes = input.data_files[0].read_at(s.offset, s.size)?;
+            sections.insert(
+                bit,
+                Section {
+                    offset: end,
+                    size: s.size,
+                },
+            );
+            plan.appends.push(Change { offset: end, bytes });
+            end += s.size;
+        }
+    }
+    let mut table = Vec::with_capacity(16 * n as usize);
+    for s in sections.values() {
+        table.extend_from_slice(&e.put_u64(s.offset));
+        table.extend_from_slice(&e.put_u64(s.size));
+    }
+    let mut features = h.features;
+    features[0] |= 1 << FEAT_BUILD_ID;
+    plan.switch.push(Change {
+        offset: data_end,
+        bytes: table,
+    });
+    plan.switch.push(Change {
+        offset: 72,
+        bytes: h.encode_bitmap(&features).to_vec(),
+    });
+    Ok(())
+}
+
+impl Sink for InplaceSink {
+    fn begin(&mut self, begin: &Begin<'_>, _: &Arc<AtomicBool>) -> Result<()> {
+        match begin {
+            Begin::File(input) if !input.is_dir && !input.header.data_size_repaired => Ok(()),
+            Begin::File(input) if input.is_dir => Err(Error::Usage(format!(
+                "{}: --in-place takes a perf.data file, not a --threads directory",
+                input.path.display()
+            ))),
+            Begin::File(input) => Err(Error::unsupported(
+                "the data size in the header is 0 (the recording was not finished); write a new file instead of --in-place",
+            )
+            .in_file(&input.header_path)),
+            Begin::Stream { .. } => Err(Error::Usage(
+                "--in-place takes a file-format perf.data (a stream cannot gain records in place); write a new file".into(),
+            )),
+        }
+    }
+
+    fn batch(&mut self, batch: &Batch<'_>, engine: &Engine<'_>) -> Result<()> {
+        let Batch::File { input, .. } = batch else {
+            return Err(Error::Internal("in-place sink: stream bytes".into()));
+        };
+        let t = Instant::now();
+        let mut plan = Plan::default();
+        if self.mmap2 {
+            let sp = mmap2_plan(
+                engine,
+                engine.mapping_records(),
+                true,
+                false,
+                &mut |f, o| read_record(input, f, o),
+            );
+            plan.records = sp
+                .into_iter()
+                .filter(|s| s.file == 0 && s.grows() == 0)
+                .map(|s| Change {
+                    offset: s.offset,
+                    bytes: s.new,
+                })
+                .collect();
+            self.report
+                .notes
+                .push(mapping_note(plan.records.len() as u64, 0));
+        }
+        let tp = table_plan(input, engine);
+        self.report.ids_new = tp.ids_new;
+        self.report.ids_lost = tp.ids_lost;
+        self.report.notes.extend(tp.note);
+        if tp.write
+            && let Some(payload) = tp.payload
+        {
+            tail_changes(input, payload, &mut plan)?;
+        }
+        if plan.is_empty() {
+            self.report
+                .notes
+                .push("in place: nothing to change, the file was not written".into());
+        }
+        apply(&input.header_path, &plan)?;
+        self.report.timings.insert("write-in-place", t.elapsed());
+        Ok(())
+    }
+
+    fn finish(&mut self, _: &Engine<'_>) -> Result<SinkReport> {
+        Ok(std::mem::take(&mut self.report))
+    }
+}

@@ -1,0 +1,578 @@
+//! Build-ID MMAP2 output (`--mmap2-buildid-all`, `--mmap2-buildids`): the mapping
+//! records of DSOs whose ID is decided are written in build-ID form
+//! (`PERF_RECORD_MISC_MMAP_BUILD_ID`, perf-format.md §3.2), so the file names each
+//! mapped object by its ID and no longer depends on a path-keyed table or on the
+//! files staying put. The table is written as well (every sink that writes a file
+//! writes it: MMAP records left as they are, and readers that look only at the
+//! table, still find the IDs).
+//!
+//! What is converted: MMAP2 records in the classic form and MMAP records of user
+//! files, the kernel and modules, when their DSO's decision has an ID that names
+//! every mapping of the path (no ambiguity, no later file, no two identities among
+//! the path's records). An MMAP2 keeps its size (the union of device/inode and
+//! build-ID fields is 24 bytes either way); an MMAP grows by 32 bytes into an MMAP2.
+//! Records already in build-ID form, the vdso (not file-backed: the kernel writes it
+//! in the classic form too), anonymous memory, and DSOs that are stale, ambiguous,
+//! missing, unreadable or of another host stay byte for byte as they were.
+//!
+//! Records inside COMPRESSED data are left as they are and their IDs go into the
+//! table: perf keeps one zstd frame open for the whole recording, so changing one
+//! record means recompressing all compressed data after it, and a rewritten
+//! compressed stream could not be checked byte for byte against the input.
+//!
+//! Where the records are: the engine lists every mapping record outside compressed
+//! data with its DSO ([`Engine::mapping_records`]) during its one pass; the sink
+//! reads only those records again (a few bytes each), never the data.
+
+use super::stream::StreamSink;
+use super::table::{TableSink, table_plan};
+use super::{Batch, Begin, Sink, SinkReport};
+use crate::buildid::inode_conflict;
+use crate::engine::{Decision, Engine, MappingRecord};
+use crate::format::feature::BuildId;
+use crate::format::header::FileHeader;
+use crate::format::record::{FileIdent, RecordHeader, encode_build_id_mmap2, parse_mmap, rt};
+use crate::input::PerfInput;
+use crate::model::{DsoId, DsoKind};
+use crate::write::clone::{Piece, write_pieces};
+use crate::write::{copy_prefix, write_tail};
+use crate::{Error, Result};
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Instant;
+
+/// One record replaced: `old_len` bytes at `offset` of data file `file` become `new`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Splice {
+    /// Data file index (0: the header file's data section, or a stream).
+    pub file: usize,
+    /// Offset of the record.
+    pub offset: u64,
+    /// Its size in the input.
+    pub old_len: u64,
+    /// The record in build-ID form.
+    pub new: Vec<u8>,
+}
+
+impl Splice {
+    /// Bytes the record grows by (32 for an MMAP, 0 for an MMAP2).
+    pub fn grows(&self) -> u64 {
+        self.new.len() as u64 - self.old_len
+    }
+}
+
+/// The ID a DSO's mapping records may carry: decided, for every mapping of the path
+/// (no ambiguity note, no later file), and file-backed.
+fn record_id(d: &Decision) -> Option<BuildId> {
+    if d.outcome.detail.is_some() || d.later_file || d.group.kind == DsoKind::Vdso {
+        return None;
+    }
+    d.outcome.build_id
+}
+
+/// Decides which mapping records become build-ID MMAP2 records. `read(file, offset)`
+/// gives a record's bytes (None when it cannot be read: left alone). `whole` is true
+/// when every mapping record of the input is listed (a file), so a path whose records
+/// disagree about the file behind it is refused here too; `grow` whether an MMAP may
+/// become a longer MMAP2.
+pub fn plan(
+    engine: &Engine<'_>,
+    records: &[MappingRecord],
+    whole: bool,
+    grow: bool,
+    read: &mut dyn FnMut(usize, u64) -> Option<Vec<u8>>,
+) -> Vec<Splice> {
+    let e = engine.endian();
+    let mut ids: HashMap<DsoId, (usize, BuildId, bool)> = HashMap::new();
+    for (i, d) in engine.decisions().enumerate() {
+        if let Some(id) = record_id(d) {
+            for &dso in &d.group.dsos {
+                ids.insert(dso, (i, id, d.group.kind.is_kernel_space()));
+            }
+        }
+    }
+    if ids.is_empty() {
+        return Vec::new();
+    }
+    let mut found: Vec<(MappingRecord, Vec<u8>, FileIdent)> = Vec::new();
+    for m in records {
+        if !ids.contains_key(&m.dso) {
+            continue;
+        }
+        let Some(rec) = read(m.file, m.offset) else {
+            continue;
+        };
+        let Some(h) = RecordHeader::parse(&rec, e) else {
+            continue;
+        };
+        let Some(ident) = parse_mmap(&h, &rec, rec.len(), e).map(|p| p.ident) else {
+            continue;
+        };
+        found.push((*m, rec, ident));
+    }
+    // A path whose records name different files (two inodes, two IDs, an ID other
+    // than the decided one) gets no record rewritten: the table's path-keyed entry is
+    // what perf had anyway, but a record names one mapping and must be exact.
+    let mut refused: Vec<usize> = Vec::new();
+    if whole {
+        let mut by_group: HashMap<usize, Vec<FileIdent>> = HashMap::new();
+        for (m, _, ident) in &found {
+            // Kernel-space maps carry no file identity (perf fills the device
+            // fields of a synthesized kernel map with whatever it has).
+            if let Some((g, _, false)) = ids.get(&m.dso) {
+                by_group.entry(*g).or_default().push(*ident);
+            }
+        }
+        for (g, idents) in by_group {
+            let decided = ids.values().find(|v| v.0 == g).map(|v| v.1);
+            let clash = idents.iter().enumerate().any(|(i, a)| {
+                matches!(a, FileIdent::BuildId(b) if Some(*b) != decided)
+                    || idents[i + 1..].iter().any(|b| inode_conflict(a, b))
+            });
+            if clash {
+                refused.push(g);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for (m, rec, ident) in found {
+        let Some(&(g, id, kernel_space)) = ids.get(&m.dso) else {
+            continue;
+        };
+        if refused.contains(&g) || matches!(ident, FileIdent::BuildId(_)) {
+            continue;
+        }
+        let Some(h) = RecordHeader::parse(&rec, e) else {
+            continue;
+        };
+        if h.kind == rt::MMAP && !grow {
+            continue;
+        }
+        if let Some(new) = encode_build_id_mmap2(&rec, e, &id, kernel_space) {
+            out.push(Splice {
+                file: m.file,
+                offset: m.offset,
+                old_len: rec.len() as u64,
+                new,
+            });
+        }
+    }
+    out.sort_by_key(|s| (s.file, s.offset));
+    out
+}
+
+/// Reads the whole record at `offset` of a file input's data file `file`.
+pub fn read_record(input: &PerfInput, file: usize, offset: u64) -> Option<Vec<u8>> {
+    let df = input.data_files.get(file)?;
+    let head = df.read_at(offset, 8).ok()?;
+    let h = RecordHeader::parse(&head, input.header.endian)?;
+    if offset + h.size as u64 > df.range.offset + df.range.size {
+        return None;
+    }
+    df.read_at(offset, h.size as u64).ok()
+}
+
+/// Appends `bytes` (offset `at` of the input) to `out` with every splice that starts
+/// in it replaced; a record that began in earlier bytes was replaced there and its
+/// rest is skipped. `splices` are sorted by offset (one data file).
+pub fn splice_into(out: &mut Vec<u8>, at: u64, bytes: &[u8], splices: &[Splice]) {
+    let end = at + bytes.len() as u64;
+    let first = splices.partition_point(|s| s.offset + s.old_len <= at);
+    let mut cursor = at;
+    for s in &splices[first..] {
+        if s.offset >= end {
+            break;
+        }
+        if s.offset >= at {
+            out.extend_from_slice(&bytes[(cursor - at) as usize..(s.offset - at) as usize]);
+            out.extend_from_slice(&s.new);
+        }
+        cursor = (s.offset + s.old_len).min(end).max(cursor);
+    }
+    out.extend_from_slice(&bytes[(cursor - at) as usize..]);
+}
+
+/// Where a record of data file `file` is written in a file-format output.
+fn part_path(input: &PerfInput, out: &Path, dir: Option<&Path>, file: usize) -> Option<PathBuf> {
+    if file == 0 {
+        return Some(out.to_path_buf());
+    }
+    let name = input.data_files.get(file)?.path.file_name()?;
+    Some(dir?.join(name))
+}
+
+/// The output the MMAP2 sink wraps.
+enum Inner<'w> {
+    /// A file-format output of a file input: written by this sink (copy, tail, records).
+    File { out: PathBuf, dir: Option<PathBuf> },
+    /// A file-format output of a stream: the table sink, fed converted bytes.
+    Table(TableSink),
+    /// A stream: the stream sink, fed converted bytes.
+    Stream(StreamSink<'w>),
+}
+
+/// The build-ID MMAP2 sink: converts mapping records, and writes the table too.
+pub struct Mmap2Sink<'w> {
+    inner: Inner<'w>,
+    converted: u64,
+    grown: u64,
+    report: SinkReport,
+}
+
+impl<'w> Mmap2Sink<'w> {
+    /// A file-format output at `out` (a directory input's data.N files into `dir`).
+    pub fn file(out: &Path, dir: Option<&Path>) -> Self {
+        Self::with(Inner::File {
+            out: out.to_path_buf(),
+            dir: dir.map(Path::to_path_buf),
+        })
+    }
+
+    /// A stream output through `stream`.
+    pub fn stream(stream: StreamSink<'w>) -> Self {
+        Self::with(Inner::Stream(stream))
+    }
+
+    fn with(inner: Inner<'w>) -> Self {
+        Mmap2Sink {
+            inner,
+            converted: 0,
+            grown: 0,
+            report: SinkReport::default(),
+        }
+    }
+
+    fn count(&mut self, splices: &[Splice]) {
+        self.converted += splices.len() as u64;
+        self.grown += splices.iter().filter(|s| s.grows() > 0).count() as u64;
+    }
+
+    /// A file input to a file output: the bytes before the first record that grows
+    /// are copied as they are (reflink, copy_file_range or direct I/O), the feature
+    /// tail is written after the (grown) data, the rest of the data is copied from
+    /// the input around the converted records, and same-size records are patched in.
+    fn write_file(
+        &mut self,
+        input: &PerfInput,
+        engine: &Engine<'_>,
+        out: &Path,
+        dir: Option<&Path>,
+    ) -> Result<()> {
+        let t = Instant::now();
+        let plan_t = table_plan(input, engine);
+        let can_grow = plan_t.write && !input.header.data_size_repaired;
+        let mut splices = plan(
+            engine,
+            engine.mapping_records(),
+            true,
+            can_grow,
+            &mut |f, o| {
+                // Records of data.N files keep their size: no header there to grow.
+                read_record(input, f, o)
+            },
+        );
+        splices.retain(|s| s.file == 0 || s.grows() == 0);
+        self.count(&splices);
+        self.report.ids_new = plan_t.ids_new;
+        self.report.ids_lost = plan_t.ids_lost;
+        self.report.notes.extend(plan_t.note);
+        let cancel = AtomicBool::new(false);
+        // With a tail to write, the data from the first converted record on is
+        // written by this sink (shifted where records grew); before it, and without
+        // a tail (the whole file copied), the plain copy.
+        let data_end = input.header.feature_table_offset();
+        let rewrite_from = splices
+            .iter()
+            .find(|s| s.file == 0)
+            .map(|s| s.offset)
+            .filter(|_| plan_t.write);
+        let copy_len = match (plan_t.write, rewrite_from) {
+            (false, _) => input.file_len,
+            (true, None) => data_end,
+            (true, Some(g)) => g,
+        };
+        copy_prefix(&input.header_path, out, copy_len, &cancel)?;
+        for (i, df) in input.data_files.iter().enumerate().skip(1) {
+            if let Some(dst) = part_path(input, out, dir, i) {
+                copy_prefix(&df.path, &dst, df.range.size, &cancel)?;
+            }
+        }
+        self.report.timings.insert("copy", t.elapsed());
+        let t = Instant::now();
+        if plan_t.write {
+            write_tail(input, out, plan_t.payload.as_deref())
+                .map_err(|e| e.in_file(&input.header_path))?;
+        }
+        if rewrite_from.is_some() {
+            let zero: Vec<Splice> = splices.iter().filter(|s| s.file == 0).cloned().collect();
+            rewrite_data(input, out, &zero)?;
+        }
+        // Records the rewrite did not write (data.N files; a file without a tail):
+        // patched where they are, all of the same size.
+        let mut files: HashMap<usize, File> = HashMap::new();
+        for s in &splices {
+            if (s.file == 0 && rewrite_from.is_some()) || s.grows() > 0 {
+                continue;
+            }
+            let Some(path) = part_path(input, out, dir, s.file) else {
+                continue;
+            };
+            let f = match files.entry(s.file) {
+                std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
+                std::collections::hash_map::Entry::Vacant(v) => v.insert(
+                    std::fs::OpenOptions::new()
+                        .write(true)
+                        .open(&path)
+                        .map_err(|e| Error::io(&path, e))?,
+                ),
+            };
+            f.write_all_at(&s.new, s.offset)
+                .map_err(|e| Error::io(&path, e))?;
+        }
+        self.report.timings.insert("write-tail", t.elapsed());
+        Ok(())
+    }
+}
+
+/// Writes the data section of `out` from the first converted record on: the input's
+/// records around the converted ones, each later byte shifted by what the records
+/// before it grew (one sequential pass, direct I/O, rather than a copy then a
+/// read-modify-write of each record's page). When records grew, the feature tail
+/// (already written by `write_tail` at the input's data end) moves after the grown
+/// data and every offset that pointed past the data follows: the header's data size
+/// and attrs offset, the feature table, and ids sections the tail holds.
+fn rewrite_data(input: &PerfInput, out: &Path, splices: &[Splice]) -> Result<()> {
+    let io = |e| Error::io(out, e);
+    let h = &input.header;
+    let e = h.endian;
+    let data_end = h.feature_table_offset();
+    let grown: u64 = splices.iter().map(Splice::grows).sum();
+    // Read before the data overwrites where it lies; written after.
+    let moved = if grown > 0 {
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(out)
+            .map_err(io)?;
+        // The tail as write_tail left it, then moved.
+        let len = f.metadata().map_err(io)?.len();
+        let mut tail = vec![0u8; (len - data_end) as usize];
+        f.read_exact_at(&mut tail, data_end).map_err(io)?;
+        let mut head = vec![0u8; h.header_size as usize];
+        f.read_exact_at(&mut head, 0).map_err(io)?;
+        let oh = FileHeader::parse(&head, len).map_err(|e| e.in_file(out))?;
+        let mut attrs_at = None;
+        let nfeat = oh.feature_bits().count();
+        for i in 0..nfeat {
+            let at = 16 * i;
+            if let Some(off) = e.u64(&tail, at)
+                && off >= data_end
+            {
+                tail[at..at + 8].copy_from_slice(&e.put_u64(off + grown));
+            }
+        }
+        let attr_len = (oh.attr_size as usize).saturating_sub(16);
+        let patch_attr = |entry: &mut [u8]| {
+            if let Some(ids) = e.u64(entry, attr_len)
+                && ids >= data_end
+            {
+                entry[attr_len..attr_len + 8].copy_from_slice(&e.put_u64(ids + grown));
+            }
+        };
+        if oh.attrs.offset >= data_end {
+            let a = (oh.attrs.offset - data_end) as usize;
+            let n = oh.attrs.size as usize;
+            if let Some(attrs) = tail.get_mut(a..a + n) {
+                attrs
+                    .chunks_exact_mut(oh.attr_size as usize)
+                    .for_each(patch_attr);
+            }
+            head[24..32].copy_from_slice(&e.put_u64(oh.attrs.offset + grown));
+        } else {
+            let mut attrs = vec![0u8; oh.attrs.size as usize];
+            f.read_exact_at(&mut attrs, oh.attrs.offset).map_err(io)?;
+            attrs
+                .chunks_exact_mut(oh.attr_size as usize)
+                .for_each(patch_attr);
+            attrs_at = Some((oh.attrs.offset, attrs));
+        }
+        Some((tail, head, attrs_at))
+    } else {
+        None
+    };
+    // The data from the first grown record on: the input's bytes around the
+    // converted records, written shifted.
+    let src = File::open(&input.header_path).map_err(|e| Error::io(&input.header_path, e))?;
+    let first = splices.first().map_or(data_end, |s| s.offset);
+    let mut pieces = Vec::with_capacity(2 * splices.len() + 1);
+    let mut from = first;
+    for s in splices.iter().filter(|s| s.offset >= first) {
+        pieces.push(Piece::Src {
+            at: from,
+            len: s.offset - from,
+        });
+        pieces.push(Piece::Bytes(&s.new));
+        from = s.offset + s.old_len;
+    }
+    pieces.push(Piece::Src {
+        at: from,
+        len: data_end - from,
+    });
+    write_pieces((&src, &input.header_path), out, first, &pieces)?;
+    if let Some((tail, mut head, attrs_at)) = moved {
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(out)
+            .map_err(io)?;
+        if let Some((at, attrs)) = attrs_at {
+            f.write_all_at(&attrs, at).map_err(io)?;
+        }
+        f.write_all_at(&tail, data_end + grown).map_err(io)?;
+        head[48..56].copy_from_slice(&e.put_u64(h.data.size + grown));
+        f.write_all_at(&head, 0).map_err(io)?;
+    }
+    Ok(())
+}
+
+impl Sink for Mmap2Sink<'_> {
+    fn begin(&mut self, begin: &Begin<'_>, stop: &Arc<AtomicBool>) -> Result<()> {
+        if let (Inner::File { out, dir }, Begin::Stream { .. }) = (&self.inner, begin) {
+            // A stream to a file: the table sink writes the records it is given.
+            self.inner = Inner::Table(TableSink::new(out, dir.as_deref()));
+        }
+        match &mut self.inner {
+            // A file to a file: nothing runs beside the stages, since what is copied
+            // depends on where the first record that grows is.
+            Inner::File { .. } => Ok(()),
+            Inner::Table(t) => t.begin(begin, stop),
+            Inner::Stream(s) => s.begin(begin, stop),
+        }
+    }
+
+    fn batch(&mut self, batch: &Batch<'_>, engine: &Engine<'_>) -> Result<()> {
+        match batch {
+            Batch::File { input, new } => match &mut self.inner {
+                Inner::File { out, dir } => {
+                    let (out, dir) = (out.clone(), dir.clone());
+                    self.write_file(input, engine, &out, dir.as_deref())
+                }
+                Inner::Stream(s) => {
+                    // The stream's data section is the header file's records only.
+                    let mut sp = plan(engine, engine.mapping_records(), true, true, &mut |f, o| {
+                        read_record(input, f, o)
+                    });
+                    sp.retain(|s| s.file == 0);
+                    self.converted += sp.len() as u64;
+                    self.grown += sp.iter().filter(|s| s.grows() > 0).count() as u64;
+                    s.set_splices(sp);
+                    s.batch(batch, engine)
+                }
+                Inner::Table(t) => t.batch(&Batch::File { input, new }, engine),
+            },
+            Batch::Bytes { bytes, offset, new } => {
+                let end = offset + bytes.len() as u64;
+                let recs = engine.mapping_records();
+                let a = recs.partition_point(|m| m.offset < *offset);
+                let b = recs.partition_point(|m| m.offset < end);
+                let sp = plan(engine, &recs[a..b], false, true, &mut |_, o| {
+                    let i = usize::try_from(o - offset).ok()?;
+                    let h = RecordHeader::parse(bytes.get(i..)?, engine.endian())?;
+                    bytes.get(i..i + h.size as usize).map(<[u8]>::to_vec)
+                });
+                self.count(&sp);
+                let mut conv;
+                let bytes: &[u8] = if sp.is_empty() {
+                    bytes
+                } else {
+                    conv = Vec::with_capacity(bytes.len() + 32 * sp.len());
+                    splice_into(&mut conv, *offset, bytes, &sp);
+                    &conv
+                };
+                let b = Batch::Bytes {
+                    bytes,
+                    offset: *offset,
+                    new,
+                };
+                match &mut self.inner {
+                    Inner::Table(t) => t.batch(&b, engine),
+                    Inner::Stream(s) => s.batch(&b, engine),
+                    Inner::File { .. } => Err(Error::Internal(
+                        "mmap2 sink: stream bytes for a file input".into(),
+                    )),
+                }
+            }
+        }
+    }
+
+    fn finish(&mut self, engine: &Engine<'_>) -> Result<SinkReport> {
+        let mut r = match &mut self.inner {
+            Inner::File { .. } => std::mem::take(&mut self.report),
+            Inner::Table(t) => t.finish(engine)?,
+            Inner::Stream(s) => s.finish(engine)?,
+        };
+        r.notes.push(mapping_note(self.converted, self.grown));
+        Ok(r)
+    }
+
+    fn abort(&mut self) -> Option<Error> {
+        match &mut self.inner {
+            Inner::Table(t) => t.abort(),
+            Inner::Stream(s) => s.abort(),
+            Inner::File { .. } => None,
+        }
+    }
+}
+
+/// The summary line of a run that writes build-ID MMAP2 records.
+pub fn mapping_note(converted: u64, grown: u64) -> String {
+    if grown > 0 {
+        format!(
+            "{converted} mapping records written in build-ID form ({grown} MMAP records grew into MMAP2)"
+        )
+    } else {
+        format!("{converted} mapping records written in build-ID form")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sp(offset: u64, old_len: u64, new: &[u8]) -> Splice {
+        Splice {
+            file: 0,
+            offset,
+            old_len,
+            new: new.to_vec(),
+        }
+    }
+
+    #[test]
+    fn splices_across_windows() {
+        let input: Vec<u8> = (0u8..40).collect();
+        let s = [sp(4, 4, b"ABCDEFGH"), sp(14, 4, b"wxyz")];
+        let mut whole = Vec::new();
+        splice_into(&mut whole, 100, &input, &[]);
+        assert_eq!(whole, input);
+        let s100: Vec<Splice> = s
+            .iter()
+            .map(|x| sp(x.offset + 100, x.old_len, &x.new))
+            .collect();
+        let mut one = Vec::new();
+        splice_into(&mut one, 100, &input, &s100);
+        for cut in 1..input.len() {
+            let mut two = Vec::new();
+            splice_into(&mut two, 100, &input[..cut], &s100);
+            splice_into(&mut two, 100 + cut as u64, &input[cut..], &s100);
+            assert_eq!(two, one, "cut at {cut}");
+        }
+        assert_eq!(one.len(), input.len() + 4);
+        assert_eq!(&one[4..12], b"ABCDEFGH");
+        assert_eq!(&one[18..22], b"wxyz");
+        assert_eq!(one[12], 8);
+    }
+}
