@@ -11,7 +11,7 @@ set -uo pipefail
 FILES=(); for f in "$@"; do FILES+=("$(realpath "$f")"); done
 cd "$(dirname "$0")/.."
 cargo build --release -q || exit 1
-PDI=$PWD/target/release/pdinject
+PDI=${PDI:-$PWD/target/release/pdinject}   # PDI=BIN measures another build (a baseline)
 P612=/tmp/p612/usr/bin/perf
 p612() { LD_LIBRARY_PATH=/tmp/p612/usr/lib/x86_64-linux-gnu $P612 "$@"; }
 T=$(mktemp -d /dev/shm/pdi-cov.XXXXXX 2>/dev/null || mktemp -d); trap 'rm -rf "$T"' EXIT
