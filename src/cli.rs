@@ -16,25 +16,12 @@ use std::time::Duration;
 #[derive(Parser, Debug)]
 #[command(name = "pdinject", version, about, long_about = None)]
 pub struct Args {
-    /// Table entries for every DSO a sample touches (the default).
-    #[arg(short = 'b', long = "buildids", visible_alias = "build-ids")]
-    pub buildids: bool,
-    /// Table entries for every mapped DSO, hit or not.
-    #[arg(long = "buildid-all")]
-    pub buildid_all: bool,
-    /// Every mapping record of a DSO mapped as code, in build-ID MMAP2 form (as perf
-    /// 6.12's --mmap2-buildid-all), and its ID in the table.
-    #[arg(long = "mmap2-buildid-all")]
-    pub mmap2_buildid_all: bool,
-    /// Mapping records of the DSOs samples touch, in build-ID MMAP2 form.
-    #[arg(long = "mmap2-buildids")]
-    pub mmap2_buildids: bool,
+    /// What the engine is asked (shared with `pdinject batch`).
+    #[command(flatten)]
+    pub engine: EngineArgs,
     /// Rewrite IN itself (only what changes, crash-safe); no OUT.
     #[arg(long = "in-place")]
     pub in_place: bool,
-    /// Build IDs to use for paths: 'HEX PATH,HEX PATH' (as perf inject).
-    #[arg(long = "known-build-ids", value_name = "LIST")]
-    pub known_build_ids: Option<String>,
     /// Input perf.data (file or directory); perf's spelling of the first argument.
     #[arg(short = 'i', long = "input", value_name = "FILE")]
     pub input_flag: Option<PathBuf>,
@@ -44,16 +31,6 @@ pub struct Args {
     /// Worker threads (default: all cores).
     #[arg(short = 'j', long = "jobs", value_name = "N")]
     pub jobs: Option<usize>,
-    /// How user stacks of `--call-graph dwarf` samples are walked.
-    #[arg(long = "unwind", value_enum, default_value = "auto")]
-    pub unwind: UnwindArg,
-    /// Time allowed to unwind one sample (e.g. 500us, 1ms, 2s); a sample over it keeps
-    /// the DSOs found so far and is counted in the summary.
-    #[arg(long = "unwind-budget", value_name = "DURATION", value_parser = parse_duration, default_value = "1ms")]
-    pub unwind_budget: Duration,
-    /// Frames walked at most per sample.
-    #[arg(long = "unwind-max-frames", value_name = "N", default_value_t = DEFAULT_MAX_FRAMES)]
-    pub unwind_max_frames: usize,
     /// Also write the summary as JSON to FILE.
     #[arg(long = "report", value_name = "FILE")]
     pub report: Option<PathBuf>,
@@ -63,16 +40,6 @@ pub struct Args {
     /// No summary on stderr.
     #[arg(short = 'q', long = "quiet")]
     pub quiet: bool,
-    /// perf's build-ID cache directory to fill (default: buildid.dir of perfconfig,
-    /// else ~/.debug).
-    #[arg(long = "buildid-dir", value_name = "DIR")]
-    pub buildid_dir: Option<PathBuf>,
-    /// Do not add the DSOs to perf's build-ID cache.
-    #[arg(short = 'N', long = "no-buildid-cache")]
-    pub no_buildid_cache: bool,
-    /// Look user DSOs up under this sysroot (a copy of the recorded machine's files).
-    #[arg(long = "symfs", value_name = "DIR")]
-    pub symfs: Option<PathBuf>,
     /// Also write the cache entries of the output's DSOs as a tar to unpack into
     /// ~/.debug on another machine (what `perf archive` makes).
     #[arg(long = "archive", value_name = "FILE.tar")]
@@ -99,6 +66,101 @@ pub enum UnwindArg {
     Fp,
     /// DWARF CFI, frame pointers where CFI is missing.
     Dwarf,
+}
+
+/// The flags of a run that single-file and batch runs share.
+#[derive(clap::Args, Debug)]
+pub struct EngineArgs {
+    /// Table entries for every DSO a sample touches (the default).
+    #[arg(short = 'b', long = "buildids", visible_alias = "build-ids")]
+    pub buildids: bool,
+    /// Table entries for every mapped DSO, hit or not.
+    #[arg(long = "buildid-all")]
+    pub buildid_all: bool,
+    /// Every mapping record of a DSO mapped as code, in build-ID MMAP2 form (as perf
+    /// 6.12's --mmap2-buildid-all), and its ID in the table.
+    #[arg(long = "mmap2-buildid-all")]
+    pub mmap2_buildid_all: bool,
+    /// Mapping records of the DSOs samples touch, in build-ID MMAP2 form.
+    #[arg(long = "mmap2-buildids")]
+    pub mmap2_buildids: bool,
+    /// Build IDs to use for paths: 'HEX PATH,HEX PATH' (as perf inject).
+    #[arg(long = "known-build-ids", value_name = "LIST")]
+    pub known_build_ids: Option<String>,
+    /// How user stacks of `--call-graph dwarf` samples are walked.
+    #[arg(long = "unwind", value_enum, default_value = "auto")]
+    pub unwind: UnwindArg,
+    /// Time allowed to unwind one sample (e.g. 500us, 1ms, 2s); a sample over it keeps
+    /// the DSOs found so far and is counted in the summary.
+    #[arg(long = "unwind-budget", value_name = "DURATION", value_parser = parse_duration, default_value = "1ms")]
+    pub unwind_budget: Duration,
+    /// Frames walked at most per sample.
+    #[arg(long = "unwind-max-frames", value_name = "N", default_value_t = DEFAULT_MAX_FRAMES)]
+    pub unwind_max_frames: usize,
+    /// perf's build-ID cache directory to fill (default: buildid.dir of perfconfig,
+    /// else ~/.debug).
+    #[arg(long = "buildid-dir", value_name = "DIR")]
+    pub buildid_dir: Option<PathBuf>,
+    /// Do not add the DSOs to perf's build-ID cache.
+    #[arg(short = 'N', long = "no-buildid-cache")]
+    pub no_buildid_cache: bool,
+    /// Look user DSOs up under this sysroot (a copy of the recorded machine's files).
+    #[arg(long = "symfs", value_name = "DIR")]
+    pub symfs: Option<PathBuf>,
+}
+
+impl EngineArgs {
+    /// The engine's options; `debuginfod` as `--debuginfod` gave it (single runs).
+    pub fn options(&self, debuginfod: Option<&str>) -> Result<Options> {
+        if self.unwind_max_frames == 0 {
+            return Err(Error::Usage(
+                "--unwind-max-frames must be at least 1".into(),
+            ));
+        }
+        if let Some(root) = &self.symfs
+            && !root.is_dir()
+        {
+            return Err(Error::Usage(format!(
+                "--symfs {}: not a directory",
+                root.display()
+            )));
+        }
+        let cache = if self.no_buildid_cache {
+            None
+        } else {
+            let dir = pdinject::buildid::cache::BuildIdCache::locate(self.buildid_dir.as_deref())
+                .map_err(Error::Usage)?;
+            Some(pdinject::buildid::cache::BuildIdCache {
+                dir,
+                symfs: self.symfs.clone(),
+                debuginfod: pdinject::buildid::debuginfod::urls(debuginfod)
+                    .map_err(Error::Usage)?,
+            })
+        };
+        Ok(Options {
+            mode: if self.buildid_all || self.mmap2_buildid_all {
+                Mode::All
+            } else {
+                Mode::Hit
+            },
+            known: match &self.known_build_ids {
+                Some(s) => parse_known(s)?,
+                None => Vec::new(),
+            },
+            unwind: match self.unwind {
+                UnwindArg::Auto => UnwindChoice::Auto,
+                UnwindArg::None => UnwindChoice::None,
+                UnwindArg::Fp => UnwindChoice::Fp,
+                UnwindArg::Dwarf => UnwindChoice::Dwarf,
+            },
+            unwind_budget: self.unwind_budget,
+            max_frames: self.unwind_max_frames,
+            mmap2: self.mmap2_buildid_all || self.mmap2_buildids,
+            cache,
+            symfs: self.symfs.clone(),
+            ..Options::default()
+        })
+    }
 }
 
 /// Parses `500us`, `1ms`, `2s`, `100ns` (a bare number is milliseconds).
@@ -183,15 +245,6 @@ fn execute_with(args: &Args, input: &PathBuf, output: Option<&PathBuf>) -> Resul
     if let Some(j) = args.jobs {
         pdinject::limits::check_jobs(j)?;
     }
-    let known = match &args.known_build_ids {
-        Some(s) => parse_known(s)?,
-        None => Vec::new(),
-    };
-    let mode = if args.buildid_all || args.mmap2_buildid_all {
-        Mode::All
-    } else {
-        Mode::Hit
-    };
     let bar = (!args.quiet && !stream && std::io::stderr().is_terminal()).then(|| {
         let b = indicatif::ProgressBar::with_draw_target(
             Some(0),
@@ -215,55 +268,17 @@ fn execute_with(args: &Args, input: &PathBuf, output: Option<&PathBuf>) -> Resul
             b.set_position(done);
         }) as ProgressFn
     });
-    let unwind = match args.unwind {
-        UnwindArg::Auto => UnwindChoice::Auto,
-        UnwindArg::None => UnwindChoice::None,
-        UnwindArg::Fp => UnwindChoice::Fp,
-        UnwindArg::Dwarf => UnwindChoice::Dwarf,
-    };
-    if args.unwind_max_frames == 0 {
-        return Err(Error::Usage(
-            "--unwind-max-frames must be at least 1".into(),
-        ));
-    }
-    if args.no_buildid_cache && args.archive.is_some() {
+    if args.engine.no_buildid_cache && args.archive.is_some() {
         return Err(Error::Usage(
             "--archive is made from the build-ID cache; it cannot go with --no-buildid-cache"
                 .into(),
         ));
     }
-    if let Some(root) = &args.symfs
-        && !root.is_dir()
-    {
-        return Err(Error::Usage(format!(
-            "--symfs {}: not a directory",
-            root.display()
-        )));
-    }
-    let cache = if args.no_buildid_cache {
-        None
-    } else {
-        let dir = pdinject::buildid::cache::BuildIdCache::locate(args.buildid_dir.as_deref())
-            .map_err(Error::Usage)?;
-        Some(pdinject::buildid::cache::BuildIdCache {
-            dir,
-            symfs: args.symfs.clone(),
-            debuginfod: pdinject::buildid::debuginfod::urls(args.debuginfod.as_deref())
-                .map_err(Error::Usage)?,
-        })
-    };
     let opts = Options {
-        cache,
-        symfs: args.symfs.clone(),
-        mode,
-        known,
         jobs: args.jobs,
         progress,
-        unwind,
-        unwind_budget: args.unwind_budget,
-        max_frames: args.unwind_max_frames,
-        mmap2: args.mmap2_buildid_all || args.mmap2_buildids,
         in_place: output.is_none(),
+        ..args.engine.options(args.debuginfod.as_deref())?
     };
     // Cache totals and the archive go into the report before it is written: the
     // report is committed together with the output (one run, one outcome).

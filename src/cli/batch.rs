@@ -1,19 +1,18 @@
 //! `pdinject batch`: the command line of batch mode (flags, progress bar, error lines,
 //! JSON-lines report, exit codes). The work is [`crate::batch`].
 
-use super::{UnwindArg, parse_duration};
+use super::EngineArgs;
 use clap::Parser;
 use pdinject::batch::{
     self, BatchOptions, CONCURRENT_BELOW, Dest, FileResult, SHARD_COUNT_ENV, Shard, Status,
     WalkSkip,
 };
-use pdinject::options::{Mode, Options, UnwindChoice, parse_known};
+use pdinject::options::Options;
 use pdinject::{Error, Result};
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
 
 const AFTER_HELP: &str = "\
 Outputs keep each input's path relative to the inputs' common parent folder under
@@ -30,15 +29,9 @@ found), 2 usage.";
 #[derive(Parser, Debug)]
 #[command(name = "pdinject batch", bin_name = "pdinject batch", version, after_help = AFTER_HELP)]
 pub struct BatchArgs {
-    /// Table entries for every DSO a sample touches (the default).
-    #[arg(short = 'b', long = "buildids", visible_alias = "build-ids")]
-    pub buildids: bool,
-    /// Table entries for every mapped DSO, hit or not.
-    #[arg(long = "buildid-all")]
-    pub buildid_all: bool,
-    /// Build IDs to use for paths: 'HEX PATH,HEX PATH' (as perf inject).
-    #[arg(long = "known-build-ids", value_name = "LIST")]
-    pub known_build_ids: Option<String>,
+    /// What the engine is asked (the flags of a single-file run).
+    #[command(flatten)]
+    pub engine: EngineArgs,
     /// Write outputs under DIR, at each input's path relative to the inputs' common
     /// parent folder.
     #[arg(long = "out-dir", value_name = "DIR")]
@@ -49,12 +42,6 @@ pub struct BatchArgs {
     /// Rewrite each input itself, only what changes, crash-safe (see "In place").
     #[arg(long = "in-place")]
     pub in_place: bool,
-    /// Every mapping record of a DSO mapped as code in build-ID MMAP2 form.
-    #[arg(long = "mmap2-buildid-all")]
-    pub mmap2_buildid_all: bool,
-    /// Mapping records of the DSOs samples touch in build-ID MMAP2 form.
-    #[arg(long = "mmap2-buildids")]
-    pub mmap2_buildids: bool,
     /// Also read input paths from FILE, one per line ('-': standard input).
     #[arg(long = "from", value_name = "FILE")]
     pub from: Vec<PathBuf>,
@@ -69,28 +56,9 @@ pub struct BatchArgs {
     /// Redo outputs that are up to date.
     #[arg(long = "force")]
     pub force: bool,
-    /// perf's build-ID cache directory to fill (default: buildid.dir of perfconfig,
-    /// else ~/.debug).
-    #[arg(long = "buildid-dir", value_name = "DIR")]
-    pub buildid_dir: Option<PathBuf>,
-    /// Do not add the DSOs to perf's build-ID cache.
-    #[arg(short = 'N', long = "no-buildid-cache")]
-    pub no_buildid_cache: bool,
-    /// Look user DSOs up under this sysroot (a copy of the recorded machine's files).
-    #[arg(long = "symfs", value_name = "DIR")]
-    pub symfs: Option<PathBuf>,
     /// Worker threads in all (default: all cores).
     #[arg(short = 'j', long = "jobs", value_name = "N")]
     pub jobs: Option<usize>,
-    /// How user stacks of `--call-graph dwarf` samples are walked.
-    #[arg(long = "unwind", value_enum, default_value = "auto")]
-    pub unwind: UnwindArg,
-    /// Time allowed to unwind one sample (e.g. 500us, 1ms, 2s).
-    #[arg(long = "unwind-budget", value_name = "DURATION", value_parser = parse_duration, default_value = "1ms")]
-    pub unwind_budget: Duration,
-    /// Frames walked at most per sample.
-    #[arg(long = "unwind-max-frames", value_name = "N", default_value_t = pdinject::options::DEFAULT_MAX_FRAMES)]
-    pub unwind_max_frames: usize,
     /// Write one JSON line per input to FILE (the single-file report's fields plus
     /// status, error and skipped), then one {"summary": ...} line.
     #[arg(long = "report", value_name = "FILE")]
@@ -134,57 +102,9 @@ pub fn main(args: impl IntoIterator<Item = std::ffi::OsString>) -> i32 {
 }
 
 fn engine_options(args: &BatchArgs) -> Result<Options> {
-    if args.unwind_max_frames == 0 {
-        return Err(Error::Usage(
-            "--unwind-max-frames must be at least 1".into(),
-        ));
-    }
-    if let Some(root) = &args.symfs
-        && !root.is_dir()
-    {
-        return Err(Error::Usage(format!(
-            "--symfs {}: not a directory",
-            root.display()
-        )));
-    }
     // The cache is filled as by single runs: one entry per DSO file, the later
     // inputs finding it present.
-    let cache = if args.no_buildid_cache {
-        None
-    } else {
-        let dir = pdinject::buildid::cache::BuildIdCache::locate(args.buildid_dir.as_deref())
-            .map_err(Error::Usage)?;
-        Some(pdinject::buildid::cache::BuildIdCache {
-            dir,
-            symfs: args.symfs.clone(),
-            ..Default::default()
-        })
-    };
-    Ok(Options {
-        cache,
-        symfs: args.symfs.clone(),
-        mmap2: args.mmap2_buildid_all || args.mmap2_buildids,
-        in_place: false,
-        mode: if args.buildid_all || args.mmap2_buildid_all {
-            Mode::All
-        } else {
-            Mode::Hit
-        },
-        known: match &args.known_build_ids {
-            Some(s) => parse_known(s)?,
-            None => Vec::new(),
-        },
-        jobs: None,
-        progress: None,
-        unwind: match args.unwind {
-            UnwindArg::Auto => UnwindChoice::Auto,
-            UnwindArg::None => UnwindChoice::None,
-            UnwindArg::Fp => UnwindChoice::Fp,
-            UnwindArg::Dwarf => UnwindChoice::Dwarf,
-        },
-        unwind_budget: args.unwind_budget,
-        max_frames: args.unwind_max_frames,
-    })
+    args.engine.options(None)
 }
 
 fn destination(args: &BatchArgs) -> Result<Dest> {
