@@ -63,12 +63,23 @@ pub fn run_file(cx: Context<'_>, input: &PerfInput, sink: &mut dyn Sink) -> Resu
         sink.batch(&Batch::File { input, new: &new }, &engine)?;
         sink.finish(&engine)
     })();
+    conclude(engine, r, sink, &stop, cx)
+}
+
+/// The report of a run whose batches ended in `r`. On an error, work beside the
+/// stages is stopped; when it failed first (a full disk), its error explains why the
+/// stages stopped.
+fn conclude(
+    engine: Engine<'_>,
+    r: Result<crate::sink::SinkReport>,
+    sink: &mut dyn Sink,
+    stop: &AtomicBool,
+    cx: Context<'_>,
+) -> Result<Report> {
     match r {
         Ok(sr) => Ok(engine.finish(sr, cx.pool.current_num_threads())),
         Err(err) => {
             stop.store(true, Ordering::Relaxed);
-            // Work beside the stages that failed first (a full disk) explains why
-            // the stages stopped.
             match (sink.abort(), err) {
                 (Some(first), Error::Stopped) => Err(first),
                 (_, err) => Err(err),
@@ -174,16 +185,7 @@ pub fn run_stream(cx: Context<'_>, input: StreamInput<'_>, sink: &mut dyn Sink) 
             }
         }
     })();
-    match r {
-        Ok(sr) => Ok(engine.finish(sr, cx.pool.current_num_threads())),
-        Err(err) => {
-            stop.store(true, Ordering::Relaxed);
-            match (sink.abort(), err) {
-                (Some(first), Error::Stopped) => Err(first),
-                (_, err) => Err(err),
-            }
-        }
-    }
+    conclude(engine, r, sink, &stop, cx)
 }
 
 /// The byte order a pipe header announces, or the error that names the input.
