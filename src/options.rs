@@ -2,7 +2,7 @@
 //! count, unwinding and progress reporting. Filled in by the command line (or any
 //! other caller of the library); read by the engine and the sinks.
 
-use crate::format::feature::BuildId;
+use crate::format::buildid::BuildId;
 use crate::{Error, Result};
 use std::time::Duration;
 

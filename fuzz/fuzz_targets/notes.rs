@@ -4,7 +4,7 @@
 use libfuzzer_sys::fuzz_target;
 use pdinject::buildid::elf::{build_id_from_notes, build_id_of_image};
 use pdinject::format::Endian;
-use pdinject::format::feature::parse_build_id_table;
+use pdinject::format::buildid::parse_build_id_table;
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(Some(id)) = build_id_of_image(data) {

@@ -18,7 +18,7 @@
 
 use super::elf::{open_regular, read_build_id};
 use super::{Group, HostTrust, Outcome, Source, host};
-use crate::format::feature::BuildId;
+use crate::format::buildid::BuildId;
 use crate::model::DsoKind;
 use crate::report::{DsoReport, Report};
 use rayon::prelude::*;

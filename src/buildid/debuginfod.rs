@@ -5,7 +5,7 @@
 //! are usually plain http, and a TLS stack would double the build time; an https
 //! URL is refused with that reason.
 
-use crate::format::feature::BuildId;
+use crate::format::buildid::BuildId;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::time::Duration;

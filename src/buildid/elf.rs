@@ -1,7 +1,7 @@
 //! Reading build IDs from ELF files and raw note streams, and proving that a file on
 //! disk is the one a recording mapped.
 
-use crate::format::feature::BuildId;
+use crate::format::buildid::BuildId;
 use crate::format::record::FileIdent;
 use object::{Object, ObjectSegment};
 use std::fs::File;

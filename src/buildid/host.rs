@@ -2,7 +2,7 @@
 //! local files, the kernel's notes, module notes and the vdso speak for the recording.
 
 use super::elf::{build_id_from_notes, build_id_of_image};
-use crate::format::feature::BuildId;
+use crate::format::buildid::BuildId;
 
 /// Facts about the running host.
 #[derive(Clone, Debug, Default)]

@@ -17,7 +17,7 @@
 //! and ctime. If it ever compares with a slack, the time class below must use the same.
 
 use super::elf::{Proven, RecordingStart, Refusal};
-use crate::format::feature::BuildId;
+use crate::format::buildid::BuildId;
 use crate::format::record::FileIdent;
 use std::cell::Cell;
 use std::cmp::Ordering as CmpOrdering;

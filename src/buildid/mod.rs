@@ -13,7 +13,7 @@ pub mod elf;
 pub mod host;
 pub mod memo;
 
-use crate::format::feature::{BuildId, BuildIdTable, TableEntry};
+use crate::format::buildid::{BuildId, BuildIdTable, TableEntry};
 use crate::format::record::FileIdent;
 use crate::model::{DsoId, DsoKind, Model};
 pub use elf::{Reason, RecordingStart, Refusal};

@@ -16,12 +16,13 @@ pub mod source;
 use crate::buildid::{self, Evidence, Group, HostTrust, Outcome, Reason, host::HostInfo};
 use crate::format::Endian;
 use crate::format::attr::{Attr, st};
-use crate::format::feature::{
-    BuildId, BuildIdTable, ClockData, TableEntry, encode_table_entry, parse_build_id_table,
-    parse_clock_data, parse_string,
+use crate::format::buildid::parse_build_id_entry;
+use crate::format::buildid::{
+    BuildId, BuildIdTable, TableEntry, encode_table_entry, parse_build_id_table,
 };
+use crate::format::feature::{ClockData, parse_clock_data, parse_string};
 use crate::format::header::{FEAT_ARCH, FEAT_CLOCK_DATA, FEAT_HOSTNAME, FEAT_OSRELEASE};
-use crate::format::record::{TrailerLayout, misc, parse_build_id_entry, parse_mmap, rt};
+use crate::format::record::{TrailerLayout, misc, parse_mmap, rt};
 use crate::format::walk::{Chunk, Rec, Walker, Windows};
 use crate::input::DataFile;
 use crate::model::{DsoId, DsoKind, Key, Model, ModelBuilder};

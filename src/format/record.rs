@@ -99,7 +99,7 @@ pub enum FileIdent {
         generation: u64,
     },
     /// A build ID carried by a build-ID MMAP2 record.
-    BuildId(super::feature::BuildId),
+    BuildId(super::buildid::BuildId),
 }
 
 /// A decoded MMAP or MMAP2 record.
@@ -162,7 +162,7 @@ pub fn parse_mmap<'a>(
     }
     let ident = if h.misc & misc::MMAP_BUILD_ID != 0 {
         let n = *rec.get(40)? as usize;
-        match super::feature::BuildId::new(rec.get(44..64)?, n) {
+        match super::buildid::BuildId::new(rec.get(44..64)?, n) {
             Some(b) => FileIdent::BuildId(b),
             None => FileIdent::None,
         }
@@ -251,36 +251,6 @@ impl TrailerLayout {
     }
 }
 
-/// A HEADER_BUILD_ID entry (stream record or feature-table entry).
-#[derive(Clone, Debug)]
-pub struct BuildIdEntry<'a> {
-    /// cpumode from misc.
-    pub cpumode: u16,
-    /// Machine pid (-1 for the host), read unswapped as perf does.
-    pub pid: i32,
-    /// The build ID.
-    pub build_id: super::feature::BuildId,
-    /// DSO name.
-    pub filename: &'a [u8],
-}
-
-/// Parses a HEADER_BUILD_ID entry (`rec` spans exactly `header.size` bytes).
-pub fn parse_build_id_entry<'a>(h: &RecordHeader, rec: &'a [u8]) -> Option<BuildIdEntry<'a>> {
-    let pid = i32::from_ne_bytes(rec.get(8..12)?.try_into().ok()?);
-    let raw = rec.get(12..32)?;
-    let len = if h.misc & misc::BUILD_ID_SIZE != 0 {
-        (*rec.get(32)? as usize).min(20)
-    } else {
-        20
-    };
-    Some(BuildIdEntry {
-        cpumode: h.cpumode(),
-        pid,
-        build_id: super::feature::BuildId::new(raw, len)?,
-        filename: c_str(rec.get(36..)?),
-    })
-}
-
 /// Size of the build-ID union of an MMAP2 record (maj/min/ino/generation in the
 /// classic form; size, reserved bytes and 20 ID bytes in the build-ID form).
 pub const MMAP2_UNION: usize = 24;
@@ -296,7 +266,7 @@ pub const MMAP2_UNION: usize = 24;
 pub fn encode_build_id_mmap2(
     rec: &[u8],
     e: Endian,
-    id: &super::feature::BuildId,
+    id: &super::buildid::BuildId,
     kernel_space: bool,
 ) -> Option<Vec<u8>> {
     let h = RecordHeader::parse(rec, e)?;
@@ -339,7 +309,7 @@ pub fn encode_build_id_mmap2(
 #[cfg(test)]
 mod mmap2_tests {
     use super::*;
-    use crate::format::feature::BuildId;
+    use crate::format::buildid::BuildId;
 
     fn mmap_v1(e: Endian, name: &[u8], trailer: &[u8]) -> Vec<u8> {
         let mut r = Vec::new();

@@ -29,7 +29,7 @@ use super::table::{TableSink, table_plan};
 use super::{Batch, Begin, Sink, SinkReport};
 use crate::buildid::inode_conflict;
 use crate::engine::{Decision, Engine, MappingRecord};
-use crate::format::feature::BuildId;
+use crate::format::buildid::BuildId;
 use crate::format::header::FileHeader;
 use crate::format::record::{FileIdent, RecordHeader, encode_build_id_mmap2, parse_mmap, rt};
 use crate::input::PerfInput;

@@ -8,7 +8,7 @@
 use super::{Batch, Begin, Sink, SinkReport};
 use crate::engine::{Decision, Engine, FEAT_TERMINATOR};
 use crate::format::Endian;
-use crate::format::feature::{BuildId, encode_table_entry};
+use crate::format::buildid::{BuildId, encode_table_entry};
 use crate::format::header::{FEAT_BUILD_ID, encode_pipe_header};
 use crate::format::record::rt;
 use crate::format::walk::first_sampleish;
@@ -136,7 +136,7 @@ impl<'w> StreamSink<'w> {
             .then(|| input.feature(FEAT_BUILD_ID))
             .flatten()
         {
-            for entry in crate::format::feature::parse_build_id_table(&table, e).entries {
+            for entry in crate::format::buildid::parse_build_id_table(&table, e).entries {
                 build_id_record(
                     &mut recs,
                     e,

@@ -12,7 +12,7 @@ use super::{Batch, Begin, Sink, SinkReport};
 use crate::engine::Engine;
 use crate::engine::source::is_header_record;
 use crate::format::Endian;
-use crate::format::feature::encode_table_entry;
+use crate::format::buildid::encode_table_entry;
 use crate::format::header::{FEAT_BUILD_ID, FILE_HEADER_SIZE};
 use crate::format::record::rt;
 use crate::format::walk::frame;
@@ -151,7 +151,7 @@ pub(crate) fn table_plan(input: &PerfInput, engine: &Engine<'_>) -> TablePlan {
         .flatten();
     let table = old
         .as_deref()
-        .map(|p| crate::format::feature::parse_build_id_table(p, input.header.endian));
+        .map(|p| crate::format::buildid::parse_build_id_table(p, input.header.endian));
     let legacy = table.as_ref().is_some_and(|t| t.legacy);
     let damaged = table.as_ref().filter(|t| t.malformed).map(|t| t.valid_len);
     let mut note = None;
