@@ -35,14 +35,6 @@ fn tree(dir: &Path) -> (BTreeMap<String, String>, BTreeMap<String, String>) {
     (main, vdso)
 }
 
-fn record_prog(st: &Setup, opts: &[&str], name: &str) -> PathBuf {
-    let out = st.dir.join(name);
-    let mut args: Vec<&str> = opts.to_vec();
-    args.extend(["--", "./prog"]);
-    record_in(&st.perf, &st.dir, &out, &args);
-    out
-}
-
 fn cache_dir() -> PathBuf {
     test_home().join(".debug")
 }

@@ -898,3 +898,12 @@ pub fn received_ids(perf: &Perf, file: &Path) -> BTreeMap<String, String> {
     }
     m
 }
+
+/// Records `prog` (in the fixture dir) with `perf record -q OPTS -- ./prog`.
+pub fn record_prog(st: &Setup, opts: &[&str], name: &str) -> PathBuf {
+    let out = st.dir.join(name);
+    let mut args: Vec<&str> = opts.to_vec();
+    args.extend(["--", "./prog"]);
+    record_in(&st.perf, &st.dir, &out, &args);
+    out
+}

@@ -13,14 +13,6 @@ use std::os::unix::fs::MetadataExt;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 
-fn record_prog(st: &Setup, opts: &[&str], name: &str) -> PathBuf {
-    let out = st.dir.join(name);
-    let mut args: Vec<&str> = opts.to_vec();
-    args.extend(["--", "./prog"]);
-    record_in(&st.perf, &st.dir, &out, &args);
-    out
-}
-
 /// A copy of `src` with its modification time (pdinject dates a recording by it).
 fn copy_of(src: &Path, dst: &Path) {
     std::fs::copy(src, dst).unwrap();

@@ -4,16 +4,8 @@
 
 use super::common::*;
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
-
-fn record_prog(st: &Setup, opts: &[&str], name: &str) -> PathBuf {
-    let out = st.dir.join(name);
-    let mut args: Vec<&str> = opts.to_vec();
-    args.extend(["--", "./prog"]);
-    record_in(&st.perf, &st.dir, &out, &args);
-    out
-}
 
 /// The kernel's IDs for the fixtures, or None (skip) when it writes none here.
 fn kernel_oracle(st: &Setup, test: &str) -> Option<BTreeMap<String, String>> {

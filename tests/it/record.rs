@@ -6,7 +6,7 @@ use super::common::*;
 use std::collections::BTreeMap;
 use std::fs;
 use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
@@ -14,15 +14,6 @@ use std::time::Duration;
 /// made "after the recording" has a later timestamp than the perf.data file.
 fn settle() {
     std::thread::sleep(Duration::from_millis(50));
-}
-
-/// Records `prog` (in the fixture dir) with `perf record -q OPTS -- ./prog`.
-fn record_prog(st: &Setup, opts: &[&str], name: &str) -> PathBuf {
-    let out = st.dir.join(name);
-    let mut args: Vec<&str> = opts.to_vec();
-    args.extend(["--", "./prog"]);
-    record_in(&st.perf, &st.dir, &out, &args);
-    out
 }
 
 /// The libc path as it appears among the hit DSOs (or the canonical path).
