@@ -159,9 +159,9 @@ fn stamp(path: &Path) -> Option<(u64, i128)> {
     Some((size, newest))
 }
 
-/// Temp files of pdinject's own outputs (`.NAME.pdinject-PID.tmp`).
+/// Temp files of pdinject's own outputs ([`crate::write::temp_name`]).
 fn is_temp_name(name: &str) -> bool {
-    name.starts_with('.') && name.ends_with(".tmp") && name.contains(".pdinject-")
+    crate::write::temp_name_pid(name).is_some()
 }
 
 fn walk(dir: &Path, skip: &WalkSkip, found: &mut Vec<(PathBuf, Option<String>)>) {
@@ -654,11 +654,10 @@ fn conflicts(inputs: &[Input], dest: &Dest) -> BTreeMap<usize, String> {
     bad
 }
 
-/// Removes what an interrupted earlier run left of `output`'s temp file: a signal
-/// unlinks one temp file, and a batch has one per worker. Only `.NAME.pdinject-PID.tmp`
-/// beside the output, and only for a PID that is no running process on this machine.
+/// Removes what an interrupted earlier run left beside `output`: temp outputs
+/// ([`crate::write::temp_name`]) of a PID that is no running process on this machine.
 fn remove_stale_temps(output: &Path) {
-    let (Some(dir), Some(name)) = (output.parent(), output.file_name()) else {
+    let Some(dir) = output.parent() else {
         return;
     };
     let dir = if dir.as_os_str().is_empty() {
@@ -666,7 +665,6 @@ fn remove_stale_temps(output: &Path) {
     } else {
         dir
     };
-    let prefix = format!(".{}.pdinject-", name.to_string_lossy());
     let Ok(rd) = std::fs::read_dir(dir) else {
         return;
     };
@@ -674,10 +672,9 @@ fn remove_stale_temps(output: &Path) {
         let n = e.file_name();
         let Some(pid) = n
             .to_str()
-            .and_then(|n| n.strip_prefix(&prefix))
-            .and_then(|r| r.strip_suffix(".tmp"))
-            .and_then(|p| p.parse::<libc::pid_t>().ok())
-            .filter(|&p| p > 0)
+            .and_then(crate::write::temp_name_pid)
+            .and_then(|p| libc::pid_t::try_from(p).ok())
+            .filter(|&p| p > 0 && p != std::process::id() as libc::pid_t)
         else {
             continue;
         };

@@ -384,11 +384,6 @@ impl<'a> Engine<'a> {
         &self.mappings
     }
 
-    /// The decision for a DSO, if one was made.
-    pub fn decision_of(&self, dso: DsoId) -> Option<&Decision> {
-        self.decided.values().find(|d| d.group.dsos.contains(&dso))
-    }
-
     /// Every decision so far, in table order (address space, then name).
     pub fn decisions(&self) -> impl Iterator<Item = &Decision> {
         self.decided.values()
@@ -728,9 +723,15 @@ impl<'a> Engine<'a> {
             times: start,
             symfs: self.opts.symfs.as_deref(),
         };
-        let outcomes = self
+        // An ID no table entry or record can carry is refused before anything uses
+        // it (the cache included).
+        let outcomes: Vec<_> = self
             .pool
-            .install(|| buildid::identify(&groups, &model, &ev));
+            .install(|| buildid::identify(&groups, &model, &ev))
+            .into_iter()
+            .zip(&groups)
+            .map(|(o, g)| encodable(g, o, self.e))
+            .collect();
         self.add_time("identify", t.elapsed());
         // perf's build-ID cache, beside any sink: the very files just proven.
         let t = Instant::now();
@@ -757,7 +758,7 @@ impl<'a> Engine<'a> {
                 ..outcome
             };
             let d = Decision {
-                outcome: encodable(&group, outcome, self.e),
+                outcome,
                 group,
                 later_file: false,
                 cache,

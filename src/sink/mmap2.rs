@@ -127,7 +127,11 @@ pub fn plan(
                 by_group.entry(*g).or_default().push(*ident);
             }
         }
-        for (g, idents) in by_group {
+        for (g, mut idents) in by_group {
+            // One identity per distinct file: a library mapped by thousands of
+            // processes is compared once, not pairwise per record.
+            idents.sort_unstable_by_key(|i| format!("{i:?}"));
+            idents.dedup();
             let decided = ids.values().find(|v| v.0 == g).map(|v| v.1);
             let clash = idents.iter().enumerate().any(|(i, a)| {
                 matches!(a, FileIdent::BuildId(b) if Some(*b) != decided)

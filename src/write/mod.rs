@@ -32,6 +32,20 @@ pub struct TempOutput {
 /// command lines and stacks).
 pub const NEW_FILE_MODE: u32 = 0o600;
 
+/// The name of a temp output beside its target: `.pdi-PID-N.tmp` (short whatever the
+/// target's name).
+pub fn temp_name(pid: u32, n: u32) -> String {
+    format!(".pdi-{pid}-{n}.tmp")
+}
+
+/// The PID in a [`temp_name`], if `name` is one.
+pub fn temp_name_pid(name: &str) -> Option<u32> {
+    let rest = name.strip_prefix(".pdi-")?.strip_suffix(".tmp")?;
+    let (pid, n) = rest.split_once('-')?;
+    n.parse::<u32>().ok()?;
+    pid.parse().ok()
+}
+
 impl TempOutput {
     /// Creates the temp file (or directory) for `target`, mode 0600 (0700).
     pub fn create(target: &Path, is_dir: bool) -> Result<TempOutput> {
@@ -83,7 +97,7 @@ impl TempOutput {
         // temp name (NAME_MAX is 255 bytes).
         static SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let n = SEQ.fetch_add(1, Ordering::Relaxed);
-        let path = dir.join(format!(".pdi-{}-{n}.tmp", std::process::id()));
+        let path = dir.join(temp_name(std::process::id(), n));
         let _ = if is_dir {
             std::fs::remove_dir_all(&path)
         } else {

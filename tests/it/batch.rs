@@ -66,9 +66,13 @@ fn batch_fleet_damaged_input_and_rerun() {
     let mut gone = std::process::Command::new("true").spawn().unwrap();
     let gone_pid = gone.id();
     gone.wait().unwrap();
-    let stale = out.join(format!("host001/.perf.data.pdinject-{gone_pid}.tmp"));
+    // The name is TempOutput's; the bytes begin as a perf.data does.
+    let temp = pdinject::write::temp_name(gone_pid, 0);
+    let stale = out.join("host001").join(&temp);
     std::fs::create_dir_all(stale.parent().unwrap()).unwrap();
-    std::fs::write(&stale, b"half an output").unwrap();
+    std::fs::write(&stale, &demo[..4096]).unwrap();
+    // One left in the input tree too: the walk does not take it for a recording.
+    std::fs::write(fl.join("host000").join(&temp), &demo[..4096]).unwrap();
     let report = tmp.path().join("r.jsonl");
     let o = pdinject_run([
         "batch".as_ref(),
