@@ -308,18 +308,38 @@ pub fn apply(target: &Path, plan: &Plan) -> Result<()> {
         regions,
     };
     let jp = journal_path(target);
+    let r = write_journaled(target, &f, &jp, &j, plan);
+    if r.is_err() {
+        // An error (a full disk, an I/O error) is not a crash: the file goes back to
+        // its old state now rather than waiting for the next run. A journal that did
+        // not become whole is removed by the same call; nothing was changed then.
+        let _ = recover(target);
+    }
+    r
+}
+
+/// The steps of [`apply`] from the journal on: the journal, durable; the appends;
+/// the records and the switch; the journal removed.
+fn write_journaled(
+    target: &Path,
+    f: &std::fs::File,
+    jp: &Path,
+    j: &Journal,
+    plan: &Plan,
+) -> Result<()> {
+    let io = |e| Error::io(target, e);
     {
         let mut jf = OpenOptions::new()
             .write(true)
             .create_new(true)
-            .open(&jp)
-            .map_err(|e| Error::io(&jp, e))?;
+            .open(jp)
+            .map_err(|e| Error::io(jp, e))?;
         for part in j.encode() {
-            jf.write_all(&part).map_err(|e| Error::io(&jp, e))?;
+            jf.write_all(&part).map_err(|e| Error::io(jp, e))?;
             step();
         }
         // fdatasync also makes the new file's size durable (needed to read it back).
-        jf.sync_data().map_err(|e| Error::io(&jp, e))?;
+        jf.sync_data().map_err(|e| Error::io(jp, e))?;
         step();
     }
     sync_dir(target)?;
@@ -337,13 +357,13 @@ pub fn apply(target: &Path, plan: &Plan) -> Result<()> {
         f.write_all_at(&c.bytes, c.offset).map_err(io)?;
         step();
     }
-    set_times(&f, target, j.atime, j.mtime)?;
+    set_times(f, target, j.atime, j.mtime)?;
     // The new state is durable before the journal that could undo it goes.
     f.sync_all().map_err(io)?;
     step();
     // No directory sync after: a power cut that loses the unlink leaves a journal
     // that the next run uses to undo this finished run, which is the old state, whole.
-    std::fs::remove_file(&jp).map_err(|e| Error::io(&jp, e))?;
+    std::fs::remove_file(jp).map_err(|e| Error::io(jp, e))?;
     step();
     Ok(())
 }
