@@ -7,7 +7,7 @@ use pdinject::format::Endian;
 use pdinject::format::buildid::parse_build_id_table;
 
 fuzz_target!(|data: &[u8]| {
-    if let Ok(Some(id)) = build_id_of_image(data) {
+    if let Ok(id) = build_id_of_image(data) {
         std::hint::black_box(id);
     }
     if let Some(id) = build_id_from_notes(data) {

@@ -391,11 +391,7 @@ fn add(
             } else {
                 let img = host::vdso_image().ok_or("cannot read this process's vdso")?;
                 // The image written is the one whose ID is checked here.
-                let raw = super::elf::build_id_of_image(img)
-                    .ok()
-                    .flatten()
-                    .and_then(|r| BuildId::new(&r, r.len()));
-                if raw != Some(id) {
+                if super::elf::build_id_of_image(img).ok() != Some(id) {
                     return Err("this process's vdso has another build ID".into());
                 }
                 mkdir(&dir)?;
@@ -513,18 +509,7 @@ fn compressed_module_id(f: &File) -> Result<BuildId, (super::Reason, String)> {
         .take(256 << 20)
         .read_to_end(&mut image)
         .map_err(|e| unreadable(format!("cannot decompress: {e}")))?;
-    let raw = super::elf::build_id_of_image(&image)
-        .map_err(|e| {
-            (
-                super::Reason::Unsupported,
-                format!("not a readable ELF file: {e}"),
-            )
-        })?
-        .ok_or((
-            super::Reason::NoNote,
-            "the module has no build-ID note".to_string(),
-        ))?;
-    BuildId::new(&raw, raw.len()).ok_or((super::Reason::NoNote, "empty build ID".to_string()))
+    super::elf::build_id_of_image(&image)
 }
 
 /// Links `/usr/lib/debug/.build-id/xx/rest.debug` (under --symfs when given) as

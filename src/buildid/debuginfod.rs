@@ -47,11 +47,7 @@ pub fn fetch(servers: &[String], id: &BuildId) -> Result<Vec<u8>, String> {
     for s in servers {
         match fetch_one(s, id) {
             Ok(data) => {
-                let found = super::elf::build_id_of_image(&data)
-                    .ok()
-                    .flatten()
-                    .and_then(|r| BuildId::new(&r, r.len()));
-                if found == Some(*id) {
+                if super::elf::build_id_of_image(&data).ok() == Some(*id) {
                     return Ok(data);
                 }
                 errors.push(format!("{s}: the file served has another build ID"));

@@ -51,12 +51,21 @@ pub enum RecordingStart {
     Unknown(String),
 }
 
-/// Reads the GNU build ID of an ELF image in memory.
-pub fn build_id_of_image(data: &[u8]) -> Result<Option<Vec<u8>>, String> {
-    let f = object::File::parse(data).map_err(|e| e.to_string())?;
-    f.build_id()
-        .map(|o| o.map(|b| b.to_vec()))
-        .map_err(|e| e.to_string())
+/// The GNU build ID of an ELF image in memory (a vdso, a download, a decompressed
+/// module), by the same rules as [`read_build_id`].
+pub fn build_id_of_image(data: &[u8]) -> Result<BuildId, Refusal> {
+    let obj = object::File::parse(data)
+        .map_err(|e| (Reason::Unsupported, format!("not a readable ELF file: {e}")))?;
+    id_of(&obj)
+}
+
+/// The build ID in a parsed ELF file's notes.
+fn id_of<'d, R: object::ReadRef<'d>>(obj: &object::File<'d, R>) -> Result<BuildId, Refusal> {
+    match obj.build_id() {
+        Ok(Some(raw)) => id_from_bytes(raw),
+        Ok(None) => Err((Reason::NoNote, "the ELF file has no build-ID note".into())),
+        Err(e) => Err((Reason::Unsupported, format!("cannot read the notes: {e}"))),
+    }
 }
 
 /// Finds the NT_GNU_BUILD_ID note in a raw note stream (`/sys/kernel/notes`,
@@ -179,11 +188,7 @@ pub fn read_build_id(file: &File) -> Result<BuildId, Refusal> {
     let cache = object::read::ReadCache::new(file);
     let obj = object::File::parse(&cache)
         .map_err(|e| (Reason::Unsupported, format!("not a readable ELF file: {e}")))?;
-    match obj.build_id() {
-        Ok(Some(raw)) => id_from_bytes(raw),
-        Ok(None) => Err((Reason::NoNote, "the ELF file has no build-ID note".into())),
-        Err(e) => Err((Reason::Unsupported, format!("cannot read the notes: {e}"))),
-    }
+    id_of(&obj)
 }
 
 /// Opens `path` and proves it is the file the recording mapped, then reads its ID.
