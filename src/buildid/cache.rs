@@ -20,7 +20,7 @@ use super::elf::{open_regular, read_build_id};
 use super::{Group, HostTrust, Outcome, Source, host};
 use crate::format::buildid::BuildId;
 use crate::model::DsoKind;
-use crate::report::{DsoReport, Report};
+use crate::report::Report;
 use rayon::prelude::*;
 use std::ffi::CString;
 use std::fs::File;
@@ -175,24 +175,6 @@ pub struct CacheTotals {
     pub fetched: usize,
     /// DSOs with an ID that are not in the cache.
     pub not_cached: usize,
-}
-
-impl CacheSummary {
-    /// Sets the `cached` fields of the matching report lines.
-    pub fn apply(&self, dsos: &mut [DsoReport]) {
-        for d in dsos {
-            let space = d.kind.is_kernel_space();
-            if let Some(r) = self
-                .results
-                .iter()
-                .find(|r| r.name == d.path && r.kernel_space == space)
-            {
-                d.cached = Some(r.state);
-                d.cache_entry.clone_from(&r.entry);
-                d.cache_detail.clone_from(&r.detail);
-            }
-        }
-    }
 }
 
 /// Fills in the run totals (and the cache directory) from the report's DSO lines.

@@ -484,8 +484,9 @@ impl Sink for Mmap2Sink<'_> {
                 let b = recs.partition_point(|m| m.offset < end);
                 let sp = plan(engine, &recs[a..b], false, true, &mut |_, o| {
                     let i = usize::try_from(o - offset).ok()?;
-                    let h = RecordHeader::parse(bytes.get(i..)?, engine.endian())?;
-                    bytes.get(i..i + h.size as usize).map(<[u8]>::to_vec)
+                    let fr =
+                        crate::format::walk::frame(bytes.get(i..)?, engine.endian(), o).ok()??;
+                    bytes.get(i..i + fr.size()).map(<[u8]>::to_vec)
                 });
                 self.count(&sp);
                 let mut conv;
