@@ -225,7 +225,7 @@ pub fn prove_in_sysroot(
     prove(path, None, exec_pgoffs, start)
 }
 
-fn prove(
+pub(super) fn prove(
     path: &Path,
     ident: Option<&FileIdent>,
     exec_pgoffs: &[u64],

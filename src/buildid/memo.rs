@@ -19,7 +19,6 @@
 use super::elf::{Proven, RecordingStart, Refusal};
 use crate::format::buildid::BuildId;
 use crate::format::record::FileIdent;
-use std::cell::Cell;
 use std::cmp::Ordering as CmpOrdering;
 use std::collections::HashMap;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
@@ -85,12 +84,6 @@ impl Memo {
 
 static ACTIVE: RwLock<Option<Arc<Memo>>> = RwLock::new(None);
 
-thread_local! {
-    /// Set while this thread runs the real proof for the memo (the proof calls
-    /// [`lookup`] again at its top, which must then step aside).
-    static PROVING: Cell<bool> = const { Cell::new(false) };
-}
-
 /// Uninstalls the memo when dropped.
 pub struct Installed(());
 
@@ -140,9 +133,6 @@ pub(crate) fn lookup(
     exec_pgoffs: &[u64],
     times: &RecordingStart,
 ) -> Option<Result<Proven, Refusal>> {
-    if PROVING.with(Cell::get) {
-        return None;
-    }
     // An undated recording is refused by the proof before any file is opened.
     let RecordingStart::Known(start) = *times else {
         return None;
@@ -172,9 +162,8 @@ pub(crate) fn lookup(
     let mut mine = None;
     // Only one thread proves a key; the others wait for its answer.
     let answer = cell.get_or_init(|| {
-        PROVING.with(|p| p.set(true));
-        let r = super::elf::prove_and_read(path, ident, exec_pgoffs, times);
-        PROVING.with(|p| p.set(false));
+        // The proof itself, not prove_and_read (whose first step is this lookup).
+        let r = super::elf::prove(path, Some(ident), exec_pgoffs, times);
         memo.proofs_run.fetch_add(1, Ordering::Relaxed);
         if let Ok(mut files) = memo.files.lock()
             && files.insert(file)
