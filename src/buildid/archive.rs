@@ -28,15 +28,11 @@ pub fn write(report: &Report, cache_dir: &Path, out: &Path) -> Result<ArchiveSum
         .collect();
     entries.sort_unstable();
     entries.dedup();
-    let tmp = out.with_file_name(format!(
-        ".{}.pdinject-{}.tmp",
-        out.file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default(),
-        std::process::id()
-    ));
+    // The outputs' temp file: removed on error and on every signal, a FIFO or
+    // device OUT refused.
+    let tmp = crate::write::TempOutput::create(out, false)?;
     let r = (|| -> std::io::Result<ArchiveSummary> {
-        let f = File::create(&tmp)?;
+        let f = std::fs::OpenOptions::new().write(true).open(&tmp.path)?;
         let mut w = BufWriter::with_capacity(1 << 20, f);
         let mut sum = ArchiveSummary::default();
         for rel in entries {
@@ -94,16 +90,12 @@ pub fn write(report: &Report, cache_dir: &Path, out: &Path) -> Result<ArchiveSum
         f.sync_all()?;
         Ok(sum)
     })();
-    match r {
-        Ok(sum) => {
-            std::fs::rename(&tmp, out).map_err(|e| Error::io(out, e))?;
-            Ok(sum)
-        }
-        Err(e) => {
-            let _ = std::fs::remove_file(&tmp);
-            Err(Error::io(out, e))
-        }
-    }
+    let sum = r.map_err(|source| Error::Output {
+        path: out.to_path_buf(),
+        source,
+    })?;
+    tmp.commit()?;
+    Ok(sum)
 }
 
 fn pad(w: &mut impl Write, len: u64) -> std::io::Result<()> {
