@@ -460,6 +460,25 @@ pub struct FileResult {
     pub report: Report,
 }
 
+impl FileResult {
+    /// `input` not done (yet): failed, with `error` when there is one.
+    fn failed(input: &Input, dest: &Dest, error: Option<String>) -> FileResult {
+        FileResult {
+            status: Status::Failed,
+            error,
+            skipped: None,
+            warning: None,
+            input_bytes: input.bytes,
+            seconds: 0.0,
+            report: Report {
+                input: input.path.display().to_string(),
+                output: output_path(dest, input).display().to_string(),
+                ..Report::default()
+            },
+        }
+    }
+}
+
 /// Totals of a batch.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Summary {
@@ -708,19 +727,7 @@ fn process(input: &Input, opts: &BatchOptions, fp: &str, pool: &rayon::ThreadPoo
     let t = Instant::now();
     let output = output_path(&opts.dest, input);
     let marker = marker_path(&opts.dest, input);
-    let mut res = FileResult {
-        status: Status::Failed,
-        error: None,
-        skipped: None,
-        warning: None,
-        input_bytes: input.bytes,
-        seconds: 0.0,
-        report: Report {
-            input: input.path.display().to_string(),
-            output: output.display().to_string(),
-            ..Report::default()
-        },
-    };
+    let mut res = FileResult::failed(input, &opts.dest, None);
     if let Some(p) = &input.problem {
         res.error = Some(format!("{}: {p}", input.path.display()));
         return res;
@@ -817,15 +824,11 @@ pub fn run(inputs: &[Input], opts: &BatchOptions, done: &(dyn Fn(&FileResult) + 
                 ..Summary::default()
             };
             for i in inputs {
-                done(&FileResult {
-                    status: Status::Failed,
-                    error: Some(format!("{}: {e}", i.path.display())),
-                    skipped: None,
-                    warning: None,
-                    input_bytes: i.bytes,
-                    seconds: 0.0,
-                    report: Report::default(),
-                });
+                done(&FileResult::failed(
+                    i,
+                    &opts.dest,
+                    Some(format!("{}: {e}", i.path.display())),
+                ));
             }
             s.seconds = t.elapsed().as_secs_f64();
             return s;
@@ -854,19 +857,11 @@ pub fn run(inputs: &[Input], opts: &BatchOptions, done: &(dyn Fn(&FileResult) + 
         .filter(|n| !bad.contains_key(n))
         .partition(|&n| inputs[n].bytes >= opts.concurrent_below);
     for (&n, why) in &bad {
-        finish(FileResult {
-            status: Status::Failed,
-            error: Some(format!("{}: {why}", inputs[n].path.display())),
-            skipped: None,
-            warning: None,
-            input_bytes: inputs[n].bytes,
-            seconds: 0.0,
-            report: Report {
-                input: inputs[n].path.display().to_string(),
-                output: output_path(&opts.dest, &inputs[n]).display().to_string(),
-                ..Report::default()
-            },
-        });
+        finish(FileResult::failed(
+            &inputs[n],
+            &opts.dest,
+            Some(format!("{}: {why}", inputs[n].path.display())),
+        ));
     }
     for n in big {
         finish(process(&inputs[n], opts, &fp, &pool));
