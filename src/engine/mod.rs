@@ -359,6 +359,11 @@ impl<'a> Engine<'a> {
         }
     }
 
+    /// The input's name in messages.
+    pub fn name(&self) -> &Path {
+        &self.name
+    }
+
     /// The input's byte order.
     pub fn endian(&self) -> Endian {
         self.e

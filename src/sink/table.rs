@@ -352,7 +352,7 @@ impl FromStream {
                 16,
                 "the stream declares no events (no HEADER_ATTR record): a perf.data file needs them",
             )
-            .in_file(out));
+            .in_file(engine.name()));
         }
         if self.data_size == 0 {
             // perf reads a data size of 0 as "to the end of the file": one
