@@ -512,6 +512,36 @@ fn overlay(state: &mut BTreeMap<u64, MapEntry>, m: MapEntry) {
     state.insert(m.start, m);
 }
 
+/// Lays mapping `m` over the sorted, non-overlapping `maps`, as [`overlay`] does: what
+/// it covers is cut out of the entries there; it is kept itself when `keep` says so
+/// (a caller that holds only some kinds of mappings still has them cut).
+pub fn lay_over(maps: &mut Vec<MapEntry>, m: MapEntry, keep: impl Fn(&MapEntry) -> bool) {
+    let lo = maps.partition_point(|o| o.end <= m.start);
+    let hi = maps.partition_point(|o| o.start < m.end);
+    let mut pieces = Vec::with_capacity(3);
+    if let Some(first) = maps.get(lo).filter(|o| lo < hi && o.start < m.start) {
+        pieces.push(MapEntry {
+            end: m.start,
+            ..*first
+        });
+    }
+    if keep(&m) {
+        pieces.push(m);
+    }
+    if let Some(last) = hi
+        .checked_sub(1)
+        .and_then(|i| maps.get(i))
+        .filter(|o| lo < hi && o.end > m.end)
+    {
+        pieces.push(MapEntry {
+            start: m.end,
+            pgoff: last.pgoff.wrapping_add(m.end - last.start),
+            ..*last
+        });
+    }
+    maps.splice(lo..hi.max(lo), pieces);
+}
+
 /// The frozen model, shared read-only by the resolve workers.
 #[derive(Debug, Default)]
 pub struct Model {
@@ -572,6 +602,23 @@ impl Model {
         self.procs
             .get(&pid)
             .map_or(0, |p| p.events.partition_point(|e| e.key <= key))
+    }
+
+    /// The mappings `pid` made between versions `from` and `to` of its address space
+    /// (see [`Model::version`]), oldest first, when it did nothing else in between
+    /// (no exec, no fork): laid over the address space at `from` with
+    /// [`lay_over`], they give the one at `to`.
+    pub fn mappings_between(&self, pid: u32, from: usize, to: usize) -> Option<Vec<MapEntry>> {
+        self.procs
+            .get(&pid)?
+            .events
+            .get(from..to)?
+            .iter()
+            .map(|e| match e.kind {
+                EventKind::Map(m) => Some(m),
+                EventKind::Exec | EventKind::Fork { .. } => None,
+            })
+            .collect()
     }
 
     /// The whole address space of `pid` as of `key`, sorted, non-overlapping: the
@@ -722,6 +769,40 @@ mod tests {
                 (60, 100, 60, Some(0))
             ]
         );
+    }
+
+    #[test]
+    fn lay_over_is_overlay_keeping_some() {
+        // Random mappings laid over each other both ways: the sorted list kept by
+        // lay_over (executable ones only) is the executable part of overlay's map.
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        for _ in 0..200 {
+            let mut all = BTreeMap::new();
+            let mut exec = Vec::new();
+            for _ in 0..12 {
+                let start = next(64) * 16;
+                let m = MapEntry {
+                    start,
+                    end: start + 16 * (1 + next(8)),
+                    pgoff: next(4) * 4096,
+                    dso: (next(3) > 0).then(|| next(5) as u32),
+                    exec: next(2) == 0,
+                };
+                overlay(&mut all, m);
+                lay_over(&mut exec, m, |m| m.exec && m.dso.is_some());
+            }
+            let want: Vec<_> = all
+                .into_values()
+                .filter(|m| m.exec && m.dso.is_some())
+                .collect();
+            assert_eq!(exec, want);
+        }
     }
 
     #[test]

@@ -17,7 +17,8 @@ use crate::{Error, Result};
 use rayon::prelude::*;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use unwind::{SampleStack, UnwindConfig, UnwindMode, UnwindTables};
+use std::sync::{Arc, Mutex};
+use unwind::{Frame, SampleStack, UnwindConfig, UnwindMode, UnwindTables};
 
 /// What the workers need besides the chunk.
 pub struct Resolver<'a> {
@@ -136,9 +137,15 @@ impl<'m> Scratch<'m> {
         };
         // Only code counts: an address in a data mapping (a locale archive, a
         // library's .data) is a stray stack word, not a frame of that file.
-        if let Some(d) = m.dso.filter(|_| m.exec)
-            && !self.touched.contains(&d)
-        {
+        if let Some(d) = m.dso.filter(|_| m.exec) {
+            self.touch(d);
+        }
+    }
+
+    /// Marks DSO `d` as touched by the current sample.
+    #[inline]
+    fn touch(&mut self, d: DsoId) {
+        if !self.touched.contains(&d) {
             self.touched.push(d);
         }
     }
@@ -182,19 +189,36 @@ impl<'a> Resolver<'a> {
         progress: &(dyn Fn(u64) + Sync),
         stop: &AtomicBool,
     ) -> Result<Hits> {
+        // One unwinding worker per pool thread, kept for the whole run: its caches
+        // warm up once (rayon's map_init would start one per split of the work).
+        let shared = Arc::new(unwind::Shared::default());
+        let workers: Vec<Mutex<Option<unwind::Worker>>> = (0..rayon::current_num_threads())
+            .map(|_| Mutex::new(None))
+            .collect();
         let results: Vec<Result<Hits>> = chunks
             .par_iter()
-            .map_init(
-                || self.unwind.map(|(cfg, _)| unwind::Worker::new(cfg.arch)),
-                |w, c| {
-                    if stop.load(Ordering::Relaxed) {
-                        return Err(Error::Stopped);
-                    }
-                    let r = self.chunk(files, c, w.as_mut());
-                    progress(c.end - c.start);
-                    r
-                },
-            )
+            .map(|c| {
+                if stop.load(Ordering::Relaxed) {
+                    return Err(Error::Stopped);
+                }
+                // try_lock: a thread that steals work while inside a chunk (nothing
+                // in a chunk waits on the pool today) gets a worker of its own.
+                let slot = rayon::current_thread_index().and_then(|i| workers.get(i));
+                let mut guard = slot.and_then(|m| m.try_lock().ok());
+                let mut own = None;
+                let w = match guard.as_deref_mut() {
+                    Some(w) => w,
+                    None => &mut own,
+                };
+                if w.is_none() {
+                    *w = self
+                        .unwind
+                        .map(|(cfg, _)| unwind::Worker::sharing(cfg.arch, shared.clone()));
+                }
+                let r = self.chunk(files, c, w.as_mut());
+                progress(c.end - c.start);
+                r
+            })
             .collect();
         let mut total = Hits::new(self.model.dsos.len());
         for r in results {
@@ -336,8 +360,9 @@ impl<'a> Resolver<'a> {
                 stack: s.stack_user,
                 e,
             };
-            let o = unwind::unwind(&cfg, model, tables, w, &stack, &mut |addr| {
-                sc.look(model, pid, addr, key, &mut hits.unmapped)
+            let o = unwind::unwind(&cfg, model, tables, w, &stack, &mut |f| match f {
+                Frame::Dso(d) => sc.touch(d),
+                Frame::Address(addr) => sc.look(model, pid, addr, key, &mut hits.unmapped),
             });
             hits.unwound_samples += 1;
             hits.unwound_frames += o.frames as u64;

@@ -8,16 +8,17 @@
 //! while recovering only the registers return addresses need. A gimli loop would redo
 //! all of that for no measurable gain.
 //!
-//! Unwind sections are loaded once per DSO (keyed by its model identity) and shared by
-//! every process and worker; each worker keeps its own framehop cache and one unwinder
-//! per (process, address-space version), so a process's samples reuse the same module
-//! list until a mapping changes. Section data is read into memory (not mapped), so a
-//! file changing under us cannot fault the process.
+//! Unwind sections are loaded once per DSO (keyed by its model identity), when a walk
+//! first reaches it, and shared by every process and worker. Each worker unwinds in
+//! one address space of DSO images shared by all processes (see [`Worker`]), so the
+//! rule found for a return address in libc serves every process that maps libc.
+//! Section data is read into memory (not mapped), so a file changing under us cannot
+//! fault the process.
 
 use crate::buildid::RecordingStart;
 use crate::buildid::elf::prove_and_read;
 use crate::format::Endian;
-use crate::model::{DsoId, DsoKind, Key, Model};
+use crate::model::{DsoId, DsoKind, Key, MapEntry, Model, lay_over};
 use framehop::aarch64::{CacheAarch64, UnwindRegsAarch64, UnwinderAarch64};
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
 use framehop::{ExplicitModuleSectionInfo, FrameAddress, Module, Unwinder};
@@ -183,7 +184,14 @@ fn load_sections(file: &std::fs::File) -> Option<DsoUnwind> {
         if s.size() > max {
             return None;
         }
-        let data = s.uncompressed_data().ok()?.into_owned();
+        // Plain sections (nearly all) are read straight into their buffer: through
+        // the ReadCache they were zeroed, read, then copied again.
+        let data = match s.compressed_file_range().ok()? {
+            r if r.format == object::CompressionFormat::None => {
+                read_range(file, r.offset, r.uncompressed_size)?
+            }
+            _ => s.uncompressed_data().ok()?.into_owned(),
+        };
         let n = data.len();
         Some((
             s.address()..s.address() + s.size(),
@@ -228,6 +236,19 @@ fn load_sections(file: &std::fs::File) -> Option<DsoUnwind> {
         info.got_svma = Some(s.address()..s.address() + s.size());
     }
     Some(DsoUnwind { segments, info })
+}
+
+/// `len` bytes of `file` at `offset`, into a buffer that is never zeroed first.
+fn read_range(file: &std::fs::File, offset: u64, len: u64) -> Option<Vec<u8>> {
+    use std::io::{Read, Seek, SeekFrom};
+    let len = usize::try_from(len).ok()?;
+    // The object ReadCache over `file` seeks before each of its reads too, so moving
+    // the offset here disturbs nothing.
+    let mut f = file;
+    f.seek(SeekFrom::Start(offset)).ok()?;
+    let mut v = Vec::with_capacity(len);
+    f.take(len as u64).read_to_end(&mut v).ok()?;
+    (v.len() == len).then_some(v)
 }
 
 /// Counts the FDEs of a CFI section by walking its entry lengths (a CIE has id 0 in
@@ -281,23 +302,152 @@ pub struct Outcome {
     pub frame_capped: bool,
 }
 
-type Modules = HashMap<(DsoId, u64, u64, u64), Module<Bytes>>;
+/// Where each DSO's image lies in the one address space the unwinder sees (see
+/// [`Worker`]): DSO `d` at `IMAGE_BASE + d * IMAGE_SLOT`, above any user address
+/// (x86_64 with 5-level paging and aarch64 with 52-bit VAs stay below 2^57).
+const IMAGE_BASE: u64 = 1 << 62;
+/// Room for one image; framehop looks addresses up as 32-bit offsets from a module's
+/// base, so no image it can use is larger.
+const IMAGE_SLOT: u64 = 1 << 32;
+
+/// The address of `svma` in DSO `d`'s image slot.
+fn image_addr(d: DsoId, svma: u64) -> Option<u64> {
+    if svma >= IMAGE_SLOT {
+        return None;
+    }
+    IMAGE_BASE
+        .checked_add(u64::from(d).checked_mul(IMAGE_SLOT)?)?
+        .checked_add(svma)
+}
+
+/// A word that no mapping moved, kept out of the image slots: a stray stack word (or
+/// a kernel address) there would otherwise be taken for code of the DSO whose slot
+/// it falls in. In its place is an address that is nothing in any process either,
+/// as the word was.
+fn outside_images(word: u64) -> u64 {
+    if word >= IMAGE_BASE { NOWHERE } else { word }
+}
+
+/// Where [`outside_images`] puts stray words: above every user address space and
+/// below the slots.
+const NOWHERE: u64 = IMAGE_BASE - (1 << 20);
+
+/// The DSO whose image slot holds `addr`, if any.
+fn image_dso(addr: u64) -> Option<DsoId> {
+    DsoId::try_from(addr.checked_sub(IMAGE_BASE)? / IMAGE_SLOT).ok()
+}
+
+/// One frame an unwind found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Frame {
+    /// Inside an executable mapping of this DSO (an image the unwinder knows).
+    Dso(DsoId),
+    /// An address of the process that no known image holds (anonymous or JIT code, a
+    /// DSO without unwind tables, or nothing): to be looked up in the process.
+    Address(u64),
+}
+
+/// The unwinders and rule caches of one architecture.
+///
+/// One unwinder per image, each with that one module: framehop empties its caches
+/// (a new "modules generation") whenever a module is added to an unwinder, and a
+/// frame's rule depends only on the module holding its address, so images added one
+/// at a time would otherwise throw away every rule found so far each time.
+struct Arch_<U: Unwinder> {
+    new: fn() -> U,
+    /// By DSO; `None` where no image was added.
+    images: Vec<Option<U>>,
+    /// For addresses outside every image: no module, so framehop's fallback (frame
+    /// pointers on x86_64, the frame record on aarch64).
+    outside: U,
+    /// framehop's rule cache is direct-mapped with 509 entries, which the return
+    /// addresses of a busy recording overflow. Each frame's lookup address picks one
+    /// of [`CACHES`] caches by its bits above the slot, which makes one direct-mapped
+    /// cache of `CACHES * 509` entries.
+    caches: Box<[U::Cache]>,
+}
+
+/// Rule caches per worker (see [`Arch_`]); about 8 KB each.
+const CACHES: u64 = 16;
+/// Entries of one framehop rule cache.
+const CACHE_ENTRIES: u64 = 509;
+
+impl<U: Unwinder<Module = Module<Bytes>>> Arch_<U> {
+    fn new(new: fn() -> U, cache: fn() -> U::Cache) -> Self {
+        Arch_ {
+            new,
+            images: Vec::new(),
+            outside: new(),
+            caches: (0..CACHES).map(|_| cache()).collect(),
+        }
+    }
+
+    /// Adds the image of DSO `d` at its slot.
+    fn add(&mut self, d: DsoId, module: Module<Bytes>) {
+        let i = d as usize;
+        if self.images.len() <= i {
+            self.images.resize_with(i + 1, || None);
+        }
+        let mut u = (self.new)();
+        u.add_module(module);
+        self.images[i] = Some(u);
+    }
+
+    /// Unwinds one frame with the unwinder of its image and the cache that holds the
+    /// rule for its address.
+    fn step<F>(
+        &mut self,
+        frame: FrameAddress,
+        regs: &mut U::UnwindRegs,
+        read_stack: &mut F,
+    ) -> Result<Option<u64>, framehop::Error>
+    where
+        F: FnMut(u64) -> Result<u64, ()>,
+    {
+        let at = frame.address_for_lookup();
+        let u = image_dso(at)
+            .and_then(|d| self.images.get(d as usize)?.as_ref())
+            .unwrap_or(&self.outside);
+        let i = (at / CACHE_ENTRIES % CACHES) as usize;
+        u.unwind_frame(frame, regs, &mut self.caches[i], read_stack)
+    }
+}
 
 enum ArchState {
-    X86 {
-        cache: Box<CacheX86_64>,
-        unwinders: HashMap<(u32, usize), UnwinderX86_64<Bytes>>,
-    },
-    Arm {
-        cache: Box<CacheAarch64>,
-        unwinders: HashMap<(u32, usize), UnwinderAarch64<Bytes>>,
-    },
+    X86(Arch_<UnwinderX86_64<Bytes>>),
+    Arm(Arch_<UnwinderAarch64<Bytes>>),
+}
+
+/// A DSO as far as one worker's unwinder knows it.
+#[derive(Clone)]
+enum Image {
+    /// Not met yet.
+    Unseen,
+    /// No unwind tables (not provable, not a user file, or unreadable).
+    None,
+    /// Added to the unwinder at its slot.
+    Known(Arc<DsoUnwind>),
 }
 
 /// Per-worker unwinding state.
+///
+/// The unwinder works in one address space shared by every process: each DSO's
+/// image lies at its own slot, and a sample's code addresses (its IP, and each word
+/// read from its stack that falls in an executable mapping of its process) are moved
+/// there before framehop sees them. framehop caches unwind rules by address, so
+/// unwinding in each process's own addresses (ASLR puts every library elsewhere)
+/// started each process, and each new mapping of it, with a cold cache: on a
+/// recording of many short processes a fifth of all frames missed and evaluated CFI
+/// again. In image addresses the rule for a return address in libc is found once per
+/// worker. Modules are added only when a DSO is first met, so the cache is
+/// invalidated at most once per DSO.
 pub struct Worker {
     arch: ArchState,
-    modules: Modules,
+    images: Vec<Image>,
+    /// What the workers of one run share.
+    shared: Arc<Shared>,
+    /// A sample's frames (kept for its buffer).
+    frames: Vec<Frame>,
     clock: CpuAnchor,
 }
 
@@ -342,28 +492,205 @@ impl CpuAnchor {
     }
 }
 
-/// Unwinders kept per worker before the map is cleared (bounds memory on recordings
-/// of many short processes).
-const MAX_UNWINDERS: usize = 4096;
+/// Process versions whose mappings the workers keep before they forget them all
+/// (bounds memory on recordings of many short processes).
+const MAX_PROCESS_VERSIONS: usize = 4096;
+
+/// What the unwinding workers of one resolve run share: the executable file
+/// mappings of each process version met (see [`ToImage`]), listed once for all.
+#[derive(Default)]
+pub struct Shared {
+    exec_maps: Mutex<ExecMaps>,
+}
+
+#[derive(Default)]
+struct ExecMaps {
+    /// By process and version.
+    versions: HashMap<(u32, usize), Arc<[MapEntry]>>,
+    /// The newest version of each process listed so far.
+    newest: HashMap<u32, (usize, Arc<[MapEntry]>)>,
+}
+
+/// The executable file mappings of an address space.
+fn exec_only(maps: Vec<MapEntry>) -> Arc<[MapEntry]> {
+    maps.into_iter()
+        .filter(|m| m.exec && m.dso.is_some())
+        .collect()
+}
 
 impl Worker {
     /// Fresh state for `arch`.
     pub fn new(arch: Arch) -> Self {
+        Worker::sharing(arch, Arc::default())
+    }
+
+    /// Fresh state for `arch`, sharing `shared` with the run's other workers.
+    pub fn sharing(arch: Arch, shared: Arc<Shared>) -> Self {
         let arch = match arch {
-            Arch::X86_64 => ArchState::X86 {
-                cache: Box::new(CacheX86_64::new()),
-                unwinders: HashMap::new(),
-            },
-            Arch::Aarch64 => ArchState::Arm {
-                cache: Box::new(CacheAarch64::new()),
-                unwinders: HashMap::new(),
-            },
+            Arch::X86_64 => ArchState::X86(Arch_::new(UnwinderX86_64::new, CacheX86_64::new)),
+            Arch::Aarch64 => ArchState::Arm(Arch_::new(UnwinderAarch64::new, CacheAarch64::new)),
         };
         Worker {
             arch,
-            modules: HashMap::new(),
+            images: Vec::new(),
+            shared,
+            frames: Vec::new(),
             clock: CpuAnchor::now(),
         }
+    }
+
+    /// The executable file mappings of the sample's process as of the sample (none
+    /// when unwinding by frame pointers only: addresses then stay the process's).
+    fn exec_maps(&self, cfg: &UnwindConfig, model: &Model, s: &SampleStack) -> Arc<[MapEntry]> {
+        if cfg.mode != UnwindMode::Dwarf {
+            return Arc::from([]);
+        }
+        let v = model.version(s.pid, s.key);
+        let Ok(mut t) = self.shared.exec_maps.lock() else {
+            return exec_only(model.address_space(s.pid, s.key));
+        };
+        if let Some(m) = t.versions.get(&(s.pid, v)) {
+            return m.clone();
+        }
+        // The newest version listed before, with the mappings made since laid over
+        // it: a process that maps one more library is not listed again whole.
+        let maps: Arc<[MapEntry]> = match t.newest.get(&s.pid) {
+            Some((v0, m0)) if *v0 < v => match model.mappings_between(s.pid, *v0, v) {
+                Some(new) => {
+                    let mut maps = m0.to_vec();
+                    for m in new {
+                        lay_over(&mut maps, m, |m| m.exec && m.dso.is_some());
+                    }
+                    maps.into()
+                }
+                None => exec_only(model.address_space(s.pid, s.key)),
+            },
+            _ => exec_only(model.address_space(s.pid, s.key)),
+        };
+        if t.versions.len() >= MAX_PROCESS_VERSIONS {
+            t.versions.clear();
+            t.newest.clear();
+        }
+        t.versions.insert((s.pid, v), maps.clone());
+        if t.newest.get(&s.pid).is_none_or(|(v0, _)| *v0 < v) {
+            t.newest.insert(s.pid, (v, maps.clone()));
+        }
+        maps
+    }
+
+    /// Adds DSO `d`'s image, with its unwind tables when it has any.
+    fn meet(&mut self, model: &Model, tables: &UnwindTables, d: DsoId) {
+        let i = d as usize;
+        if self.images.len() <= i {
+            self.images.resize(i + 1, Image::Unseen);
+        }
+        if !matches!(self.images[i], Image::Unseen) {
+            return;
+        }
+        let (Some(t), Some(base), Some(dso)) =
+            (tables.get(model, d), image_addr(d, 0), model.dsos.get(i))
+        else {
+            self.images[i] = Image::None;
+            return;
+        };
+        let slot = base..base + IMAGE_SLOT;
+        let name = dso.name.clone();
+        let module = Module::new(name, slot, base, t.info.clone());
+        match &mut self.arch {
+            ArchState::X86(a) => a.add(d, module),
+            ArchState::Arm(a) => a.add(d, module),
+        }
+        self.images[i] = Image::Known(t.clone());
+    }
+}
+
+impl DsoUnwind {
+    /// Load bias of mapping `m` of this file: its address minus the file's address.
+    fn bias(&self, m: &MapEntry) -> Option<u64> {
+        // The segment holding the mapped file offset gives the load bias.
+        let &(p_offset, p_vaddr) = self
+            .segments
+            .iter()
+            .filter(|(o, _)| *o <= m.pgoff.saturating_add(0xffff))
+            .min_by_key(|(o, _)| o.abs_diff(m.pgoff))?;
+        let svma_at_start = p_vaddr.wrapping_add(m.pgoff).wrapping_sub(p_offset);
+        Some(m.start.wrapping_sub(svma_at_start))
+    }
+}
+
+/// Moves a process's code addresses into image addresses: the translation between
+/// the sample's process and the worker's one address space.
+struct ToImage<'a> {
+    /// The process's executable file mappings, sorted.
+    maps: &'a [MapEntry],
+    images: &'a [Image],
+    /// The sample's stack copy: words pointing into it are not code, and are the most
+    /// common words read (saved frame pointers).
+    stack: Range<u64>,
+    /// The last mapping that answered, with the shift into its image (`None`: not
+    /// moved).
+    last: Option<(u64, u64, Option<u64>)>,
+    /// DSOs met in executable mappings that the worker has no image of yet.
+    unseen: Vec<DsoId>,
+}
+
+impl ToImage<'_> {
+    /// The instruction pointer `ip` in image addresses.
+    fn ip(&mut self, ip: u64) -> u64 {
+        self.moved(ip, ip)
+    }
+
+    /// A word that may be a return address, in image addresses. The mapping of the
+    /// call instruction before it decides (framehop looks return addresses up one
+    /// byte back): a return address at the very start of a mapping belongs to what
+    /// lies before it.
+    fn word(&mut self, v: u64) -> u64 {
+        self.moved(v, v.wrapping_sub(1))
+    }
+
+    /// `addr` moved by the shift of the mapping that holds `at`.
+    fn moved(&mut self, addr: u64, at: u64) -> u64 {
+        if addr >= IMAGE_BASE {
+            return outside_images(addr);
+        }
+        if self.stack.contains(&at) {
+            return addr;
+        }
+        if let Some((start, end, shift)) = self.last
+            && start <= at
+            && at < end
+        {
+            return shift.map_or(addr, |s| addr.wrapping_add(s));
+        }
+        let i = self.maps.partition_point(|m| m.start <= at);
+        let Some(m) = i.checked_sub(1).and_then(|j| self.maps.get(j)) else {
+            return addr;
+        };
+        if at >= m.end {
+            return addr;
+        }
+        let shift = self.shift(m);
+        self.last = Some((m.start, m.end, shift));
+        shift.map_or(addr, |s| addr.wrapping_add(s))
+    }
+
+    /// The shift that moves all of mapping `m` into its DSO's image slot, if the
+    /// worker knows the image and the whole mapping fits the slot.
+    fn shift(&mut self, m: &MapEntry) -> Option<u64> {
+        let d = m.dso?;
+        let t = match self.images.get(d as usize) {
+            Some(Image::Known(t)) => t,
+            Some(Image::None) => return None,
+            Some(Image::Unseen) | None => {
+                if !self.unseen.contains(&d) {
+                    self.unseen.push(d);
+                }
+                return None;
+            }
+        };
+        let image_start = image_addr(d, m.start.wrapping_sub(t.bias(m)?))?;
+        let shift = image_start.wrapping_sub(m.start);
+        (image_dso(m.end.wrapping_sub(1).wrapping_add(shift)) == Some(d)).then_some(shift)
     }
 }
 
@@ -401,185 +728,144 @@ pub struct SampleStack<'a> {
     pub e: Endian,
 }
 
-/// Unwinds one sample; `on_return` gets the user IP and then each return address
-/// (minus one: the address inside the call instruction, which is the caller's).
+/// Unwinds one sample; `on_frame` gets the user IP's frame and then each return
+/// address's (minus one: the address inside the call instruction, which is the
+/// caller's).
 pub fn unwind(
     cfg: &UnwindConfig,
     model: &Model,
     tables: &UnwindTables,
     w: &mut Worker,
     s: &SampleStack<'_>,
-    on_return: &mut dyn FnMut(u64),
+    on_frame: &mut dyn FnMut(Frame),
 ) -> Outcome {
+    w.clock.tick();
+    let maps = w.exec_maps(cfg, model, s);
+    // DSOs are given to the unwinder when a walk first reaches one of them; the walk
+    // is then done again with their images (at most once per DSO and worker).
+    // Frames are held until the last walk, so a walk done again counts nothing twice.
+    let mut frames = std::mem::take(&mut w.frames);
+    loop {
+        frames.clear();
+        let (o, unseen) = walk_sample(cfg, w, s, &maps, &mut |f| frames.push(f));
+        if unseen.is_empty() || cfg.mode != UnwindMode::Dwarf {
+            for &f in &frames {
+                on_frame(f);
+            }
+            w.frames = frames;
+            return o;
+        }
+        for d in unseen {
+            w.meet(model, tables, d);
+        }
+    }
+}
+
+/// One walk of a sample's stack with the images the worker has; also returns the
+/// DSOs it met that have no image yet.
+fn walk_sample(
+    cfg: &UnwindConfig,
+    w: &mut Worker,
+    s: &SampleStack<'_>,
+    maps: &[MapEntry],
+    on_frame: &mut dyn FnMut(Frame),
+) -> (Outcome, Vec<DsoId>) {
     let e = s.e;
     let r = |n| reg(s.regs, s.regs_mask, n, e);
     let Worker {
         arch,
-        modules,
+        images,
         clock,
+        ..
     } = w;
-    clock.tick();
-    let mut job = Job {
-        cfg,
-        model,
-        tables,
-        modules,
-        s,
-        clock,
-        on_return,
+    let mut to_image = ToImage {
+        maps,
+        images,
+        stack: 0..0,
+        last: None,
+        unseen: Vec::new(),
     };
-    match arch {
-        ArchState::X86 { cache, unwinders } => {
+    let mut on_address = |a: u64| {
+        on_frame(match image_dso(a) {
+            Some(d) => Frame::Dso(d),
+            None => Frame::Address(a),
+        })
+    };
+    let o = match arch {
+        ArchState::X86(a) => {
             let (Some(ip), Some(sp), Some(bp)) = (r(X86_IP), r(X86_SP), r(X86_BP)) else {
-                return Outcome::default();
+                return (Outcome::default(), Vec::new());
             };
+            to_image.stack = sp..sp.saturating_add(s.stack.len() as u64);
+            let ip = to_image.ip(ip);
             let regs = UnwindRegsX86_64::new(ip, sp, bp);
-            job.run(unwinders, cache, UnwinderX86_64::new, ip, regs, sp)
+            walk(
+                a,
+                ip,
+                regs,
+                sp,
+                s,
+                cfg,
+                clock,
+                &mut to_image,
+                &mut on_address,
+            )
         }
-        ArchState::Arm { cache, unwinders } => {
+        ArchState::Arm(a) => {
             let (Some(pc), Some(lr), Some(sp), Some(fp)) =
                 (r(ARM_PC), r(ARM_LR), r(ARM_SP), r(ARM_FP))
             else {
-                return Outcome::default();
+                return (Outcome::default(), Vec::new());
             };
+            to_image.stack = sp..sp.saturating_add(s.stack.len() as u64);
+            let (pc, lr) = (to_image.ip(pc), to_image.word(lr));
             let regs = UnwindRegsAarch64::new(lr, sp, fp);
-            job.run(unwinders, cache, UnwinderAarch64::new, pc, regs, sp)
+            walk(
+                a,
+                pc,
+                regs,
+                sp,
+                s,
+                cfg,
+                clock,
+                &mut to_image,
+                &mut on_address,
+            )
         }
-    }
-}
-
-/// One sample's unwind, apart from the architecture's own state.
-struct Job<'j, 's> {
-    cfg: &'j UnwindConfig,
-    model: &'j Model,
-    tables: &'j UnwindTables,
-    modules: &'j mut Modules,
-    s: &'j SampleStack<'s>,
-    clock: &'j CpuAnchor,
-    on_return: &'j mut dyn FnMut(u64),
-}
-
-impl Job<'_, '_> {
-    /// Walks from `pc` with the architecture's unwinder for the sample's process.
-    fn run<U>(
-        &mut self,
-        unwinders: &mut HashMap<(u32, usize), U>,
-        cache: &mut U::Cache,
-        new: fn() -> U,
-        pc: u64,
-        regs: U::UnwindRegs,
-        sp: u64,
-    ) -> Outcome
-    where
-        U: Unwinder<Module = Module<Bytes>>,
-    {
-        let u = unwinder_for(
-            unwinders,
-            self.modules,
-            self.cfg,
-            self.model,
-            self.tables,
-            self.s,
-            new,
-        );
-        walk(
-            u,
-            cache,
-            pc,
-            regs,
-            sp,
-            self.s,
-            self.cfg,
-            self.clock,
-            self.on_return,
-        )
-    }
-}
-
-/// The worker's unwinder for the sample's process as of its key, built on first use.
-fn unwinder_for<'u, U>(
-    unwinders: &'u mut HashMap<(u32, usize), U>,
-    modules: &mut Modules,
-    cfg: &UnwindConfig,
-    model: &Model,
-    tables: &UnwindTables,
-    s: &SampleStack<'_>,
-    new: fn() -> U,
-) -> &'u U
-where
-    U: Unwinder<Module = Module<Bytes>>,
-{
-    let k = (s.pid, model.version(s.pid, s.key));
-    if !unwinders.contains_key(&k) && unwinders.len() >= MAX_UNWINDERS {
-        unwinders.clear();
-        modules.clear();
-    }
-    unwinders.entry(k).or_insert_with(|| {
-        let mut u = new();
-        if cfg.mode == UnwindMode::Dwarf {
-            for m in model.address_space(s.pid, s.key) {
-                let Some(d) = m.dso.filter(|_| m.exec) else {
-                    continue;
-                };
-                let Some(t) = tables.get(model, d) else {
-                    continue;
-                };
-                // The segment holding the mapped file offset gives the load bias.
-                let Some(&(p_offset, p_vaddr)) = t
-                    .segments
-                    .iter()
-                    .filter(|(o, _)| *o <= m.pgoff.saturating_add(0xffff))
-                    .min_by_key(|(o, _)| o.abs_diff(m.pgoff))
-                else {
-                    continue;
-                };
-                let svma_at_start = p_vaddr.wrapping_add(m.pgoff).wrapping_sub(p_offset);
-                let bias = m.start.wrapping_sub(svma_at_start);
-                let module = modules
-                    .entry((d, m.start, m.end, bias))
-                    .or_insert_with(|| {
-                        Module::new(
-                            model.dsos[d as usize].name.clone(),
-                            m.start..m.end,
-                            bias,
-                            t.info.clone(),
-                        )
-                    })
-                    .clone();
-                u.add_module(module);
-            }
-        }
-        u
-    })
+    };
+    (o, to_image.unseen)
 }
 
 /// How often the clock is read, in frames.
 const CLOCK_EVERY: usize = 8;
 
 #[allow(clippy::too_many_arguments)]
-fn walk<U: Unwinder>(
-    u: &U,
-    cache: &mut U::Cache,
+fn walk<U: Unwinder<Module = Module<Bytes>>>(
+    a: &mut Arch_<U>,
     pc: u64,
     regs: U::UnwindRegs,
     sp: u64,
     s: &SampleStack<'_>,
     cfg: &UnwindConfig,
     clock: &CpuAnchor,
+    to_image: &mut ToImage<'_>,
     on_return: &mut dyn FnMut(u64),
 ) -> Outcome {
     let (stack, e) = (s.stack, s.e);
+    // Every word read may be a return address: moved to its image like the IP.
     let mut read_stack = |addr: u64| -> Result<u64, ()> {
         let off = addr.checked_sub(sp).ok_or(())?;
         let off = usize::try_from(off).map_err(|_| ())?;
-        e.u64(stack, off).ok_or(())
+        e.u64(stack, off).map(|v| to_image.word(v)).ok_or(())
     };
     let start = Instant::now();
     let mut out = Outcome::default();
-    let mut it = u.iter_frames(pc, regs, cache, &mut read_stack);
+    let mut regs = regs;
+    let mut frame = FrameAddress::InstructionPointer(pc);
     let mut n = 0usize;
-    // Errors are normal at the end of a stack: keep what was found.
-    while let Ok(Some(frame)) = it.next() {
+    // framehop's UnwindIterator, with the cache picked per frame. Errors are normal
+    // at the end of a stack: keep what was found.
+    loop {
         n += 1;
         // The first frame is the user IP from the registers: for samples taken in the
         // kernel it is the only record of where user space was.
@@ -601,6 +887,15 @@ fn walk<U: Unwinder>(
             out.over_budget = true;
             break;
         }
+        let next = a.step(frame, &mut regs, &mut read_stack);
+        match next
+            .ok()
+            .flatten()
+            .and_then(FrameAddress::from_return_address)
+        {
+            Some(ra) => frame = ra,
+            None => break,
+        }
     }
     out
 }
@@ -618,6 +913,59 @@ fn thread_cpu_time() -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn exec_map(start: u64, end: u64, dso: DsoId) -> MapEntry {
+        MapEntry {
+            start,
+            end,
+            pgoff: 0,
+            dso: Some(dso),
+            exec: true,
+        }
+    }
+
+    #[test]
+    fn code_addresses_move_to_their_image_and_stray_words_nowhere() {
+        let known = Image::Known(Arc::new(DsoUnwind {
+            segments: vec![(0, 0)],
+            info: ExplicitModuleSectionInfo::default(),
+        }));
+        // DSO 1 mapped at 0x1000..0x3000 (file offset 0 at address 0x1000), DSO 2
+        // right after it, DSO 3 not met by the worker yet.
+        let maps = [
+            exec_map(0x1000, 0x3000, 1),
+            exec_map(0x3000, 0x4000, 2),
+            exec_map(0x8000, 0x9000, 3),
+        ];
+        let images = [Image::None, known.clone(), known, Image::Unseen];
+        let mut t = ToImage {
+            maps: &maps,
+            images: &images,
+            stack: 0x7000..0x7100,
+            last: None,
+            unseen: Vec::new(),
+        };
+        let image = |d, svma| image_addr(d, svma).unwrap();
+        assert_eq!(t.ip(0x1010), image(1, 0x10));
+        assert_eq!(image_dso(t.ip(0x2fff)), Some(1));
+        // A return address is its call's: one at the start of DSO 2 returns into
+        // code of DSO 1 (moved as DSO 1's, one past its end), one at its end into
+        // DSO 2.
+        assert_eq!(t.word(0x3000), image(1, 0x2000));
+        assert_eq!(t.word(0x4000), image(2, 0x1000));
+        // Stack words, unmapped words and words of unmet DSOs stay; an unmet DSO is
+        // noted for the next walk.
+        assert_eq!(t.word(0x7008), 0x7008);
+        assert_eq!(t.word(0x5000), 0x5000);
+        assert_eq!(t.word(0x8010), 0x8010);
+        assert_eq!(t.unseen, vec![3]);
+        // A word that is already in the slots (a stray value, a kernel address) is
+        // never taken for code there.
+        for stray in [image(1, 0x10), u64::MAX, 0xffff_ffff_8100_0000] {
+            assert_eq!(t.word(stray), NOWHERE);
+            assert_eq!(image_dso(NOWHERE), None);
+        }
+    }
 
     #[test]
     fn registers_by_mask_position() {
