@@ -15,11 +15,20 @@
 # and a column `rss-KB` gives the peak RSS of each tool's best run (adds about a
 # millisecond of fork/exec to every run, the same for every tool).
 #
+# With INPLACE=1, two rows time the in-place modes on a copy of FILE made beside it
+# (same filesystem; WORK=DIR puts it elsewhere), reset to FILE's bytes and mtime
+# before each run, untimed:
+#   pdi-inplace  `pdinject --buildids --in-place COPY`;
+#   pdi-mmap2-ip `pdinject --mmap2-buildid-all --in-place COPY`, whose size change is
+#                printed after the table.
+# and a summary line gives perf-script's (SCRIPT=1) and perf's times over pdi-inplace's.
+#
 # Usage (from anywhere): bash benches/compare.sh FILE...
 # Environment: RUNS (default 3), PDI_ARGS (extra pdinject arguments, e.g. "-j 1"),
 #              TMPDIR_OUT (output directory; default a new dir on /dev/shm),
 #              SCRIPT=1 (add the perf-script row),
-#              BASELINE (a second pdinject binary, row pdi-base), RSS=1 (peak RSS column).
+#              BASELINE (a second pdinject binary, row pdi-base), RSS=1 (peak RSS column),
+#              INPLACE=1 (the in-place rows), WORK (directory of their copies).
 set -euo pipefail
 
 if [ $# -eq 0 ]; then
@@ -68,6 +77,8 @@ p612_lib=/tmp/p612/usr/lib/x86_64-linux-gnu
 [ -x "$p612" ] && tools+=(perf612)
 [ -n "$perf61" ] && [ "${SCRIPT:-0}" = 1 ] && tools+=(perf-script)
 tools+=(cp)
+inplace=${INPLACE:-0}
+[ "$inplace" = 1 ] && tools+=(pdi-inplace pdi-mmap2-ip)
 
 if [ -n "${TMPDIR_OUT:-}" ]; then
     out_dir=$TMPDIR_OUT
@@ -76,7 +87,7 @@ else
     base=/dev/shm
     [ -d "$base" ] && [ -w "$base" ] || base=${TMPDIR:-/tmp}
     out_dir=$(mktemp -d "$base/pdinject-compare.XXXXXX")
-    trap 'rm -rf "$out_dir"' EXIT
+    trap 'rm -rf "$out_dir"; drop_copy' EXIT
 fi
 
 version() {
@@ -87,8 +98,41 @@ version() {
     perf612) echo "perf $(LD_LIBRARY_PATH=$p612_lib "$p612" --version | awk '{print $3}')" ;;
     perf-script) echo "perf $("$perf61" --version | awk '{print $3}') script -F ip,dso" ;;
     cp) echo "$(cp --version | head -1)" ;;
+    pdi-inplace) echo "pdinject --buildids --in-place (a reset copy in ${WORK:-the directory of the input})" ;;
+    pdi-mmap2-ip) echo "pdinject --mmap2-buildid-all --in-place (a reset copy)" ;;
     esac
 }
+
+# The in-place rows work on a copy of the input beside it, put back to the input's
+# bytes before each run: the header and everything after the data section (all an
+# in-place run writes), the length, the mtime; a journal left by a failed run goes.
+copy=
+make_copy() {
+    local f=$1
+    copy=${WORK:-$(dirname "$f")}/.compare-inplace-$(basename "$f")
+    cp --reflink=auto "$f" "$copy"
+    local off size
+    read -r off size < <(od -An -t u8 -j 40 -N 16 "$f")
+    copy_data_end=$((off + size))
+    head -c 4096 "$f" >"$copy.head"
+    tail -c +$((copy_data_end + 1)) "$f" >"$copy.tail"
+    copy_len=$(stat -c %s "$f")
+    copy_src=$f
+}
+reset_copy() {
+    truncate -s "$copy_len" "$copy"
+    dd if="$copy.head" of="$copy" conv=notrunc status=none
+    dd if="$copy.tail" of="$copy" bs=1M seek="$copy_data_end" oflag=seek_bytes conv=notrunc status=none
+    touch -r "$copy_src" "$copy"
+    rm -f "$(dirname "$copy")/.$(basename "$copy").pdinject-journal"
+    # The copy's own writeback is not pdinject's cost.
+    sync "$copy"
+}
+drop_copy() {
+    [ -n "$copy" ] && rm -f "$copy" "$copy.head" "$copy.tail" "$(dirname "$copy")/.$(basename "$copy").pdinject-journal"
+    copy=
+}
+trap 'drop_copy' EXIT
 
 # run TOOL IN OUT: one run, output to OUT; stderr to $out_dir/TOOL.err. With RSS=1 the
 # command runs under GNU time, which writes the peak RSS (KB) to $out_dir/TOOL.rss.
@@ -103,6 +147,8 @@ run() {
     perf612) LD_LIBRARY_PATH=$p612_lib "${w[@]}" "$p612" inject -b -i "$in" -o "$out" ;;
     perf-script) "${w[@]}" "$perf61" script -F ip,dso -i "$in" ;;
     cp) "${w[@]}" cp -r "$in" "$out" ;;
+    pdi-inplace) "${w[@]}" "$pdinject" --buildids --in-place "$copy" "${pdi_args[@]}" ;;
+    pdi-mmap2-ip) "${w[@]}" "$pdinject" --mmap2-buildid-all --in-place "$copy" "${pdi_args[@]}" ;;
     esac >/dev/null 2>"$out_dir/$tool.err"
 }
 
@@ -118,6 +164,7 @@ best() {
     local tool=$1 in=$2 out=$3 best= best_rss=- t i
     for ((i = 0; i < runs; i++)); do
         local s e
+        case $tool in pdi-inplace | pdi-mmap2-ip) reset_copy ;; esac
         s=$(date +%s.%N)
         if ! run "$tool" "$in" "$out"; then
             echo fail
@@ -161,9 +208,9 @@ for t in "${tools[@]}"; do echo "  $t = $(version "$t")" >&2; done
 # only with RSS=1, so the default output stays as it was.
 row() {
     if [ "$rss" = 1 ]; then
-        printf '%-22s %10s %-10s %9s %9s %8s %10s\n' "$@"
+        printf '%-22s %10s %-12s %9s %9s %8s %10s\n' "$@"
     else
-        printf '%-22s %10s %-10s %9s %9s %8s\n' "${@:1:6}"
+        printf '%-22s %10s %-12s %9s %9s %8s\n' "${@:1:6}"
     fi
 }
 row file size tool seconds tool/pdi build-ids rss-KB
@@ -171,6 +218,8 @@ for f in "${files[@]}"; do
     name=$(basename "$f")
     size=$(du -h --apparent-size "$f" | cut -f1)
     pdi_t=
+    declare -A took=()
+    [ "$inplace" = 1 ] && make_copy "$f"
     for t in "${tools[@]}"; do
         out="$out_dir/$name.$t.out"
         read -r secs mem < <(best "$t" "$f" "$out")
@@ -182,10 +231,24 @@ for f in "${files[@]}"; do
         elif [ "$secs" != fail ] && [ -n "$pdi_t" ] && [ "$pdi_t" != fail ]; then
             ratio=$(awk -v a="$secs" -v b="$pdi_t" 'BEGIN { if (b > 0) printf "%.1fx", a / b; else print "inf" }')
         fi
+        case $t in pdi-inplace | pdi-mmap2-ip) ids=$(count_ids "$copy") ;; esac
         row "$name" "$size" "$t" "$secs" "$ratio" "$ids" "$mem"
+        took[$t]=$secs
         if [ "$secs" = fail ]; then
             sed 's/^/    /' "$out_dir/$t.err" | tail -3
         fi
+        if [ "$t" = pdi-mmap2-ip ]; then
+            echo "$name: --mmap2-buildid-all --in-place: $copy_len -> $(stat -c %s "$copy") bytes"
+        fi
         rm -rf "$out"
     done
+    if [ "$inplace" = 1 ]; then
+        ip=${took[pdi-inplace]}
+        for t in perf-script perf perf612; do
+            [ -n "${took[$t]:-}" ] && [ "${took[$t]}" != fail ] && [ "$ip" != fail ] &&
+                echo "$name: $t / pdi-inplace = $(awk -v a="${took[$t]}" -v b="$ip" 'BEGIN { printf "%.1fx", a / b }')"
+        done
+        drop_copy
+    fi
+    unset took
 done
