@@ -239,7 +239,12 @@ fn fit(
     for &i in &order {
         payloads[i].encode(e, &mut tail);
     }
-    let gap = have - tail.len() as u64;
+    let gap = have.checked_sub(tail.len() as u64).ok_or_else(|| {
+        Error::Internal(format!(
+            "in place: the new feature tail is {} bytes, over the old {have}",
+            tail.len()
+        ))
+    })?;
     tail.resize(have as usize, 0);
     // What perf will read back: the new BUILD_ID section, every other section byte
     // for byte but for its re-padded strings, which say the same.
@@ -281,16 +286,16 @@ mod tests {
 
     const E: Endian = Endian::Little;
 
-    fn perf_string(out: &mut Vec<u8>, s: &str) {
+    fn perf_string(out: &mut Vec<u8>, s: &str, e: Endian) {
         let len = (s.len() + 1).next_multiple_of(64);
-        out.extend_from_slice(&E.put_u32(len as u32));
+        out.extend_from_slice(&e.put_u32(len as u32));
         out.extend_from_slice(s.as_bytes());
         out.resize(out.len() + len - s.len(), 0);
     }
 
     /// A perf-like tail after `data_end`: features (bit, payload) laid out as perf
     /// does; returns the tail bytes and the (bit, section, payload) list.
-    fn tail_of(data_end: u64, feats: &[(u32, Vec<u8>)]) -> (Vec<u8>, Vec<OldFeature>) {
+    fn tail_of(data_end: u64, feats: &[(u32, Vec<u8>)], e: Endian) -> (Vec<u8>, Vec<OldFeature>) {
         let mut pos = data_end + 16 * feats.len() as u64;
         let mut table = Vec::new();
         let mut body = Vec::new();
@@ -300,8 +305,8 @@ mod tests {
                 offset: pos,
                 size: p.len() as u64,
             };
-            table.extend_from_slice(&E.put_u64(s.offset));
-            table.extend_from_slice(&E.put_u64(s.size));
+            table.extend_from_slice(&e.put_u64(s.offset));
+            table.extend_from_slice(&e.put_u64(s.size));
             body.extend_from_slice(p);
             list.push((*bit, s, p.clone()));
             pos += p.len() as u64;
@@ -311,22 +316,22 @@ mod tests {
     }
 
     /// Reads feature `bit` back from a tail the way perf does: by the table.
-    fn read_back(tail: &[u8], data_end: u64, bits: &[u32], bit: u32) -> Vec<u8> {
+    fn read_back(tail: &[u8], data_end: u64, bits: &[u32], bit: u32, e: Endian) -> Vec<u8> {
         let i = bits.iter().position(|&b| b == bit).unwrap();
-        let off = E.u64(tail, 16 * i).unwrap() - data_end;
-        let size = E.u64(tail, 16 * i + 8).unwrap();
+        let off = e.u64(tail, 16 * i).unwrap() - data_end;
+        let size = e.u64(tail, 16 * i + 8).unwrap();
         tail[off as usize..(off + size) as usize].to_vec()
     }
 
-    fn recording() -> Vec<(u32, Vec<u8>)> {
+    fn recording(e: Endian) -> Vec<(u32, Vec<u8>)> {
         let s = |t: &str| {
             let mut p = Vec::new();
-            perf_string(&mut p, t);
+            perf_string(&mut p, t, e);
             p
         };
-        let mut cmd = E.put_u32(4).to_vec();
+        let mut cmd = e.put_u32(4).to_vec();
         for a in ["/usr/bin/perf", "record", "-B", "./prog"] {
-            perf_string(&mut cmd, a);
+            perf_string(&mut cmd, a, e);
         }
         vec![
             (FEAT_HOSTNAME, s("vm")),
@@ -339,50 +344,52 @@ mod tests {
 
     #[test]
     fn a_table_fits_and_everything_reads_the_same() {
-        let data_end = 1000;
-        let feats = recording();
-        let (old, list) = tail_of(data_end, &feats);
-        let table = vec![7u8; 120];
-        let fit = fit(E, data_end, old.len() as u64, &list, &table)
-            .unwrap()
-            .unwrap();
-        assert_eq!(fit.tail.len(), old.len());
-        // 16 + 120 bytes needed: HOSTNAME (56) and OSRELEASE (48) are not enough,
-        // the first CMDLINE string (48) is.
-        assert_eq!(fit.repadded, 3);
-        assert_eq!(fit.gap, 56 + 48 + 48 - 136);
-        let bits = [2, 3, 4, 7, 11, 13];
-        assert_eq!(read_back(&fit.tail, data_end, &bits, 2), table);
-        for (bit, p) in &feats {
-            let got = read_back(&fit.tail, data_end, &bits, *bit);
-            match *bit {
-                FEAT_HOSTNAME | FEAT_OSRELEASE => {
-                    assert_eq!(parse_string(&got, E), parse_string(p, E));
-                    assert!(got.len() < p.len());
-                }
-                FEAT_CMDLINE => {
-                    let a = header_strings(&got, E, true).unwrap();
-                    let b = header_strings(p, E, true).unwrap();
-                    assert_eq!(a.len(), 4);
-                    for (x, y) in a.iter().zip(&b) {
-                        assert_eq!(parse_string(&got[x.at..], E), parse_string(&p[y.at..], E));
+        for e in [Endian::Little, Endian::Big] {
+            let data_end = 1000;
+            let feats = recording(e);
+            let (old, list) = tail_of(data_end, &feats, e);
+            let table = vec![7u8; 120];
+            let fit = fit(e, data_end, old.len() as u64, &list, &table)
+                .unwrap()
+                .unwrap();
+            assert_eq!(fit.tail.len(), old.len());
+            // 16 + 120 bytes needed: HOSTNAME (56) and OSRELEASE (48) are not enough,
+            // the first CMDLINE string (48) is.
+            assert_eq!(fit.repadded, 3);
+            assert_eq!(fit.gap, 56 + 48 + 48 - 136);
+            let bits = [2, 3, 4, 7, 11, 13];
+            assert_eq!(read_back(&fit.tail, data_end, &bits, 2, e), table);
+            for (bit, p) in &feats {
+                let got = read_back(&fit.tail, data_end, &bits, *bit, e);
+                match *bit {
+                    FEAT_HOSTNAME | FEAT_OSRELEASE => {
+                        assert_eq!(parse_string(&got, e), parse_string(p, e));
+                        assert!(got.len() < p.len());
                     }
-                    assert_eq!(got.len(), p.len() - 48);
+                    FEAT_CMDLINE => {
+                        let a = header_strings(&got, e, true).unwrap();
+                        let b = header_strings(p, e, true).unwrap();
+                        assert_eq!(a.len(), 4);
+                        for (x, y) in a.iter().zip(&b) {
+                            assert_eq!(parse_string(&got[x.at..], e), parse_string(&p[y.at..], e));
+                        }
+                        assert_eq!(got.len(), p.len() - 48);
+                    }
+                    _ => assert_eq!(&got, p),
                 }
-                _ => assert_eq!(&got, p),
             }
+            assert!(
+                fit.tail[fit.tail.len() - fit.gap as usize..]
+                    .iter()
+                    .all(|&b| b == 0)
+            );
         }
-        assert!(
-            fit.tail[fit.tail.len() - fit.gap as usize..]
-                .iter()
-                .all(|&b| b == 0)
-        );
     }
 
     #[test]
     fn room_is_taken_only_as_needed_and_refused_past_it() {
         let data_end = 1000;
-        let (old, list) = tail_of(data_end, &recording());
+        let (old, list) = tail_of(data_end, &recording(E), E);
         let have = old.len() as u64;
         // Room without re-padding: dead bytes after the sections.
         let fit0 = fit(E, data_end, have + 200, &list, &[1; 100])
@@ -408,10 +415,10 @@ mod tests {
     #[test]
     fn aliases_and_odd_strings_are_copied_as_they_are() {
         let data_end = 64;
-        let mut feats = recording();
+        let mut feats = recording(E);
         // HOSTNAME with bytes after its string: not only a string.
         feats[0].1.push(0);
-        let (old, mut list) = tail_of(data_end, &feats);
+        let (old, mut list) = tail_of(data_end, &feats, E);
         // OSRELEASE aliased by feature 13: written once, never re-padded.
         list[4].1 = list[1].1;
         list[4].2 = list[1].2.clone();
@@ -419,8 +426,8 @@ mod tests {
             .unwrap()
             .unwrap();
         let bits = [2, 3, 4, 7, 11, 13];
-        assert_eq!(read_back(&f.tail, data_end, &bits, 3), feats[0].1);
-        assert_eq!(read_back(&f.tail, data_end, &bits, 4), feats[1].1);
+        assert_eq!(read_back(&f.tail, data_end, &bits, 3, E), feats[0].1);
+        assert_eq!(read_back(&f.tail, data_end, &bits, 4, E), feats[1].1);
         assert_eq!(E.u64(&f.tail, 16 * 2), E.u64(&f.tail, 16 * 5));
         // Only CMDLINE's strings could be re-padded: one was enough.
         assert_eq!(f.repadded, 1);
@@ -429,14 +436,14 @@ mod tests {
     #[test]
     fn an_existing_table_is_replaced() {
         let data_end = 64;
-        let mut feats = recording();
+        let mut feats = recording(E);
         feats.insert(0, (FEAT_BUILD_ID, vec![5; 60]));
-        let (old, list) = tail_of(data_end, &feats);
+        let (old, list) = tail_of(data_end, &feats, E);
         let f = fit(E, data_end, old.len() as u64, &list, &[6; 100])
             .unwrap()
             .unwrap();
         let bits = [2, 3, 4, 7, 11, 13];
-        assert_eq!(read_back(&f.tail, data_end, &bits, 2), vec![6; 100]);
+        assert_eq!(read_back(&f.tail, data_end, &bits, 2, E), vec![6; 100]);
         assert_eq!(f.tail.len(), old.len());
     }
 }
