@@ -499,3 +499,146 @@ fn in_place_survives_kill_at_every_step() {
         "only {fit_points} kill points on the overwrite path"
     );
 }
+
+/// Mutants of a real recording's feature tail (string lengths, CMDLINE's count, the
+/// feature table's words, bit flips, truncations) through `--mmap2-buildid-all
+/// --in-place`, in process: no panic; a run that fails leaves the file as it was
+/// and no journal; one that succeeds leaves a file that opens again, of the same
+/// size unless the report says by how much it grew.
+#[test]
+fn in_place_fit_mutants_never_panic() {
+    let t = "in_place_fit_mutants_never_panic";
+    let Some(st) = setup(t) else { return };
+    let b = record_prog(&st, &["-B", "-g"], "b.data");
+    let orig = std::fs::read(&b).unwrap();
+    let end = (le64(&orig, 40) + le64(&orig, 48)) as usize;
+    let bits: Vec<usize> = (0..256)
+        .filter(|b| le64(&orig, 72 + 8 * (b / 64)) >> (b % 64) & 1 == 1)
+        .collect();
+    let put32 =
+        |m: &mut Vec<u8>, at: usize, v: u32| m[at..at + 4].copy_from_slice(&v.to_le_bytes());
+    let mut mutants: Vec<(String, Vec<u8>)> = Vec::new();
+    for (i, bit) in bits.iter().enumerate() {
+        let at = end + 16 * i;
+        let (off, size) = (le64(&orig, at) as usize, le64(&orig, at + 8) as usize);
+        for (w, v) in [
+            (0, off as u64 + 1),
+            (0, off as u64 - 1),
+            (0, 0),
+            (0, u64::MAX),
+            (8, size as u64 + 1),
+            (8, size.saturating_sub(1) as u64),
+            (8, 0),
+            (8, u64::MAX),
+        ] {
+            let mut m = orig.clone();
+            m[at + w..at + w + 8].copy_from_slice(&v.to_le_bytes());
+            mutants.push((format!("feature {bit} word {w} = {v:#x}"), m));
+        }
+        // Strings: their len fields, and CMDLINE's count.
+        let mut strings = Vec::new();
+        match bit {
+            3..=6 | 8 | 9 => strings.push(off),
+            11 => {
+                let nr = u32::from_le_bytes(orig[off..off + 4].try_into().unwrap());
+                for v in [0, 1, nr - 1, nr + 1, u32::MAX] {
+                    let mut m = orig.clone();
+                    put32(&mut m, off, v);
+                    mutants.push((format!("CMDLINE nr = {v}"), m));
+                }
+                let mut p = off + 4;
+                for _ in 0..nr {
+                    strings.push(p);
+                    p += 4 + u32::from_le_bytes(orig[p..p + 4].try_into().unwrap()) as usize;
+                }
+            }
+            _ => {}
+        }
+        for s in strings {
+            let len = u32::from_le_bytes(orig[s..s + 4].try_into().unwrap());
+            for v in [0, 1, 2, len - 1, len + 1, u32::MAX] {
+                let mut m = orig.clone();
+                put32(&mut m, s, v);
+                mutants.push((format!("feature {bit}: string at {s:#x} len = {v}"), m));
+            }
+            // No NUL inside len bytes.
+            let mut m = orig.clone();
+            m[s + 4..s + 4 + len as usize].fill(b'x');
+            mutants.push((format!("feature {bit}: string at {s:#x} without a NUL"), m));
+        }
+    }
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let mut rnd = |n: usize| {
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        (x.wrapping_mul(0x2545_f491_4f6c_dd1d) % n as u64) as usize
+    };
+    let tail_len = orig.len() - end;
+    for _ in 0..200 {
+        let at = end + rnd(tail_len);
+        let bit = rnd(8);
+        let mut m = orig.clone();
+        m[at] ^= 1 << bit;
+        mutants.push((format!("flip bit {bit} of {at:#x}"), m));
+    }
+    for _ in 0..30 {
+        let at = end + rnd(tail_len);
+        mutants.push((format!("truncate at {at:#x}"), orig[..at].to_vec()));
+    }
+    let opts = pdinject::Options {
+        mode: pdinject::options::Mode::All,
+        mmap2: true,
+        in_place: true,
+        jobs: Some(1),
+        ..Default::default()
+    };
+    let f = st.dir.join("m.data");
+    let (mut ok, mut fit, mut failed) = (0, 0, 0);
+    let mut problems = Vec::new();
+    for (what, bytes) in &mutants {
+        std::fs::write(&f, bytes).unwrap();
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            pdinject::run::run_in_place(&f, &opts)
+        }));
+        let after = std::fs::read(&f).unwrap();
+        match r {
+            Err(_) => problems.push(format!("{what}: panicked")),
+            Ok(Err(_)) => {
+                failed += 1;
+                if &after != bytes {
+                    problems.push(format!("{what}: failed and changed the file"));
+                }
+            }
+            Ok(Ok(report)) => {
+                ok += 1;
+                let grew = report.in_place.as_ref().map_or(0, |p| p.grew_bytes);
+                if report.in_place.as_ref().map(|p| p.table)
+                    == Some(pdinject::report::TableWrite::Rewritten)
+                {
+                    fit += 1;
+                }
+                if after.len() as u64 != bytes.len() as u64 + grew {
+                    problems.push(format!(
+                        "{what}: {} bytes, was {}, the report says it grew by {grew}",
+                        after.len(),
+                        bytes.len()
+                    ));
+                }
+                if let Err(e) = pdinject::run::validate(&f) {
+                    problems.push(format!("{what}: the result does not open: {e}"));
+                }
+            }
+        }
+        if journal(&f).exists() {
+            problems.push(format!("{what}: journal left"));
+            let _ = std::fs::remove_file(journal(&f));
+        }
+    }
+    eprintln!(
+        "{t}: {} mutants: {ok} written ({fit} over the old tail), {failed} refused",
+        mutants.len()
+    );
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+    assert!(fit > 0, "no mutant went through the overwrite path");
+}
