@@ -81,8 +81,8 @@ fn header_info(perf: &Perf, f: &Path) -> String {
 /// The mmap2 in-place checks against a new file `out` of the same input: every ID
 /// the new file's table lists is in the in-place table or in a build-ID MMAP2
 /// record; the table holds only what no record carries (the kernel, whose MMAP
-/// record stays, and the vdso); the samples and the header's other features read
-/// the same. Returns the table.
+/// record stays, and the vdso); the samples (`perf script`, `perf report`) and the
+/// header's other features read the same. Returns the table.
 fn check_mmap2_in_place(
     perf: &Perf,
     input: &Path,
@@ -112,6 +112,20 @@ fn check_mmap2_in_place(
         assert_eq!(table.get(k), full.get(k), "{ctx}: {k} is in the table");
     }
     assert_same_script(perf, input, f, &["-F", "comm,tid,time,event,ip,dso"]);
+    let report = |file: &Path| {
+        let o = run_ok(
+            perf.cmd()
+                .args(["report", "--stdio", "-q", "--sort", "comm,dso", "-i"])
+                .arg(file),
+        );
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    assert_eq!(
+        report(input),
+        report(f),
+        "{ctx}: {}: perf report",
+        perf.name
+    );
     assert_eq!(
         header_info(perf, input),
         header_info(perf, f),
