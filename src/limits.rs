@@ -45,6 +45,13 @@ pub const DECOMPRESS_FLOOR: u64 = 64 << 20;
 /// of the file one chunk: mapped whole, memory would follow the file size.
 pub const MAX_RESOLVE_WINDOW: u64 = 64 << 20;
 
+/// Feature tail (every byte after the data section) that `--in-place` rewrites over
+/// itself at most, to fit a BUILD_ID table without growing the file: the undo journal
+/// holds the old tail, memory the old and the new. perf writes tails of kilobytes (a
+/// tracepoint recording's TRACING_DATA, a few MB); a larger tail gets its table
+/// appended past the end instead, as `--buildids --in-place` does.
+pub const MAX_FIT_TAIL: u64 = 64 << 20;
+
 /// A limit that an input went over.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Exceeded {

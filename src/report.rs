@@ -33,6 +33,36 @@ pub struct DsoReport {
     pub cache_detail: Option<String>,
 }
 
+/// How an `--in-place` run wrote the BUILD_ID section.
+#[derive(Clone, Copy, Debug, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum TableWrite {
+    /// Not written (nothing new for it).
+    Unchanged,
+    /// The feature tail rewritten over itself: the file keeps its size.
+    Rewritten,
+    /// A new payload past the old end of the file, the feature table pointed at it.
+    Appended,
+}
+
+/// What an `--in-place` run did to the file.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct InPlaceReport {
+    /// How the BUILD_ID section was written.
+    pub table: TableWrite,
+    /// The file is longer than before.
+    pub grew: bool,
+    /// By this many bytes (0 when it did not grow).
+    pub grew_bytes: u64,
+    /// Feature strings re-padded from perf's 64 bytes to 8 to make room.
+    pub strings_repadded: usize,
+    /// IDs that mapping records carry, so the table need not (mmap2 modes).
+    pub ids_in_records: usize,
+    /// Why the table could not be written over the old tail, when it was appended
+    /// in a mode that tries (`--mmap2-buildid-all`, `--mmap2-buildids`).
+    pub no_room: Option<String>,
+}
+
 /// The whole report.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Report {
@@ -83,6 +113,8 @@ pub struct Report {
     pub jobs: usize,
     /// Notes about the run (things the user should know).
     pub notes: Vec<String>,
+    /// `--in-place`: how the file was changed (absent for other runs).
+    pub in_place: Option<InPlaceReport>,
     /// Build-ID cache totals (absent with --no-buildid-cache).
     pub cache: Option<crate::buildid::cache::CacheTotals>,
     /// Per DSO.
@@ -112,6 +144,8 @@ impl Report {
             self.ids_written,
             if self.pipe {
                 "in the stream"
+            } else if self.in_place.as_ref().is_some_and(|p| p.ids_in_records > 0) {
+                "in mapping records and table"
             } else {
                 "in table"
             },

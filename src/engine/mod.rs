@@ -389,6 +389,12 @@ impl<'a> Engine<'a> {
         &self.mappings
     }
 
+    /// COMPRESSED records seen so far (their inner mapping records are not in
+    /// [`Engine::mapping_records`]).
+    pub fn compressed_records(&self) -> u64 {
+        self.scan.compressed
+    }
+
     /// Every decision so far, in table order (address space, then name).
     pub fn decisions(&self) -> impl Iterator<Item = &Decision> {
         self.decided.values()
@@ -873,6 +879,7 @@ impl<'a> Engine<'a> {
             frame_capped_samples: self.hits.frame_capped,
             unwind_budget_us: self.unwind.flatten().map(|c| c.budget.as_secs_f64() * 1e6),
             ids_new: sink.ids_new,
+            in_place: sink.in_place.clone(),
             jobs,
             timings_ms: self
                 .timings

@@ -63,8 +63,16 @@ pub const FEAT_BUILD_ID: u32 = 2;
 pub const FEAT_HOSTNAME: u32 = 3;
 /// Feature bit of the recording host's kernel release.
 pub const FEAT_OSRELEASE: u32 = 4;
+/// Feature bit of perf's version string.
+pub const FEAT_VERSION: u32 = 5;
 /// Feature bit of the CPU architecture string.
 pub const FEAT_ARCH: u32 = 6;
+/// Feature bit of the CPU description string.
+pub const FEAT_CPUDESC: u32 = 8;
+/// Feature bit of the CPU identification string.
+pub const FEAT_CPUID: u32 = 9;
+/// Feature bit of perf's command line (`u32 nr`, then `nr` strings).
+pub const FEAT_CMDLINE: u32 = 11;
 /// Feature bit of the directory format marker.
 pub const FEAT_DIR_FORMAT: u32 = 24;
 /// Feature bit of the clock conversion data.

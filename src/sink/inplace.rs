@@ -1,16 +1,26 @@
 //! `--in-place`: the table sink's BUILD_ID section and the MMAP2 sink's records,
 //! written into the input itself through the crash-safe plan of
-//! [`crate::write::inplace`]. Only what changes is written: a new BUILD_ID payload
-//! past the end of the file and the feature table entries that point at it (plus the
-//! header's bitmap when the file had no table), and mapping records that keep their
-//! size (MMAP records, which would grow, are left; their IDs are in the table).
+//! [`crate::write::inplace`]. Only what changes is written.
+//!
+//! * `--buildids`, `--buildid-all`: a new BUILD_ID payload past the end of the file
+//!   and the feature table entries that point at it (plus the header's bitmap when
+//!   the file had no table).
+//! * `--mmap2-buildid-all`, `--mmap2-buildids`: mapping records that keep their size
+//!   are rewritten where they are (MMAP records, which would grow, are left); the
+//!   table takes only the IDs no record carries (the kernel and modules behind MMAP
+//!   records, the vdso, records in compressed data), and the feature tail is written
+//!   over itself with it ([`crate::write::fit`]), so the file keeps its size. When
+//!   the tail has no room for it, the table is appended as above, and the report
+//!   says by how much the file grew.
 
-use super::mmap2::{mapping_note, plan as mmap2_plan, read_record};
-use super::table::table_plan;
+use super::mmap2::{Splice, carried_by_records, mapping_note, plan as mmap2_plan, read_record};
+use super::table::{table_plan, table_plan_where};
 use super::{Batch, Begin, Sink, SinkReport};
 use crate::engine::Engine;
 use crate::format::header::{FEAT_BUILD_ID, Section};
 use crate::input::PerfInput;
+use crate::report::{InPlaceReport, TableWrite};
+use crate::write::fit::fit_tail;
 use crate::write::inplace::{Change, Plan, apply};
 use crate::{Error, Result};
 use std::collections::BTreeMap;
@@ -140,6 +150,47 @@ pub fn tail_changes(input: &PerfInput, payload: Vec<u8>, plan: &mut Plan) -> Res
     Ok(())
 }
 
+/// The changes that write the new feature tail `tail` over the old one (only the
+/// bytes that differ), and the header's bitmap when the file had no BUILD_ID
+/// section: the switch, journaled like every overwrite.
+fn fit_changes(input: &PerfInput, tail: Vec<u8>, had: bool, plan: &mut Plan) -> Result<()> {
+    let h = &input.header;
+    let data_end = h.feature_table_offset();
+    let old = input.data_files[0].read_at(data_end, tail.len() as u64)?;
+    let first = old.iter().zip(&tail).position(|(a, b)| a != b);
+    let last = old.iter().zip(&tail).rposition(|(a, b)| a != b);
+    if let (Some(a), Some(b)) = (first, last) {
+        plan.switch.push(Change {
+            offset: data_end + a as u64,
+            bytes: tail[a..=b].to_vec(),
+        });
+    }
+    if !had {
+        let mut features = h.features;
+        features[0] |= 1 << FEAT_BUILD_ID;
+        plan.switch.push(Change {
+            offset: 72,
+            bytes: h.encode_bitmap(&features).to_vec(),
+        });
+    }
+    Ok(())
+}
+
+/// The DSOs given new table entries, for the summary (a few names, then a count).
+fn table_names(engine: &Engine<'_>, need: &[bool]) -> String {
+    let names: Vec<String> = engine
+        .decisions()
+        .enumerate()
+        .filter(|(i, d)| need.get(*i).copied().unwrap_or(true) && d.id_for_table().is_some())
+        .map(|(_, d)| d.group.name.clone())
+        .collect();
+    match names.len() {
+        0 => "no new entries".into(),
+        1..=3 => names.join(", "),
+        n => format!("{}, ... ({n} entries)", names[..3].join(", ")),
+    }
+}
+
 impl Sink for InplaceSink {
     fn begin(&mut self, begin: &Begin<'_>, _: &Arc<AtomicBool>) -> Result<()> {
         match begin {
@@ -164,17 +215,25 @@ impl Sink for InplaceSink {
         };
         let t = Instant::now();
         let mut plan = Plan::default();
+        // mmap2 modes: which decisions still need a table entry (no record carries
+        // their ID).
+        let mut need: Option<Vec<bool>> = None;
         if self.mmap2 {
-            let sp = mmap2_plan(
+            let splices: Vec<Splice> = mmap2_plan(
                 engine,
                 engine.mapping_records(),
                 true,
                 false,
                 &mut |f, o| read_record(input, f, o),
-            );
-            plan.records = sp
+            )
+            .into_iter()
+            .filter(|s| s.file == 0 && s.grows() == 0)
+            .collect();
+            let carried =
+                carried_by_records(engine, &splices, &mut |f, o| read_record(input, f, o));
+            need = Some(carried.iter().map(|c| !c).collect());
+            plan.records = splices
                 .into_iter()
-                .filter(|s| s.file == 0 && s.grows() == 0)
                 .map(|s| Change {
                     offset: s.offset,
                     bytes: s.new,
@@ -184,14 +243,65 @@ impl Sink for InplaceSink {
                 .notes
                 .push(mapping_note(plan.records.len() as u64, 0));
         }
-        let tp = table_plan(input, engine);
+        let tp = match &need {
+            Some(n) => table_plan_where(input, engine, &|i, _| n.get(i).copied().unwrap_or(true)),
+            None => table_plan(input, engine),
+        };
         self.report.ids_new = tp.ids_new;
         self.report.ids_lost = tp.ids_lost;
         self.report.notes.extend(tp.note);
-        if tp.write
-            && let Some(payload) = tp.payload
-        {
-            tail_changes(input, payload, &mut plan)?;
+        let had = input.header.has_feature(FEAT_BUILD_ID);
+        let mut ip = InPlaceReport {
+            table: TableWrite::Unchanged,
+            grew: false,
+            grew_bytes: 0,
+            strings_repadded: 0,
+            ids_in_records: need
+                .as_ref()
+                .map_or(0, |n| n.iter().filter(|&&x| !x).count()),
+            no_room: None,
+        };
+        match tp.payload.filter(|_| tp.write) {
+            // Every ID is in a record: no table to add.
+            Some(p) if need.is_some() && p.is_empty() && !had => {}
+            Some(payload) if need.is_some() => match fit_tail(input, &payload)? {
+                Ok(fit) => {
+                    fit_changes(input, fit.tail, had, &mut plan)?;
+                    ip.table = TableWrite::Rewritten;
+                    ip.strings_repadded = fit.repadded;
+                    let names = table_names(engine, need.as_deref().unwrap_or_default());
+                    self.report.notes.push(format!(
+                        "in place: the BUILD_ID table ({names}: what no mapping record carries) written over the feature tail{}; the file keeps its size",
+                        match fit.repadded {
+                            0 => String::new(),
+                            n => format!(", {n} header strings re-padded from 64 bytes to 8"),
+                        }
+                    ));
+                }
+                Err(why) => {
+                    ip.no_room = Some(why.to_string());
+                    tail_changes(input, payload, &mut plan)?;
+                    ip.table = TableWrite::Appended;
+                }
+            },
+            Some(payload) => {
+                tail_changes(input, payload, &mut plan)?;
+                ip.table = TableWrite::Appended;
+            }
+            None => {}
+        }
+        ip.grew_bytes = plan
+            .appends
+            .iter()
+            .map(|c| c.offset + c.bytes.len() as u64)
+            .max()
+            .map_or(0, |end| end.saturating_sub(input.file_len));
+        ip.grew = ip.grew_bytes > 0;
+        if let Some(why) = &ip.no_room {
+            self.report.notes.push(format!(
+                "in place: {why}; the BUILD_ID table was appended instead: the file grew by {} bytes",
+                ip.grew_bytes
+            ));
         }
         if plan.is_empty() {
             self.report
@@ -199,6 +309,7 @@ impl Sink for InplaceSink {
                 .push("in place: nothing to change, the file was not written".into());
         }
         apply(&input.header_path, &plan)?;
+        self.report.in_place = Some(ip);
         self.report.timings.insert("write-in-place", t.elapsed());
         Ok(())
     }

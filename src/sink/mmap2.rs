@@ -169,6 +169,52 @@ pub fn plan(
     out
 }
 
+/// For each decision (in [`Engine::decisions`] order): whether every mapping record
+/// of its DSOs carries its ID once `splices` are written (converted by them, or in
+/// build-ID form with that ID already), so that perf needs no table entry for it.
+/// False for a DSO without a listed mapping record, for the vdso (never converted),
+/// and for every DSO when the input has compressed data (records inside it are not
+/// listed, and stay as they are).
+pub fn carried_by_records(
+    engine: &Engine<'_>,
+    splices: &[Splice],
+    read: &mut dyn FnMut(usize, u64) -> Option<Vec<u8>>,
+) -> Vec<bool> {
+    let e = engine.endian();
+    let n = engine.decisions().count();
+    if engine.compressed_records() > 0 {
+        return vec![false; n];
+    }
+    let mut of_dso: HashMap<DsoId, (usize, BuildId)> = HashMap::new();
+    for (i, d) in engine.decisions().enumerate() {
+        if let Some(id) = record_id(d) {
+            for &dso in &d.group.dsos {
+                of_dso.insert(dso, (i, id));
+            }
+        }
+    }
+    let converted: std::collections::HashSet<(usize, u64)> =
+        splices.iter().map(|s| (s.file, s.offset)).collect();
+    // None: no record seen yet.
+    let mut carried: Vec<Option<bool>> = vec![None; n];
+    for m in engine.mapping_records() {
+        let Some(&(i, id)) = of_dso.get(&m.dso) else {
+            continue;
+        };
+        if carried[i] == Some(false) {
+            continue;
+        }
+        let ok = converted.contains(&(m.file, m.offset))
+            || read(m.file, m.offset).is_some_and(|rec| {
+                RecordHeader::parse(&rec, e)
+                    .and_then(|h| parse_mmap(&h, &rec, rec.len(), e))
+                    .is_some_and(|p| p.ident == FileIdent::BuildId(id))
+            });
+        carried[i] = Some(ok);
+    }
+    carried.into_iter().map(|c| c == Some(true)).collect()
+}
+
 /// Reads the whole record at `offset` of a file input's data file `file`.
 pub fn read_record(input: &PerfInput, file: usize, offset: u64) -> Option<Vec<u8>> {
     let df = input.data_files.get(file)?;

@@ -72,6 +72,8 @@ pub struct SinkReport {
     pub notes: Vec<String>,
     /// Wall time of the sink's own stages.
     pub timings: BTreeMap<&'static str, Duration>,
+    /// `--in-place`: how the file was changed.
+    pub in_place: Option<crate::report::InPlaceReport>,
 }
 
 /// An output form.

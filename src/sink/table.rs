@@ -9,8 +9,8 @@
 //! the stream's build-ID records entries of the table.
 
 use super::{Batch, Begin, Sink, SinkReport};
-use crate::engine::Engine;
 use crate::engine::source::is_header_record;
+use crate::engine::{Decision, Engine};
 use crate::format::Endian;
 use crate::format::buildid::encode_table_entry;
 use crate::format::header::{FEAT_BUILD_ID, FILE_HEADER_SIZE};
@@ -130,10 +130,20 @@ pub(crate) struct TablePlan {
 
 /// The BUILD_ID section for `input` after the engine's decisions.
 pub(crate) fn table_plan(input: &PerfInput, engine: &Engine<'_>) -> TablePlan {
+    table_plan_where(input, engine, &|_, _| true)
+}
+
+/// [`table_plan`] with new entries only for the decisions `keep` takes (by their
+/// index in [`Engine::decisions`]); the input's entries stay whatever `keep` says.
+pub(crate) fn table_plan_where(
+    input: &PerfInput,
+    engine: &Engine<'_>,
+    keep: &dyn Fn(usize, &Decision) -> bool,
+) -> TablePlan {
     let mut entries = Vec::new();
     let mut added = 0;
-    for d in engine.decisions() {
-        if let Some(id) = d.id_for_table() {
+    for (i, d) in engine.decisions().enumerate() {
+        if let Some(id) = d.id_for_table().filter(|_| keep(i, d)) {
             encode_table_entry(
                 &mut entries,
                 input.header.endian,

@@ -5,18 +5,22 @@
 //! The plan of a run is a list of [`Change`]s: bytes appended past the old end of the
 //! file (a new BUILD_ID payload, feature payloads moved out of the way of a grown
 //! feature table) and bytes overwritten inside it (mapping records in build-ID form,
-//! the feature table's entries, the header's feature bitmap). Before the first byte
-//! of the file changes, an undo journal beside it (`.NAME.pdinject-journal`) is
-//! written and made durable: the file's old length, modification time and identity,
-//! and the old bytes of every range to be overwritten, sealed by a checksum. Then:
+//! the feature table's entries or the whole feature tail rewritten over itself
+//! ([`crate::write::fit`]), the header's feature bitmap). Before the first byte of
+//! the file changes, an undo journal beside it (`.NAME.pdinject-journal`) is written
+//! and made durable: the file's old length, modification time and identity, and the
+//! old bytes of every range to be overwritten (the old tail included), sealed by a
+//! checksum. Then:
 //!
 //! 1. appends, then fsync: the old state is intact (perf ignores bytes past what the
 //!    header and the feature table point at);
 //! 2. mapping records, one write each: every intermediate file is one perf reads
 //!    (each record is whole in one form or the other);
-//! 3. the switch: the feature table, then the header's bitmap. When the table
-//!    already had a BUILD_ID section, the switch is one 16-byte write of its offset
-//!    and size: old, then new, never anything between;
+//! 3. the switch: the feature table (or the new tail over the old one), then the
+//!    header's bitmap; between them the file is neither state and the journal
+//!    restores it. When the table already had a BUILD_ID section and it is
+//!    appended, the switch is one 16-byte write of its offset and size: old, then
+//!    new, never anything between;
 //! 4. the modification time is set back (pdinject dates a recording by it), fsync,
 //!    and the journal is removed (a power cut that loses the removal makes the next
 //!    run undo the finished run: the old state, whole).

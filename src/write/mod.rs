@@ -5,6 +5,7 @@
 //! success, so an error never leaves a partial output.
 
 pub mod clone;
+pub mod fit;
 pub mod inplace;
 
 use crate::format::header::{FEAT_BUILD_ID, FileHeader};
