@@ -64,6 +64,23 @@ impl DataFile {
     /// for the scan that reads only record headers (4.7 GB of DWARF samples: 1.4 s
     /// populated, 2.8 s faulted page by page).
     pub fn window(&self, offset: u64, len: u64) -> Result<Window> {
+        self.window_with(offset, len, None)
+    }
+
+    /// [`DataFile::window`], the pages mapped by every thread of `pool` at once. For
+    /// the scan, which reads little of each page, mapping them is most of the work
+    /// (the kernel's, one page table entry at a time); one thread would leave the
+    /// other cores idle while it does that.
+    pub fn window_spread(&self, offset: u64, len: u64, pool: &rayon::ThreadPool) -> Result<Window> {
+        self.window_with(offset, len, Some(pool))
+    }
+
+    fn window_with(
+        &self,
+        offset: u64,
+        len: u64,
+        pool: Option<&rayon::ThreadPool>,
+    ) -> Result<Window> {
         match &self.backing {
             Backing::Mem(v, base) => {
                 let a = offset
@@ -86,14 +103,33 @@ impl DataFile {
                 // SAFETY: the map is read-only. A file truncated by another process
                 // while mapped would fault; perf.data inputs are finished files, and
                 // the bytes are only read through bounds-checked accessors.
-                let map = unsafe {
-                    memmap2::MmapOptions::new()
-                        .offset(aligned)
-                        .len(skip + len as usize)
-                        .populate()
-                        .map(f)
+                let total = skip + len as usize;
+                let parts = pool.map_or(1, |p| p.current_num_threads()).max(1);
+                let mut opts = memmap2::MmapOptions::new();
+                opts.offset(aligned).len(total);
+                if parts == 1 || total < SPREAD_MIN {
+                    opts.populate();
                 }
-                .map_err(|e| Error::io(&self.path, e))?;
+                let map = unsafe { opts.map(f) }.map_err(|e| Error::io(&self.path, e))?;
+                if let Some(pool) = pool.filter(|_| parts > 1 && total >= SPREAD_MIN) {
+                    let step = total.div_ceil(parts).next_multiple_of(page as usize);
+                    pool.install(|| {
+                        rayon::scope(|s| {
+                            for start in (0..total).step_by(step) {
+                                let map = &map;
+                                s.spawn(move |_| {
+                                    // Advice only: a kernel without MADV_POPULATE_READ
+                                    // (before 5.14) faults the pages in as they are read.
+                                    let _ = map.advise_range(
+                                        memmap2::Advice::PopulateRead,
+                                        start,
+                                        step.min(total - start),
+                                    );
+                                });
+                            }
+                        })
+                    });
+                }
                 Ok(Window::Map(map, skip))
             }
         }
@@ -130,6 +166,51 @@ fn read_exact_at(backing: &Backing, path: &Path, offset: u64, len: u64) -> Resul
             f.read_exact_at(&mut buf, offset)
                 .map_err(|e| Error::io(path, e))?;
             Ok(buf)
+        }
+    }
+}
+
+/// Windows smaller than this are mapped by one thread (spreading costs a few
+/// microseconds of hand-over).
+const SPREAD_MIN: usize = 4 << 20;
+
+/// A data file whose windows are mapped by all threads of a pool
+/// ([`DataFile::window_spread`]).
+pub struct Spread<'a> {
+    /// The file.
+    pub file: &'a DataFile,
+    /// The threads.
+    pub pool: &'a rayon::ThreadPool,
+}
+
+impl<'a> crate::format::walk::Windows for Spread<'a> {
+    type Window = SpreadWindow<'a>;
+    fn window(&self, offset: u64, len: u64) -> Result<SpreadWindow<'a>> {
+        Ok(SpreadWindow {
+            window: Some(self.file.window_spread(offset, len, self.pool)?),
+            pool: self.pool,
+        })
+    }
+}
+
+/// A window of a [`Spread`] file, unmapped by the pool: tearing down the page table
+/// entries of a 64 MB window takes a millisecond that the scan need not wait for.
+pub struct SpreadWindow<'a> {
+    window: Option<Window>,
+    pool: &'a rayon::ThreadPool,
+}
+
+impl Deref for SpreadWindow<'_> {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        self.window.as_deref().unwrap_or_default()
+    }
+}
+
+impl Drop for SpreadWindow<'_> {
+    fn drop(&mut self) {
+        if let Some(w) = self.window.take() {
+            self.pool.spawn(move || drop(w));
         }
     }
 }

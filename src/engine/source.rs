@@ -52,7 +52,11 @@ pub fn run_file(cx: Context<'_>, input: &PerfInput, sink: &mut dyn Sink) -> Resu
         for (fi, df) in input.data_files.iter().enumerate() {
             let (start, end) = (df.range.offset, df.range.offset + df.range.size);
             let mut cuts = Cuts::new(fi, (start, engine.walker.seq));
-            engine.scan(df, start..end, WINDOW_BYTES, &mut cuts, &stop, &|at| {
+            let spread = crate::input::Spread {
+                file: df,
+                pool: cx.pool,
+            };
+            engine.scan(&spread, start..end, WINDOW_BYTES, &mut cuts, &stop, &|at| {
                 opts.progress("scan", done + at - start, total)
             })?;
             chunks.extend(cuts.take((end, engine.walker.seq)));
