@@ -175,19 +175,20 @@ fn read_exact_at(backing: &Backing, path: &Path, offset: u64, len: u64) -> Resul
 const SPREAD_MIN: usize = 4 << 20;
 
 /// A data file whose windows are mapped by all threads of a pool
-/// ([`DataFile::window_spread`]).
+/// ([`DataFile::window_spread`]), when it has one.
 pub struct Spread<'a> {
     /// The file.
     pub file: &'a DataFile,
-    /// The threads.
-    pub pool: &'a rayon::ThreadPool,
+    /// The threads (`None`: the calling thread maps and unmaps, as
+    /// [`DataFile::window`]; for a pool that is busy with other work).
+    pub pool: Option<&'a rayon::ThreadPool>,
 }
 
 impl<'a> crate::format::walk::Windows for Spread<'a> {
     type Window = SpreadWindow<'a>;
     fn window(&self, offset: u64, len: u64) -> Result<SpreadWindow<'a>> {
         Ok(SpreadWindow {
-            window: Some(self.file.window_spread(offset, len, self.pool)?),
+            window: Some(self.file.window_with(offset, len, self.pool)?),
             pool: self.pool,
         })
     }
@@ -197,7 +198,7 @@ impl<'a> crate::format::walk::Windows for Spread<'a> {
 /// entries of a 64 MB window takes a millisecond that the scan need not wait for.
 pub struct SpreadWindow<'a> {
     window: Option<Window>,
-    pool: &'a rayon::ThreadPool,
+    pool: Option<&'a rayon::ThreadPool>,
 }
 
 impl Deref for SpreadWindow<'_> {
@@ -209,8 +210,8 @@ impl Deref for SpreadWindow<'_> {
 
 impl Drop for SpreadWindow<'_> {
     fn drop(&mut self) {
-        if let Some(w) = self.window.take() {
-            self.pool.spawn(move || drop(w));
+        if let (Some(w), Some(pool)) = (self.window.take(), self.pool) {
+            pool.spawn(move || drop(w));
         }
     }
 }

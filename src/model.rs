@@ -398,6 +398,21 @@ impl ModelBuilder {
         Ok(())
     }
 
+    /// The DSOs so far.
+    pub fn dsos(&self) -> &[Dso] {
+        &self.dsos
+    }
+
+    /// The oldest time of the events recorded from record `seq` on (in time mode a
+    /// key is the record's time, then its `seq`).
+    pub fn oldest_event_from(&self, seq: u64) -> Option<u64> {
+        self.events
+            .iter()
+            .filter(|(_, e)| e.key.1 >= seq)
+            .map(|(_, e)| e.key.0)
+            .min()
+    }
+
     /// The model of the events so far, for a stream that goes on (pipe mode): DSO ids
     /// stay valid in later snapshots, since DSOs are only ever appended.
     pub fn snapshot(&self) -> Model {

@@ -67,6 +67,11 @@ pub struct Options {
     /// Rewrite the input itself, only what changes, crash-safe
     /// ([`crate::write::inplace`]).
     pub in_place: bool,
+    /// A file is resolved while it is scanned, a batch each time the scan has gone
+    /// this many bytes further and the previous batch is done (`None`: after the
+    /// whole scan, as one batch). Results are the same either way
+    /// ([`crate::engine::Engine::ahead_holds`]).
+    pub resolve_ahead: Option<u64>,
 }
 
 impl Default for Options {
@@ -83,9 +88,14 @@ impl Default for Options {
             symfs: None,
             mmap2: false,
             in_place: false,
+            resolve_ahead: Some(DEFAULT_RESOLVE_AHEAD),
         }
     }
 }
+
+/// Bytes a file's scan goes on at least before the records behind it are resolved
+/// beside it (see [`Options::resolve_ahead`]).
+pub const DEFAULT_RESOLVE_AHEAD: u64 = 16 << 20;
 
 impl std::fmt::Debug for Options {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -100,6 +110,7 @@ impl std::fmt::Debug for Options {
             .field("symfs", &self.symfs)
             .field("mmap2", &self.mmap2)
             .field("in_place", &self.in_place)
+            .field("resolve_ahead", &self.resolve_ahead)
             .finish_non_exhaustive()
     }
 }

@@ -107,6 +107,13 @@ pub struct Report {
     pub frame_capped_samples: u64,
     /// The per-sample unwinding budget in microseconds, when unwinding ran.
     pub unwind_budget_us: Option<f64>,
+    /// Batches of a file resolved beside its scan and kept (0: none, or they were
+    /// resolved again at the end, see `resolved_again`).
+    pub resolved_beside_scan: u64,
+    /// Batches resolved beside the scan were thrown away and everything resolved
+    /// after it: the file broke perf's round rule, or the whole recording changed a
+    /// setting they used (its start, its host, a DSO's offsets).
+    pub resolved_again: bool,
     /// Wall time of each stage in milliseconds (copy runs beside scan and resolve).
     pub timings_ms: std::collections::BTreeMap<String, f64>,
     /// Worker threads used.

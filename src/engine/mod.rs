@@ -247,6 +247,25 @@ impl Cuts {
     }
 }
 
+/// A batch of a file resolved while its scan goes on: the model as far as the scan
+/// has gone and the settings as far as it can tell ([`Engine::ahead`]). perf's round
+/// rule (see [`rounds`]) says which records such a model already serves;
+/// [`Engine::ahead_holds`] checks, once the scan has ended, that it did.
+pub struct Ahead {
+    /// The model of the records scanned.
+    pub model: Model,
+    /// Samples are keyed by time.
+    pub time_mode: bool,
+    /// How stacks are walked.
+    pub unwind: Option<UnwindConfig>,
+    /// Local files may be read (the host, as far as the scan has seen).
+    pub allow_local: bool,
+    /// The recording's start as far as the scan has seen: never before the real one.
+    pub start: RecordingStart,
+    /// The `seq` of the first record not in the model.
+    pub upto_seq: u64,
+}
+
 /// The engine's state over one input.
 pub struct Engine<'a> {
     opts: &'a Options,
@@ -276,6 +295,10 @@ pub struct Engine<'a> {
     trust: Option<HostTrust>,
     unwind: Option<Option<UnwindConfig>>,
     tables: Option<UnwindTables>,
+    /// Hits of batches resolved ahead of the scan (see [`Engine::ahead`]).
+    prior: Option<Hits>,
+    /// Batches resolved ahead of the scan and kept; whether they were thrown away.
+    ahead_stat: (u64, bool),
     decided: BTreeMap<(bool, String), Decision>,
     hits: Hits,
     /// A stream's decompressor on the resolve side: compressed data has no clean
@@ -349,6 +372,8 @@ impl<'a> Engine<'a> {
             trust: None,
             unwind: None,
             tables: None,
+            prior: None,
+            ahead_stat: (0, false),
             decided: BTreeMap::new(),
             hits: Hits::default(),
             flat_walker: None,
@@ -412,6 +437,11 @@ impl<'a> Engine<'a> {
         self.dating.start(self.span, clock.as_ref())
     }
 
+    /// Adds `d` to the time of `stage` in the report.
+    pub fn note_time(&mut self, stage: &'static str, d: Duration) {
+        self.add_time(stage, d);
+    }
+
     fn add_time(&mut self, stage: &'static str, d: Duration) {
         *self.timings.entry(stage).or_default() += d;
     }
@@ -429,7 +459,26 @@ impl<'a> Engine<'a> {
         stop: &AtomicBool,
         progress: &dyn Fn(u64),
     ) -> Result<()> {
+        self.scan_until(src, range, window, cuts, stop, progress, &|_| false)
+            .map(|_| ())
+    }
+
+    /// [`Engine::scan`] that stops at the first chunk boundary where `pause` says so
+    /// (given its offset) and returns that point; `None` when the range was scanned
+    /// to its end. The scan goes on from the point by a new call.
+    #[allow(clippy::too_many_arguments)]
+    pub fn scan_until<W: Windows + ?Sized>(
+        &mut self,
+        src: &W,
+        range: std::ops::Range<u64>,
+        window: u64,
+        cuts: &mut Cuts,
+        stop: &AtomicBool,
+        progress: &dyn Fn(u64),
+        pause: &dyn Fn(u64) -> bool,
+    ) -> Result<Option<Point>> {
         let t = Instant::now();
+        let paused = std::cell::Cell::new(None);
         self.file = cuts.file;
         // Limits policy: the model may grow with the input, not beyond.
         self.builder
@@ -456,13 +505,85 @@ impl<'a> Engine<'a> {
                     if stop.load(Ordering::Relaxed) {
                         return Err(Error::Stopped);
                     }
+                    if next < range.end && pause(next) {
+                        paused.set(Some((next, w.seq)));
+                        return Err(Error::Stopped);
+                    }
                 }
                 Ok(())
             },
         );
         self.walker = walker;
         self.add_time("scan", t.elapsed());
-        r.map_err(|e| e.in_file(&self.name))
+        match (r, paused.get()) {
+            (Err(Error::Stopped), Some(p)) => Ok(Some(p)),
+            (r, _) => r.map(|_| None).map_err(|e| e.in_file(&self.name)),
+        }
+    }
+
+    /// What resolving the records scanned so far needs, taken now: the model so far
+    /// and the proof as far as the scan can tell (see [`Ahead`]). `None` when this
+    /// input is not resolved ahead of its scan: compressed data (resolved in order
+    /// by one decompressor) or records before any attr.
+    pub fn ahead(&mut self) -> Option<Ahead> {
+        if self.attrs.is_empty() || self.scan.compressed > 0 || self.time_mode.is_none() {
+            return None;
+        }
+        let model = self.builder.snapshot();
+        let meta = self.metadata();
+        let start = self.start();
+        let trust = batch_trust(self.decide_trust(&meta, model.kernel_ref.as_ref()), &start);
+        Some(Ahead {
+            unwind: self.unwind_config(&meta),
+            time_mode: self.time_mode.unwrap_or(false),
+            allow_local: trust.local.is_ok(),
+            start,
+            upto_seq: self.walker.seq,
+            model,
+        })
+    }
+
+    /// Whether what batches resolved ahead of the scan found is what resolving them
+    /// now would find: the scan has ended (call before the last [`Engine::resolve`])
+    /// and `done` lists each batch's settings and the newest sample time it met.
+    /// Samples see the mappings made before them, in time: a batch is right when no
+    /// mapping, fork or exec scanned after it is older than its newest sample (perf's
+    /// round rule promises that; a file that breaks it is resolved again whole), and
+    /// when it trusted local files and walked stacks as the whole recording says
+    /// (its start, its kernel, the executable offsets of each DSO).
+    pub fn ahead_holds(&mut self, done: &[(&Ahead, Option<u64>)], tables: &UnwindTables) -> bool {
+        if self.scan.compressed > 0 || done.is_empty() {
+            return done.is_empty();
+        }
+        let meta = self.metadata();
+        let start = self.start();
+        let kernel_ref = self.builder.kernel_ref.clone();
+        let trust = self.effective_trust(&meta, kernel_ref.as_ref(), &start);
+        let unwind = self.unwind_config(&meta);
+        let time_mode = self.time_mode.unwrap_or(false);
+        done.iter().all(|(a, newest)| {
+            let in_order = !time_mode
+                || match (newest, self.builder.oldest_event_from(a.upto_seq)) {
+                    (Some(s), Some(e)) => e >= *s,
+                    _ => true,
+                };
+            in_order
+                && a.time_mode == time_mode
+                && a.allow_local == trust.local.is_ok()
+                && a.unwind.map(|c| c.mode) == unwind.map(|c| c.mode)
+        }) && tables.still_proven(self.builder.dsos(), &start)
+    }
+
+    /// Hits of `batches` resolved ahead of the scan, merged into the next resolve's.
+    pub fn add_prior(&mut self, hits: Hits, tables: UnwindTables, batches: u64) {
+        self.prior = Some(hits);
+        self.tables = Some(tables);
+        self.ahead_stat = (batches, false);
+    }
+
+    /// Batches resolved ahead of the scan were thrown away (to be resolved again).
+    pub fn ahead_redone(&mut self) {
+        self.ahead_stat = (0, true);
     }
 
     /// One record of the scan.
@@ -660,7 +781,7 @@ impl<'a> Engine<'a> {
         };
         let meta = self.metadata();
         let start = self.start();
-        let trust = self.effective_trust(&meta, &model, &start);
+        let trust = self.effective_trust(&meta, model.kernel_ref.as_ref(), &start);
         let unwind = self.unwind_config(&meta);
         let time_mode = self.time_mode.unwrap_or(false);
 
@@ -687,6 +808,10 @@ impl<'a> Engine<'a> {
         };
         drop(resolver);
         self.add_time("resolve", t.elapsed());
+        let mut hits = hits;
+        if let Some(prior) = self.prior.take() {
+            hits.merge(prior);
+        }
 
         // Group the DSOs not decided yet by (address space, name): one entry each.
         let all_hit = self.opts.mode == Mode::All || self.scan.has_aux;
@@ -798,28 +923,36 @@ impl<'a> Engine<'a> {
     fn effective_trust(
         &mut self,
         meta: &Metadata,
-        model: &Model,
+        kernel_ref: Option<&(String, u64)>,
         start: &RecordingStart,
     ) -> HostTrust {
-        let trust = self
-            .trust
-            .get_or_insert_with(|| match self.host {
-                Host::Closed => {
-                    let no = || Err((Reason::OtherHost, "the host was not consulted".to_string()));
-                    HostTrust {
-                        local: no(),
-                        kernel: no(),
-                    }
-                }
-                Host::Consult => HostTrust::decide(
-                    meta.hostname.as_deref(),
-                    meta.release.as_deref(),
-                    model.kernel_ref.as_ref().map(|(s, a)| (s.as_str(), *a)),
-                    &HostInfo::detect(),
-                ),
-            })
-            .clone();
+        let trust = match &self.trust {
+            Some(t) => t.clone(),
+            None => self
+                .trust
+                .insert(self.decide_trust(meta, kernel_ref))
+                .clone(),
+        };
         batch_trust(trust, start)
+    }
+
+    /// Host trust from the metadata and the kernel reference map.
+    fn decide_trust(&self, meta: &Metadata, kernel_ref: Option<&(String, u64)>) -> HostTrust {
+        match self.host {
+            Host::Closed => {
+                let no = || Err((Reason::OtherHost, "the host was not consulted".to_string()));
+                HostTrust {
+                    local: no(),
+                    kernel: no(),
+                }
+            }
+            Host::Consult => HostTrust::decide(
+                meta.hostname.as_deref(),
+                meta.release.as_deref(),
+                kernel_ref.map(|(s, a)| (s.as_str(), *a)),
+                &HostInfo::detect(),
+            ),
+        }
     }
 
     /// How user stacks are walked, decided once from `--unwind`, the events and ARCH.
@@ -881,6 +1014,8 @@ impl<'a> Engine<'a> {
             ids_new: sink.ids_new,
             in_place: sink.in_place.clone(),
             jobs,
+            resolved_beside_scan: self.ahead_stat.0,
+            resolved_again: self.ahead_stat.1,
             timings_ms: self
                 .timings
                 .iter()

@@ -18,13 +18,14 @@
 use crate::buildid::RecordingStart;
 use crate::buildid::elf::prove_and_read;
 use crate::format::Endian;
-use crate::model::{DsoId, DsoKind, Key, MapEntry, Model, lay_over};
+use crate::model::{Dso, DsoId, DsoKind, Key, MapEntry, Model, lay_over};
 use framehop::aarch64::{CacheAarch64, UnwindRegsAarch64, UnwinderAarch64};
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
 use framehop::{ExplicitModuleSectionInfo, FrameAddress, Module, Unwinder};
 use object::{Object, ObjectSection, ObjectSegment};
 use std::collections::HashMap;
 use std::ops::{Deref, Range};
+use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -90,6 +91,17 @@ pub struct DsoUnwind {
     /// `(p_offset, p_vaddr)` of each PT_LOAD segment.
     segments: Vec<(u64, u64)>,
     info: ExplicitModuleSectionInfo<Bytes>,
+    /// The file's times when it was proven (see [`UnwindTables::still_proven`]).
+    proven: ProvenAt,
+}
+
+/// What the proof of a file read from its inode: modification and change times (ns)
+/// and its link count.
+#[derive(Clone, Copy, Debug, Default)]
+struct ProvenAt {
+    mtime: i128,
+    ctime: i128,
+    nlink: u64,
 }
 
 /// Unwind information for every DSO, loaded on first use by whichever worker needs it.
@@ -134,6 +146,34 @@ impl UnwindTables {
         self.start = start;
     }
 
+    /// Whether every table loaded so far would still be loaded under `start` and with
+    /// the executable offsets `dsos` now record: tables loaded while a file was being
+    /// scanned were proven against the recording's start as far as the scan had seen
+    /// it (later than the real one, never earlier) and the offsets mapped so far. The
+    /// rules are those of [`prove_and_read`], on what it read.
+    pub fn still_proven(&self, dsos: &[Dso], start: &RecordingStart) -> bool {
+        let RecordingStart::Known(start) = *start else {
+            return self
+                .per_dso
+                .iter()
+                .all(|t| !matches!(t.get(), Some(Some(_))));
+        };
+        self.per_dso.iter().zip(dsos).all(|(t, dso)| {
+            let Some(Some(t)) = t.get() else {
+                return true;
+            };
+            let p = t.proven;
+            let dated = p.mtime <= start && (p.ctime <= start || p.nlink > 1);
+            let laid_out = t.segments.is_empty()
+                || dso.exec_pgoffs.iter().all(|&pg| {
+                    t.segments
+                        .iter()
+                        .any(|&(o, _)| o >= pg && o - pg < 64 << 10)
+                });
+            dated && laid_out
+        })
+    }
+
     fn get(&self, model: &Model, d: DsoId) -> Option<&Arc<DsoUnwind>> {
         self.per_dso
             .get(d as usize)?
@@ -160,7 +200,14 @@ impl UnwindTables {
         }
         // Loaded outside the lock; a second worker racing on the same file keeps the
         // first copy stored.
-        let t = Arc::new(load_sections(&proven.file)?);
+        let meta = proven.file.metadata().ok()?;
+        let ns = |s: i64, n: i64| s as i128 * 1_000_000_000 + n as i128;
+        let at = ProvenAt {
+            mtime: ns(meta.mtime(), meta.mtime_nsec()),
+            ctime: ns(meta.ctime(), meta.ctime_nsec()),
+            nlink: meta.nlink(),
+        };
+        let t = Arc::new(load_sections(&proven.file, at)?);
         Some(
             self.by_file
                 .lock()
@@ -172,7 +219,7 @@ impl UnwindTables {
     }
 }
 
-fn load_sections(file: &std::fs::File) -> Option<DsoUnwind> {
+fn load_sections(file: &std::fs::File, proven: ProvenAt) -> Option<DsoUnwind> {
     let cache = object::read::ReadCache::new(file);
     let obj = object::File::parse(&cache).ok()?;
     let segments = obj
@@ -235,7 +282,11 @@ fn load_sections(file: &std::fs::File) -> Option<DsoUnwind> {
     if let Some(s) = obj.section_by_name(".got") {
         info.got_svma = Some(s.address()..s.address() + s.size());
     }
-    Some(DsoUnwind { segments, info })
+    Some(DsoUnwind {
+        segments,
+        info,
+        proven,
+    })
 }
 
 /// `len` bytes of `file` at `offset`, into a buffer that is never zeroed first.
@@ -929,6 +980,7 @@ mod tests {
         let known = Image::Known(Arc::new(DsoUnwind {
             segments: vec![(0, 0)],
             info: ExplicitModuleSectionInfo::default(),
+            proven: ProvenAt::default(),
         }));
         // DSO 1 mapped at 0x1000..0x3000 (file offset 0 at address 0x1000), DSO 2
         // right after it, DSO 3 not met by the worker yet.
@@ -965,6 +1017,46 @@ mod tests {
             assert_eq!(t.word(stray), NOWHERE);
             assert_eq!(image_dso(NOWHERE), None);
         }
+    }
+
+    #[test]
+    fn tables_loaded_early_are_checked_against_the_whole_recording() {
+        // A table proven while the scan thought the recording started later, and
+        // with fewer executable offsets mapped, is kept only if the final start and
+        // offsets would have let it be loaded too.
+        let t = |mtime, ctime, nlink| DsoUnwind {
+            segments: vec![(0, 0), (0x1000, 0x1000)],
+            info: ExplicitModuleSectionInfo::default(),
+            proven: ProvenAt {
+                mtime,
+                ctime,
+                nlink,
+            },
+        };
+        let tables = |d: DsoUnwind| UnwindTables {
+            per_dso: vec![OnceLock::from(Some(Arc::new(d))), OnceLock::from(None)],
+            ..UnwindTables::default()
+        };
+        let dso = |pgoffs: Vec<u64>| Dso {
+            name: "/lib/x.so".into(),
+            kind: DsoKind::User,
+            ident: crate::format::record::FileIdent::None,
+            exec_pgoffs: pgoffs,
+        };
+        let at = |ns| RecordingStart::Known(ns);
+        let two = |p| vec![dso(p), dso(vec![0x5000])];
+        assert!(tables(t(100, 100, 1)).still_proven(&two(vec![0x1000]), &at(150)));
+        // Modified after the real start.
+        assert!(!tables(t(100, 100, 1)).still_proven(&two(vec![0x1000]), &at(99)));
+        // Changed after it: stale with one link, not with more (a cache's hard link).
+        assert!(!tables(t(100, 120, 1)).still_proven(&two(vec![0x1000]), &at(110)));
+        assert!(tables(t(100, 120, 2)).still_proven(&two(vec![0x1000]), &at(110)));
+        // An offset mapped later that no segment holds.
+        assert!(!tables(t(100, 100, 1)).still_proven(&two(vec![0x1000, 0x9_0000]), &at(150)));
+        // Undated at the end: nothing loaded may stay.
+        let undated = RecordingStart::Unknown("x".into());
+        assert!(!tables(t(100, 100, 1)).still_proven(&two(vec![0x1000]), &undated));
+        assert!(UnwindTables::default().still_proven(&[], &undated));
     }
 
     #[test]

@@ -1208,3 +1208,102 @@ fn streams_are_bounded_by_their_batch() {
         r.stderr()
     );
 }
+
+// ---------------------------------------------------------------------------
+// Files resolved beside their scan
+
+/// A file in 24 rounds, eight samples each in one library, with 1 MB of records of
+/// an unknown type per round so the scan passes many chunk boundaries. In round 12 a
+/// second library is mapped over the first: after that round's samples, or (`late`)
+/// older than every sample, which breaks perf's round rule (a record after a
+/// FINISHED_ROUND older than what came before the previous one).
+fn in_rounds(late: bool) -> Vec<u8> {
+    let mut f = PerfFile::new();
+    let round = |f: &mut PerfFile| tool_record(&mut f.data, 68, 0, &[]);
+    f.mmap2(
+        42,
+        0x40_0000,
+        0x1000,
+        b"/tmp/pdi-ahead/liba.so",
+        Some(&[0xaa; 20]),
+        10,
+    );
+    round(&mut f);
+    for r in 0..24u64 {
+        for i in 0..8 {
+            f.sample(42, 0x40_0100 + i, 1_000 + r * 100 + i);
+        }
+        if r == 12 {
+            let t = if late { 20 } else { 1_000 + r * 100 + 50 };
+            f.mmap2(
+                42,
+                0x40_0000,
+                0x1000,
+                b"/tmp/pdi-ahead/libb.so",
+                Some(&[0xbb; 20]),
+                t,
+            );
+        }
+        for _ in 0..16 {
+            tool_record(&mut f.data, 60, 0, &[0u8; 65_520]);
+        }
+        round(&mut f);
+    }
+    f.bytes()
+}
+
+/// A file is resolved while its scan goes on, a batch at a time, as a stream is:
+/// what it finds is what one resolve after the scan finds, and a file that breaks
+/// the round rule (so a batch saw a model that later records change) is resolved
+/// again whole.
+#[test]
+fn resolving_beside_the_scan_finds_what_one_resolve_finds() {
+    let d = tempfile::tempdir().unwrap();
+    for late in [false, true] {
+        let path = d.path().join(format!("rounds-{late}.data"));
+        std::fs::write(&path, in_rounds(late)).unwrap();
+        let hits = |ahead: Option<u64>| {
+            let opts = pdinject::Options {
+                resolve_ahead: ahead,
+                ..Default::default()
+            };
+            let r = pdinject::run::analyse(&path, &opts).unwrap();
+            let dsos: Vec<(String, u64)> =
+                r.dsos.iter().map(|d| (d.path.clone(), d.hits)).collect();
+            (
+                dsos,
+                r.samples,
+                r.unmapped_addresses,
+                r.resolved_beside_scan,
+                r.resolved_again,
+            )
+        };
+        let once = hits(None);
+        let beside = hits(Some(1));
+        assert_eq!(
+            (once.3, once.4),
+            (0, false),
+            "no batch beside the scan when off"
+        );
+        assert_eq!(
+            (&beside.0, beside.1, beside.2),
+            (&once.0, once.1, once.2),
+            "late={late}"
+        );
+        // Every sample comes after the late mapping in time: all hit libb.
+        let libb = once
+            .0
+            .iter()
+            .find(|(n, _)| n.ends_with("libb.so"))
+            .map(|d| d.1);
+        assert_eq!(libb, Some(if late { 192 } else { 88 }), "{:?}", once.0);
+        if late {
+            assert!(beside.4, "a file breaking the round rule is resolved again");
+        } else {
+            assert!(
+                beside.3 > 0 && !beside.4,
+                "batches were resolved beside the scan and kept: {beside:?}"
+            );
+        }
+    }
+}
