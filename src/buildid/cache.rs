@@ -529,7 +529,7 @@ fn probes(dir: &Path, file: Option<&File>) -> Result<(), String> {
     }
     if let Some(f) = file {
         use object::Object;
-        let rc = object::read::ReadCache::new(f);
+        let rc = super::elf::reader(f);
         if let Ok(obj) = object::File::parse(&rc)
             && obj.section_by_name(".note.stapsdt").is_some()
         {

@@ -183,9 +183,104 @@ pub fn open_regular(path: &Path) -> Result<(File, std::fs::Metadata), Refusal> {
     Ok((file, meta))
 }
 
+/// Bytes of an ELF file read at once for [`reader`].
+const BLOCK: u64 = 64 << 10;
+
+/// An ELF file as `object` reads it: in aligned blocks, by `pread`. object asks for
+/// many small ranges (the header, each program and section header, each section
+/// name); from a plain `File` each became a seek and a read, some 50 system calls
+/// per file and a tenth of a DWARF recording's whole run. Each block is read once;
+/// a range larger than a few blocks (a whole section) is read directly.
+pub struct Blocks<'f> {
+    file: &'f File,
+    len: u64,
+    pos: u64,
+    blocks: Vec<(u64, Vec<u8>)>,
+}
+
+/// Blocks a [`Blocks`] keeps (the header's, the section headers', the names', the
+/// notes'): ELF metadata is at the two ends of the file.
+const MAX_BLOCKS: usize = 16;
+
+impl<'f> Blocks<'f> {
+    fn new(file: &'f File) -> Self {
+        Blocks {
+            file,
+            len: file.metadata().map_or(0, |m| m.len()),
+            pos: 0,
+            blocks: Vec::new(),
+        }
+    }
+
+    fn block(&mut self, n: u64) -> Result<&[u8], ()> {
+        use std::os::unix::fs::FileExt;
+        if let Some(i) = self.blocks.iter().position(|(b, _)| *b == n) {
+            return Ok(&self.blocks[i].1);
+        }
+        let at = n.checked_mul(BLOCK).ok_or(())?;
+        let want = BLOCK.min(self.len.saturating_sub(at)) as usize;
+        let mut buf = vec![0u8; want];
+        self.file.read_exact_at(&mut buf, at).map_err(|_| ())?;
+        if self.blocks.len() >= MAX_BLOCKS {
+            self.blocks.remove(0);
+        }
+        self.blocks.push((n, buf));
+        Ok(&self.blocks[self.blocks.len() - 1].1)
+    }
+}
+
+impl object::read::ReadCacheOps for Blocks<'_> {
+    fn len(&mut self) -> Result<u64, ()> {
+        Ok(self.len)
+    }
+
+    fn seek(&mut self, pos: u64) -> Result<u64, ()> {
+        self.pos = pos;
+        Ok(pos)
+    }
+
+    fn read(&mut self, buf: &mut [u8]) -> Result<usize, ()> {
+        let n = (buf.len() as u64).min(self.len.saturating_sub(self.pos)) as usize;
+        self.read_exact(&mut buf[..n])?;
+        Ok(n)
+    }
+
+    fn read_exact(&mut self, buf: &mut [u8]) -> Result<(), ()> {
+        use std::os::unix::fs::FileExt;
+        let end = self.pos.checked_add(buf.len() as u64).ok_or(())?;
+        if end > self.len {
+            return Err(());
+        }
+        if buf.len() as u64 > 4 * BLOCK {
+            self.file.read_exact_at(buf, self.pos).map_err(|_| ())?;
+            self.pos = end;
+            return Ok(());
+        }
+        let mut done = 0usize;
+        while done < buf.len() {
+            let at = self.pos + done as u64;
+            let (n, off) = (at / BLOCK, (at % BLOCK) as usize);
+            let b = self.block(n)?;
+            let take = (buf.len() - done).min(b.len().saturating_sub(off));
+            if take == 0 {
+                return Err(());
+            }
+            buf[done..done + take].copy_from_slice(&b[off..off + take]);
+            done += take;
+        }
+        self.pos = end;
+        Ok(())
+    }
+}
+
+/// `file` for `object::File::parse` (see [`Blocks`]).
+pub fn reader(file: &File) -> object::read::ReadCache<Blocks<'_>> {
+    object::read::ReadCache::new(Blocks::new(file))
+}
+
 /// The build ID in the notes of an open ELF file.
 pub fn read_build_id(file: &File) -> Result<BuildId, Refusal> {
-    let cache = object::read::ReadCache::new(file);
+    let cache = reader(file);
     let obj = object::File::parse(&cache)
         .map_err(|e| (Reason::Unsupported, format!("not a readable ELF file: {e}")))?;
     id_of(&obj)
@@ -297,7 +392,7 @@ pub(super) fn prove(
         }
     }
     let key = (meta.dev(), meta.ino());
-    let cache = object::read::ReadCache::new(&file);
+    let cache = reader(&file);
     let obj = object::File::parse(&cache)
         .map_err(|e| (Reason::Unsupported, format!("not a readable ELF file: {e}")))?;
     if !exec_pgoffs.is_empty() {

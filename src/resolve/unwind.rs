@@ -220,7 +220,7 @@ impl UnwindTables {
 }
 
 fn load_sections(file: &std::fs::File, proven: ProvenAt) -> Option<DsoUnwind> {
-    let cache = object::read::ReadCache::new(file);
+    let cache = crate::buildid::elf::reader(file);
     let obj = object::File::parse(&cache).ok()?;
     let segments = obj
         .segments()
@@ -293,8 +293,8 @@ fn load_sections(file: &std::fs::File, proven: ProvenAt) -> Option<DsoUnwind> {
 fn read_range(file: &std::fs::File, offset: u64, len: u64) -> Option<Vec<u8>> {
     use std::io::{Read, Seek, SeekFrom};
     let len = usize::try_from(len).ok()?;
-    // The object ReadCache over `file` seeks before each of its reads too, so moving
-    // the offset here disturbs nothing.
+    // The reader object parses with reads by position, so moving the offset here
+    // disturbs nothing.
     let mut f = file;
     f.seek(SeekFrom::Start(offset)).ok()?;
     let mut v = Vec::with_capacity(len);
