@@ -189,8 +189,9 @@ impl<'a> Resolver<'a> {
         progress: &(dyn Fn(u64) + Sync),
         stop: &AtomicBool,
     ) -> Result<Hits> {
-        // One unwinding worker per pool thread, kept for the whole run: its caches
-        // warm up once (rayon's map_init would start one per split of the work).
+        // One unwinding worker per pool thread, kept for the whole run and parked in
+        // the tables after it: its caches warm up once (rayon's map_init would start
+        // one per split of the work).
         let shared = Arc::new(unwind::Shared::default());
         let workers: Vec<Mutex<Option<unwind::Worker>>> = (0..rayon::current_num_threads())
             .map(|_| Mutex::new(None))
@@ -213,13 +214,24 @@ impl<'a> Resolver<'a> {
                 if w.is_none() {
                     *w = self
                         .unwind
-                        .map(|(cfg, _)| unwind::Worker::sharing(cfg.arch, shared.clone()));
+                        .map(|(cfg, tables)| tables.worker(cfg.arch, &shared));
                 }
                 let r = self.chunk(files, c, w.as_mut());
+                if let (Some(w), Some((_, tables))) = (own, self.unwind) {
+                    tables.park(w);
+                }
                 progress(c.end - c.start);
                 r
             })
             .collect();
+        if let Some((_, tables)) = self.unwind {
+            for w in workers
+                .into_iter()
+                .filter_map(|m| m.into_inner().ok().flatten())
+            {
+                tables.park(w);
+            }
+        }
         let mut total = Hits::new(self.model.dsos.len());
         for r in results {
             total.merge(r?);

@@ -114,6 +114,9 @@ pub struct UnwindTables {
     /// the proof the IDs obey, set for each batch.
     allow_local: bool,
     start: RecordingStart,
+    /// Workers between two runs over these tables: their images and rule caches stay
+    /// right (image addresses depend on the DSO only), so a later batch starts warm.
+    idle: Mutex<Vec<Worker>>,
 }
 
 impl Default for UnwindTables {
@@ -124,11 +127,35 @@ impl Default for UnwindTables {
             by_file: Mutex::new(HashMap::new()),
             allow_local: false,
             start: RecordingStart::Unknown("not dated yet".into()),
+            idle: Mutex::new(Vec::new()),
         }
     }
 }
 
 impl UnwindTables {
+    /// A worker for `arch` for a run sharing `shared`: one parked by an earlier run
+    /// over these tables, or a new one.
+    pub fn worker(&self, arch: Arch, shared: &Arc<Shared>) -> Worker {
+        let parked = self.idle.lock().ok().and_then(|mut v| {
+            let i = v.iter().position(|w| w.arch() == arch)?;
+            Some(v.swap_remove(i))
+        });
+        match parked {
+            Some(mut w) => {
+                w.shared = shared.clone();
+                w
+            }
+            None => Worker::sharing(arch, shared.clone()),
+        }
+    }
+
+    /// Parks `w` for the next run over these tables.
+    pub fn park(&self, w: Worker) {
+        if let Ok(mut v) = self.idle.lock() {
+            v.push(w);
+        }
+    }
+
     /// Makes room for DSOs a growing model (pipe mode) added since; tables already
     /// loaded are kept.
     pub fn grow(&mut self, model: &Model) {
@@ -587,6 +614,13 @@ impl Worker {
             shared,
             frames: Vec::new(),
             clock: CpuAnchor::now(),
+        }
+    }
+
+    fn arch(&self) -> Arch {
+        match self.arch {
+            ArchState::X86(_) => Arch::X86_64,
+            ArchState::Arm(_) => Arch::Aarch64,
         }
     }
 
