@@ -779,6 +779,12 @@ impl ToImage<'_> {
     }
 }
 
+/// The lowest user stack pointer unwound: Linux never maps the first page
+/// (`vm.mmap_min_addr` is at least 4096), so a sample saying its stack is there says
+/// nothing true, and framehop computes `cfa - 8` without a check (an overflow that
+/// fuzzing found, with SP 0).
+const MIN_USER_SP: u64 = 4096;
+
 /// Perf register numbers (arch/*/include/uapi/asm/perf_regs.h).
 const X86_BP: u32 = 6;
 const X86_SP: u32 = 7;
@@ -878,7 +884,8 @@ fn walk_sample(
     };
     let o = match arch {
         ArchState::X86(a) => {
-            let (Some(ip), Some(sp), Some(bp)) = (r(X86_IP), r(X86_SP), r(X86_BP)) else {
+            let (Some(ip), Some(sp @ MIN_USER_SP..), Some(bp)) = (r(X86_IP), r(X86_SP), r(X86_BP))
+            else {
                 return (Outcome::default(), Vec::new());
             };
             to_image.stack = sp..sp.saturating_add(s.stack.len() as u64);
@@ -897,7 +904,7 @@ fn walk_sample(
             )
         }
         ArchState::Arm(a) => {
-            let (Some(pc), Some(lr), Some(sp), Some(fp)) =
+            let (Some(pc), Some(lr), Some(sp @ MIN_USER_SP..), Some(fp)) =
                 (r(ARM_PC), r(ARM_LR), r(ARM_SP), r(ARM_FP))
             else {
                 return (Outcome::default(), Vec::new());
@@ -1091,6 +1098,37 @@ mod tests {
         let undated = RecordingStart::Unknown("x".into());
         assert!(!tables(t(100, 100, 1)).still_proven(&two(vec![0x1000]), &undated));
         assert!(UnwindTables::default().still_proven(&[], &undated));
+    }
+
+    #[test]
+    fn a_stack_in_the_first_page_is_not_walked() {
+        // What fuzzing found: SP 0 let framehop compute `cfa - 8` below zero.
+        let mask: u64 = (1 << X86_BP) | (1 << X86_SP) | (1 << X86_IP);
+        let (model, tables) = (Model::default(), UnwindTables::default());
+        let cfg = UnwindConfig {
+            mode: UnwindMode::Dwarf,
+            arch: Arch::X86_64,
+            budget: Duration::from_millis(1),
+            max_frames: 512,
+        };
+        let mut w = Worker::new(Arch::X86_64);
+        for (sp, walked) in [(0u64, false), (MIN_USER_SP - 8, false), (0x7ffc_0000, true)] {
+            let regs: Vec<u8> = [0u64, sp, 0x40_1000]
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect();
+            let s = SampleStack {
+                pid: 1,
+                key: (0, 0),
+                regs_mask: mask,
+                regs: &regs,
+                stack: &[0; 16],
+                e: Endian::Little,
+            };
+            let mut frames = 0;
+            unwind(&cfg, &model, &tables, &mut w, &s, &mut |_| frames += 1);
+            assert_eq!(frames > 0, walked, "sp {sp:#x}");
+        }
     }
 
     #[test]
