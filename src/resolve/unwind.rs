@@ -780,10 +780,13 @@ impl ToImage<'_> {
 }
 
 /// The lowest user stack pointer unwound: Linux never maps the first page
-/// (`vm.mmap_min_addr` is at least 4096), so a sample saying its stack is there says
-/// nothing true, and framehop computes `cfa - 8` without a check (an overflow that
-/// fuzzing found, with SP 0).
+/// (`vm.mmap_min_addr` is at least 4096), and user space ends below 2^57 (x86_64
+/// with 5-level paging; aarch64 stops at 2^52). A sample saying its stack is
+/// elsewhere says nothing true, and framehop computes `cfa - 8` unchecked: fuzzing
+/// found the overflow with SP 0 and with SP 2^64 - 1 (`rsp + 8` wrapping to 7).
 const MIN_USER_SP: u64 = 4096;
+/// One past the highest user stack pointer unwound (see [`MIN_USER_SP`]).
+const END_USER_SP: u64 = 1 << 57;
 
 /// Perf register numbers (arch/*/include/uapi/asm/perf_regs.h).
 const X86_BP: u32 = 6;
@@ -884,13 +887,16 @@ fn walk_sample(
     };
     let o = match arch {
         ArchState::X86(a) => {
-            let (Some(ip), Some(sp @ MIN_USER_SP..), Some(bp)) = (r(X86_IP), r(X86_SP), r(X86_BP))
+            let (Some(ip), Some(sp @ MIN_USER_SP..END_USER_SP), Some(bp)) =
+                (r(X86_IP), r(X86_SP), r(X86_BP))
             else {
                 return (Outcome::default(), Vec::new());
             };
             to_image.stack = sp..sp.saturating_add(s.stack.len() as u64);
             let ip = to_image.ip(ip);
-            let regs = UnwindRegsX86_64::new(ip, sp, bp);
+            // Like every stack word: a frame pointer in the slots is nothing (and
+            // cannot wrap a CFA computed from it below zero).
+            let regs = UnwindRegsX86_64::new(ip, sp, outside_images(bp));
             walk(
                 a,
                 ip,
@@ -904,14 +910,14 @@ fn walk_sample(
             )
         }
         ArchState::Arm(a) => {
-            let (Some(pc), Some(lr), Some(sp @ MIN_USER_SP..), Some(fp)) =
+            let (Some(pc), Some(lr), Some(sp @ MIN_USER_SP..END_USER_SP), Some(fp)) =
                 (r(ARM_PC), r(ARM_LR), r(ARM_SP), r(ARM_FP))
             else {
                 return (Outcome::default(), Vec::new());
             };
             to_image.stack = sp..sp.saturating_add(s.stack.len() as u64);
             let (pc, lr) = (to_image.ip(pc), to_image.word(lr));
-            let regs = UnwindRegsAarch64::new(lr, sp, fp);
+            let regs = UnwindRegsAarch64::new(lr, sp, outside_images(fp));
             walk(
                 a,
                 pc,
@@ -1101,8 +1107,9 @@ mod tests {
     }
 
     #[test]
-    fn a_stack_in_the_first_page_is_not_walked() {
-        // What fuzzing found: SP 0 let framehop compute `cfa - 8` below zero.
+    fn a_stack_outside_user_space_is_not_walked() {
+        // What fuzzing found: SP 0 or 2^64 - 1 let framehop compute `cfa - 8` below
+        // zero.
         let mask: u64 = (1 << X86_BP) | (1 << X86_SP) | (1 << X86_IP);
         let (model, tables) = (Model::default(), UnwindTables::default());
         let cfg = UnwindConfig {
@@ -1112,7 +1119,13 @@ mod tests {
             max_frames: 512,
         };
         let mut w = Worker::new(Arch::X86_64);
-        for (sp, walked) in [(0u64, false), (MIN_USER_SP - 8, false), (0x7ffc_0000, true)] {
+        for (sp, walked) in [
+            (0u64, false),
+            (4088, false),
+            (u64::MAX, false),
+            (1 << 57, false),
+            (0x7ffc_0000, true),
+        ] {
             let regs: Vec<u8> = [0u64, sp, 0x40_1000]
                 .iter()
                 .flat_map(|v| v.to_le_bytes())
