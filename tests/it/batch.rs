@@ -377,8 +377,36 @@ fn batch_memo_reads_each_dso_once() {
             (summary(&report), report_lines(&report))
         };
     let (one, lines) = batch(&fl.join("h0"), "one");
-    let (six, _) = batch(&fl, "six");
     let line = lines.values().next().unwrap();
+    // The memo reads a file again when it changed (a new ctime): other tests running
+    // beside this one hard-link the same system libraries into their own build-ID
+    // caches. Changes during the six-copy batch are counted; only without any is the
+    // count of files read exact.
+    let proven: Vec<PathBuf> = line["dsos"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|d| d["source"] == "elf")
+        .filter_map(|d| d["path"].as_str().map(PathBuf::from))
+        .collect();
+    let ctimes = || -> Vec<Option<(i64, i64)>> {
+        use std::os::unix::fs::MetadataExt;
+        proven
+            .iter()
+            .map(|p| {
+                std::fs::metadata(p)
+                    .ok()
+                    .map(|m| (m.ctime(), m.ctime_nsec()))
+            })
+            .collect()
+    };
+    let before = ctimes();
+    let (six, _) = batch(&fl, "six");
+    let changed = before
+        .iter()
+        .zip(ctimes())
+        .filter(|(a, b)| **a != *b)
+        .count() as u64;
     let elf = line["dsos"]
         .as_array()
         .unwrap()
@@ -388,14 +416,25 @@ fn batch_memo_reads_each_dso_once() {
     let n = |v: &serde_json::Value, k: &str| v[k].as_u64().unwrap();
     assert!(elf >= 2, "prog and libfix proven from their files: {line}");
     assert!(n(&one, "dso_files_read") >= elf as u64, "{one}");
-    assert_eq!(
-        n(&six, "dso_files_read"),
-        n(&one, "dso_files_read"),
-        "{six}"
-    );
     let lookups = |v: &serde_json::Value| n(v, "proofs_run") + n(v, "memo_hits");
     assert_eq!(lookups(&six), 6 * lookups(&one), "{one} {six}");
-    assert_eq!(n(&six, "memo_hits"), 5 * lookups(&one), "{six}");
+    if changed == 0 {
+        assert_eq!(
+            n(&six, "dso_files_read"),
+            n(&one, "dso_files_read"),
+            "{six}"
+        );
+        assert_eq!(n(&six, "memo_hits"), 5 * lookups(&one), "{six}");
+    } else {
+        // At most one more read per copy for each file that changed.
+        eprintln!(
+            "batch_memo_reads_each_dso_once: {changed} DSO files changed during the batch (other tests); counts checked loosely"
+        );
+        assert!(
+            n(&six, "dso_files_read") <= n(&one, "dso_files_read") + 6 * changed,
+            "{six}"
+        );
+    }
     let single = st.dir.join("single.data");
     run_ok(pdinject().args(["-b", "-q"]).arg(&rec).arg(&single));
     for i in 0..6 {
