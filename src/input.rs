@@ -260,6 +260,24 @@ fn open_nonblocking(path: &Path) -> Result<File> {
 }
 
 impl PerfInput {
+    /// The ids section of each attr entry, as the header's attrs section gives them
+    /// (read again from the file: for writers that must know what lies where).
+    pub fn ids_sections(&self) -> Result<Vec<Section>> {
+        let h = &self.header;
+        let Some(entry_len) = usize::try_from(h.attr_size).ok().filter(|&n| n >= 16) else {
+            return Ok(Vec::new());
+        };
+        let raw = self.data_files[0].read_at(h.attrs.offset, h.attrs.size)?;
+        let at = entry_len - 16;
+        Ok(raw
+            .chunks_exact(entry_len)
+            .map(|entry| Section {
+                offset: h.endian.u64(entry, at).unwrap_or(0),
+                size: h.endian.u64(entry, at + 8).unwrap_or(0),
+            })
+            .collect())
+    }
+
     /// Opens a perf.data file or directory.
     pub fn open(path: &Path) -> Result<PerfInput> {
         let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;

@@ -102,13 +102,7 @@ pub fn tail_changes(input: &PerfInput, payload: Vec<u8>, plan: &mut Plan) -> Res
         )
         .in_file(name));
     }
-    let raw = input.data_files[0].read_at(h.attrs.offset, h.attrs.size)?;
-    let attr_len = (h.attr_size as usize).saturating_sub(16);
-    for entry in raw.chunks_exact(h.attr_size as usize) {
-        let ids = Section {
-            offset: e.u64(entry, attr_len).unwrap_or(0),
-            size: e.u64(entry, attr_len + 8).unwrap_or(0),
-        };
+    for ids in input.ids_sections()? {
         if hit(&ids) {
             return Err(Error::unsupported(
                 "an ids section follows the feature table; write a new file instead of --in-place",

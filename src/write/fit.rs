@@ -133,13 +133,7 @@ pub fn fit_tail(input: &PerfInput, build_id: &[u8]) -> Result<std::result::Resul
             "the attrs section lies after the data section".into(),
         )));
     }
-    let raw = input.data_files[0].read_at(h.attrs.offset, h.attrs.size)?;
-    let attr_len = (h.attr_size as usize).saturating_sub(16);
-    for entry in raw.chunks_exact(h.attr_size as usize) {
-        let ids = Section {
-            offset: e.u64(entry, attr_len).unwrap_or(0),
-            size: e.u64(entry, attr_len + 8).unwrap_or(0),
-        };
+    for ids in input.ids_sections()? {
         if after(&ids) {
             return Ok(Err(NoFit::Layout(
                 "an ids section lies after the data section".into(),
