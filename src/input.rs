@@ -184,35 +184,10 @@ pub struct Spread<'a> {
     pub pool: Option<&'a rayon::ThreadPool>,
 }
 
-impl<'a> crate::format::walk::Windows for Spread<'a> {
-    type Window = SpreadWindow<'a>;
-    fn window(&self, offset: u64, len: u64) -> Result<SpreadWindow<'a>> {
-        Ok(SpreadWindow {
-            window: Some(self.file.window_with(offset, len, self.pool)?),
-            pool: self.pool,
-        })
-    }
-}
-
-/// A window of a [`Spread`] file, unmapped by the pool: tearing down the page table
-/// entries of a 64 MB window takes a millisecond that the scan need not wait for.
-pub struct SpreadWindow<'a> {
-    window: Option<Window>,
-    pool: Option<&'a rayon::ThreadPool>,
-}
-
-impl Deref for SpreadWindow<'_> {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        self.window.as_deref().unwrap_or_default()
-    }
-}
-
-impl Drop for SpreadWindow<'_> {
-    fn drop(&mut self) {
-        if let (Some(w), Some(pool)) = (self.window.take(), self.pool) {
-            pool.spawn(move || drop(w));
-        }
+impl crate::format::walk::Windows for Spread<'_> {
+    type Window = Window;
+    fn window(&self, offset: u64, len: u64) -> Result<Window> {
+        self.file.window_with(offset, len, self.pool)
     }
 }
 
