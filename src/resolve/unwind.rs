@@ -431,7 +431,7 @@ pub enum Frame {
 /// (a new "modules generation") whenever a module is added to an unwinder, and a
 /// frame's rule depends only on the module holding its address, so images added one
 /// at a time would otherwise throw away every rule found so far each time.
-struct Arch_<U: Unwinder> {
+struct ImageUnwinders<U: Unwinder> {
     new: fn() -> U,
     /// By DSO; `None` where no image was added.
     images: Vec<Option<U>>,
@@ -445,14 +445,14 @@ struct Arch_<U: Unwinder> {
     caches: Box<[U::Cache]>,
 }
 
-/// Rule caches per worker (see [`Arch_`]); about 8 KB each.
+/// Rule caches per worker (see [`ImageUnwinders`]); about 8 KB each.
 const CACHES: u64 = 16;
 /// Entries of one framehop rule cache.
 const CACHE_ENTRIES: u64 = 509;
 
-impl<U: Unwinder<Module = Module<Bytes>>> Arch_<U> {
+impl<U: Unwinder<Module = Module<Bytes>>> ImageUnwinders<U> {
     fn new(new: fn() -> U, cache: fn() -> U::Cache) -> Self {
-        Arch_ {
+        ImageUnwinders {
             new,
             images: Vec::new(),
             outside: new(),
@@ -492,8 +492,8 @@ impl<U: Unwinder<Module = Module<Bytes>>> Arch_<U> {
 }
 
 enum ArchState {
-    X86(Arch_<UnwinderX86_64<Bytes>>),
-    Arm(Arch_<UnwinderAarch64<Bytes>>),
+    X86(ImageUnwinders<UnwinderX86_64<Bytes>>),
+    Arm(ImageUnwinders<UnwinderAarch64<Bytes>>),
 }
 
 /// A DSO as far as one worker's unwinder knows it.
@@ -605,8 +605,12 @@ impl Worker {
     /// Fresh state for `arch`, sharing `shared` with the run's other workers.
     pub fn sharing(arch: Arch, shared: Arc<Shared>) -> Self {
         let arch = match arch {
-            Arch::X86_64 => ArchState::X86(Arch_::new(UnwinderX86_64::new, CacheX86_64::new)),
-            Arch::Aarch64 => ArchState::Arm(Arch_::new(UnwinderAarch64::new, CacheAarch64::new)),
+            Arch::X86_64 => {
+                ArchState::X86(ImageUnwinders::new(UnwinderX86_64::new, CacheX86_64::new))
+            }
+            Arch::Aarch64 => {
+                ArchState::Arm(ImageUnwinders::new(UnwinderAarch64::new, CacheAarch64::new))
+            }
         };
         Worker {
             arch,
@@ -939,7 +943,7 @@ const CLOCK_EVERY: usize = 8;
 
 #[allow(clippy::too_many_arguments)]
 fn walk<U: Unwinder<Module = Module<Bytes>>>(
-    a: &mut Arch_<U>,
+    a: &mut ImageUnwinders<U>,
     pc: u64,
     regs: U::UnwindRegs,
     sp: u64,
