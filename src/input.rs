@@ -67,14 +67,10 @@ impl DataFile {
         self.window_with(offset, len, None)
     }
 
-    /// [`DataFile::window`], the pages mapped by every thread of `pool` at once. For
-    /// the scan, which reads little of each page, mapping them is most of the work
-    /// (the kernel's, one page table entry at a time); one thread would leave the
-    /// other cores idle while it does that.
-    pub fn window_spread(&self, offset: u64, len: u64, pool: &rayon::ThreadPool) -> Result<Window> {
-        self.window_with(offset, len, Some(pool))
-    }
-
+    /// [`DataFile::window`]; with a `pool`, the pages are mapped by every thread of it
+    /// at once. For the scan, which reads little of each page, mapping them is most
+    /// of the work (the kernel's, one page table entry at a time); one thread would
+    /// leave the other cores idle while it does that.
     fn window_with(
         &self,
         offset: u64,
@@ -175,7 +171,7 @@ fn read_exact_at(backing: &Backing, path: &Path, offset: u64, len: u64) -> Resul
 const SPREAD_MIN: usize = 4 << 20;
 
 /// A data file whose windows are mapped by all threads of a pool
-/// ([`DataFile::window_spread`]), when it has one.
+/// (`DataFile::window_with`), when it has one.
 pub struct Spread<'a> {
     /// The file.
     pub file: &'a DataFile,

@@ -228,8 +228,9 @@ impl<'f> Blocks<'f> {
 }
 
 /// `len` bytes of `file` at `offset` in a new buffer, which is not zeroed first (a
-/// block is read for a few hundred bytes of headers; zeroing 64 KiB cost more).
-fn pread_new(file: &File, offset: u64, len: usize) -> Option<Vec<u8>> {
+/// block is read for a few hundred bytes of headers, and an unwind section of
+/// megabytes is read whole: zeroing first cost more than either needs).
+pub(crate) fn pread_new(file: &File, offset: u64, len: usize) -> Option<Vec<u8>> {
     use std::os::fd::AsRawFd;
     let mut buf: Vec<u8> = Vec::with_capacity(len);
     while buf.len() < len {

@@ -438,11 +438,7 @@ impl<'a> Engine<'a> {
     }
 
     /// Adds `d` to the time of `stage` in the report.
-    pub fn note_time(&mut self, stage: &'static str, d: Duration) {
-        self.add_time(stage, d);
-    }
-
-    fn add_time(&mut self, stage: &'static str, d: Duration) {
+    pub(crate) fn add_time(&mut self, stage: &'static str, d: Duration) {
         *self.timings.entry(stage).or_default() += d;
     }
 

@@ -199,7 +199,7 @@ fn scan_file(
     let tables = finished.iter_mut().rev().find_map(|f| f.tables.take());
     let done: Vec<_> = finished.iter().map(|f| (&f.ahead, f.newest)).collect();
     let took: std::time::Duration = finished.iter().map(|f| f.took).sum();
-    engine.note_time("resolve (beside the scan)", took);
+    engine.add_time("resolve (beside the scan)", took);
     match tables {
         Some(t) if engine.ahead_holds(&done, &t) => {
             engine.add_prior(hits, t, done.len() as u64);

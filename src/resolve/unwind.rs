@@ -261,9 +261,11 @@ fn load_sections(file: &std::fs::File, proven: ProvenAt) -> Option<DsoUnwind> {
         // Plain sections (nearly all) are read straight into their buffer: through
         // the ReadCache they were zeroed, read, then copied again.
         let data = match s.compressed_file_range().ok()? {
-            r if r.format == object::CompressionFormat::None => {
-                read_range(file, r.offset, r.uncompressed_size)?
-            }
+            r if r.format == object::CompressionFormat::None => crate::buildid::elf::pread_new(
+                file,
+                r.offset,
+                usize::try_from(r.uncompressed_size).ok()?,
+            )?,
             _ => s.uncompressed_data().ok()?.into_owned(),
         };
         let n = data.len();
@@ -314,19 +316,6 @@ fn load_sections(file: &std::fs::File, proven: ProvenAt) -> Option<DsoUnwind> {
         info,
         proven,
     })
-}
-
-/// `len` bytes of `file` at `offset`, into a buffer that is never zeroed first.
-fn read_range(file: &std::fs::File, offset: u64, len: u64) -> Option<Vec<u8>> {
-    use std::io::{Read, Seek, SeekFrom};
-    let len = usize::try_from(len).ok()?;
-    // The reader object parses with reads by position, so moving the offset here
-    // disturbs nothing.
-    let mut f = file;
-    f.seek(SeekFrom::Start(offset)).ok()?;
-    let mut v = Vec::with_capacity(len);
-    f.take(len as u64).read_to_end(&mut v).ok()?;
-    (v.len() == len).then_some(v)
 }
 
 /// Counts the FDEs of a CFI section by walking its entry lengths (a CIE has id 0 in

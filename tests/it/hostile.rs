@@ -441,13 +441,9 @@ fn simple() -> PerfFile {
 // ---------------------------------------------------------------------------
 // Time and memory
 
-#[test]
-fn fork_chain_then_dwarf_sample_is_linear() {
-    // Two pids fork from each other n times; one --call-graph dwarf sample at the
-    // end builds the address space through the whole chain. The old lookup recursed
-    // per FORK in the window: 26 forks each took over 60 s. 30 each here (the chain
-    // stays within the 64 forks followed).
-    let dir = tempfile::tempdir().unwrap();
+/// Two pids that fork from each other `n` times, then one `--call-graph dwarf`
+/// sample whose address space is built through the whole chain.
+fn fork_chain(n: u64) -> PerfFile {
     let mut f = PerfFile::new();
     f.sample_type |= REGS_USER | STACK_USER;
     f.regs_user = (1 << 6) | (1 << 7) | (1 << 8); // bp, sp, ip (x86_64)
@@ -456,7 +452,6 @@ fn fork_chain_then_dwarf_sample_is_linear() {
     let (a, b) = (100u32, 101u32);
     f.mmap2(a, 0x40_0000, 0x1000, b"/tmp/pdi-hostile/a", None, 1);
     f.mmap2(b, 0x50_0000, 0x1000, b"/tmp/pdi-hostile/b", None, 2);
-    let n = 60u64;
     for i in 0..n {
         let (child, parent) = if i % 2 == 0 { (a, b) } else { (b, a) };
         f.fork(child, parent, 10 + i);
@@ -468,6 +463,40 @@ fn fork_chain_then_dwarf_sample_is_linear() {
     // address space is built from the fork events themselves.
     f.mmap2(a, 0x70_0000, 0x1000, b"/tmp/pdi-hostile/late", None, 20 + n);
     f.mmap2(b, 0x70_0000, 0x1000, b"/tmp/pdi-hostile/late", None, 21 + n);
+    f
+}
+
+/// One process with 2,000 mappings forked `forks` times, a sample in every
+/// thousandth child.
+fn fork_fanout(forks: u32) -> PerfFile {
+    let mut f = PerfFile::new();
+    for i in 0..2000u64 {
+        f.mmap2(
+            1,
+            0x1000_0000 + i * 0x2000,
+            0x1000,
+            b"/tmp/pdi-hostile/lib.so",
+            Some(&[0x77; 20]),
+            1,
+        );
+    }
+    for c in 0..forks {
+        f.fork(1000 + c, 1, 10 + c as u64);
+        if c % 1000 == 0 {
+            f.sample(1000 + c, 0x1000_0100, 20 + c as u64);
+        }
+    }
+    f
+}
+
+#[test]
+fn fork_chain_then_dwarf_sample_is_linear() {
+    // Two pids fork from each other n times; one --call-graph dwarf sample at the
+    // end builds the address space through the whole chain. The old lookup recursed
+    // per FORK in the window: 26 forks each took over 60 s. 30 each here (the chain
+    // stays within the 64 forks followed).
+    let dir = tempfile::tempdir().unwrap();
+    let f = fork_chain(60);
     let report = dir.path().join("report.json");
     let r = run_file(
         dir.path(),
@@ -488,24 +517,7 @@ fn fork_amplification_stays_proportional() {
     // One process with 2,000 mappings forked 12,000 times (0.6 MB of FORK records):
     // a copy of the parent per fork was 1.3 GB.
     let dir = tempfile::tempdir().unwrap();
-    let mut f = PerfFile::new();
-    for i in 0..2000u64 {
-        f.mmap2(
-            1,
-            0x1000_0000 + i * 0x2000,
-            0x1000,
-            b"/tmp/pdi-hostile/lib.so",
-            Some(&[0x77; 20]),
-            1,
-        );
-    }
-    for c in 0..12_000u32 {
-        f.fork(1000 + c, 1, 10 + c as u64);
-        if c % 1000 == 0 {
-            f.sample(1000 + c, 0x1000_0100, 20 + c as u64);
-        }
-    }
-    let r = run_file(dir.path(), &f.bytes(), &[]);
+    let r = run_file(dir.path(), &fork_fanout(12_000).bytes(), &[]);
     assert!(r.ok(), "{}", r.stderr());
 }
 
@@ -1002,37 +1014,9 @@ fn write_issue_inputs() {
     let dir = Path::new("/tmp/pdi-issue11");
     std::fs::create_dir_all(dir).unwrap();
     // Fork chain: each of two pids forks from the other 26 times; a dwarf sample.
-    let mut f = PerfFile::new();
-    f.sample_type |= REGS_USER | STACK_USER;
-    f.regs_user = (1 << 6) | (1 << 7) | (1 << 8);
-    f.stack_user = 64;
-    f.string_feature(FEAT_ARCH, "x86_64");
-    f.mmap2(100, 0x40_0000, 0x1000, b"/tmp/pdi-hostile/a", None, 1);
-    f.mmap2(101, 0x50_0000, 0x1000, b"/tmp/pdi-hostile/b", None, 2);
-    for i in 0..52u64 {
-        let (c, p) = if i % 2 == 0 { (100, 101) } else { (101, 100) };
-        f.fork(c, p, 10 + i);
-    }
-    f.sample(100, 0x50_0100, 60);
-    f.mmap2(100, 0x70_0000, 0x1000, b"/tmp/pdi-hostile/late", None, 70);
-    f.mmap2(101, 0x70_0000, 0x1000, b"/tmp/pdi-hostile/late", None, 71);
-    std::fs::write(dir.join("forkchain26.data"), f.bytes()).unwrap();
+    std::fs::write(dir.join("forkchain26.data"), fork_chain(52).bytes()).unwrap();
     // Fork amplification: 2,000 maps, 15,000 forks (0.6 MB of FORK records).
-    let mut f = PerfFile::new();
-    for i in 0..2000u64 {
-        f.mmap2(
-            1,
-            0x1000_0000 + i * 0x2000,
-            0x1000,
-            b"/tmp/pdi-hostile/lib.so",
-            Some(&[7; 20]),
-            1,
-        );
-    }
-    for c in 0..15_000u32 {
-        f.fork(1000 + c, 1, 10 + c as u64);
-    }
-    f.sample(1500, 0x1000_0100, 100_000);
+    let f = fork_fanout(15_000);
     std::fs::write(dir.join("forkamp.data"), f.bytes()).unwrap();
     // 1,500 attrs, ids covering the whole 1.2 MB file; and after the data.
     let mut f = simple();
