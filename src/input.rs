@@ -31,12 +31,28 @@ pub struct DataFile {
     pub backing: Backing,
     /// The byte range holding records.
     pub range: Section,
+    /// A window the scan mapped and kept for the resolve (see [`Spread::keep`]).
+    kept: std::sync::Mutex<Option<Kept>>,
+}
+
+/// A map of a data file kept between the scan and the resolve.
+struct Kept {
+    /// The file offset of the map's first byte.
+    at: u64,
+    map: Arc<memmap2::Mmap>,
+}
+
+impl std::fmt::Debug for Kept {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Kept({:#x}, {} bytes)", self.at, self.map.len())
+    }
 }
 
 /// A mapped or borrowed window of a data file.
 pub enum Window {
-    /// A memory map of part of a file; `skip` bytes of page alignment precede the window.
-    Map(memmap2::Mmap, usize),
+    /// `map[a..b]` of a memory map of part of a file (the map may be shared with the
+    /// windows lent from it).
+    Map(Arc<memmap2::Mmap>, usize, usize),
     /// A range of an in-memory buffer.
     Mem(Arc<Vec<u8>>, usize, usize),
 }
@@ -45,7 +61,7 @@ impl Deref for Window {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
         match self {
-            Window::Map(m, skip) => &m[*skip..],
+            Window::Map(m, a, b) => &m[*a..*b],
             Window::Mem(v, a, b) => &v[*a..*b],
         }
     }
@@ -59,6 +75,32 @@ impl crate::format::walk::Windows for DataFile {
 }
 
 impl DataFile {
+    /// The records of `backing` in `range`.
+    pub fn new(path: PathBuf, backing: Backing, range: Section) -> Self {
+        DataFile {
+            path,
+            backing,
+            range,
+            kept: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// Unmaps the window the scan kept, if any (the resolve is done with it).
+    pub fn release(&self) {
+        if let Ok(mut k) = self.kept.lock() {
+            *k = None;
+        }
+    }
+
+    /// `len` bytes at `offset` lent from the kept map, when it holds them all.
+    fn lent(&self, offset: u64, len: u64) -> Option<Window> {
+        let k = self.kept.lock().ok()?;
+        let k = k.as_ref()?;
+        let a = usize::try_from(offset.checked_sub(k.at)?).ok()?;
+        let b = a.checked_add(usize::try_from(len).ok()?)?;
+        (b <= k.map.len()).then(|| Window::Map(k.map.clone(), a, b))
+    }
+
     /// Maps `len` bytes at `offset` (which the caller keeps within the file), every
     /// page at once: one bulk fault instead of one per page, which is faster even
     /// for the scan that reads only record headers (4.7 GB of DWARF samples: 1.4 s
@@ -68,15 +110,18 @@ impl DataFile {
     }
 
     /// [`DataFile::window`]; with a `pool`, the pages are mapped by every thread of it
-    /// at once. For the scan, which reads little of each page, mapping them is most
-    /// of the work (the kernel's, one page table entry at a time); one thread would
-    /// leave the other cores idle while it does that.
+    /// at once. For the scan, which reads little of each page,
+    /// mapping them is most of the work (the kernel's, one page table entry at a
+    /// time); one thread would leave the other cores idle while it does that.
     fn window_with(
         &self,
         offset: u64,
         len: u64,
         pool: Option<&rayon::ThreadPool>,
     ) -> Result<Window> {
+        if let Some(w) = self.lent(offset, len) {
+            return Ok(w);
+        }
         match &self.backing {
             Backing::Mem(v, base) => {
                 let a = offset
@@ -126,7 +171,7 @@ impl DataFile {
                         })
                     });
                 }
-                Ok(Window::Map(map, skip))
+                Ok(Window::Map(Arc::new(map), skip, total))
             }
         }
     }
@@ -178,12 +223,26 @@ pub struct Spread<'a> {
     /// The threads (`None`: the calling thread maps and unmaps, as
     /// [`DataFile::window`]; for a pool that is busy with other work).
     pub pool: Option<&'a rayon::ThreadPool>,
+    /// Keep each window mapped after the scan is done with it, until
+    /// [`DataFile::release`], and lend the resolve its ranges: the kernel then fills
+    /// the page tables of those pages once, not twice. The caller bounds what that
+    /// keeps (it is resident memory).
+    pub keep: bool,
 }
 
 impl crate::format::walk::Windows for Spread<'_> {
     type Window = Window;
     fn window(&self, offset: u64, len: u64) -> Result<Window> {
-        self.file.window_with(offset, len, self.pool)
+        let w = self.file.window_with(offset, len, self.pool)?;
+        if let (true, Window::Map(map, skip, _)) = (self.keep, &w)
+            && let Ok(mut k) = self.file.kept.lock()
+        {
+            *k = Some(Kept {
+                at: offset - *skip as u64,
+                map: map.clone(),
+            });
+        }
+        Ok(w)
     }
 }
 
@@ -368,11 +427,7 @@ impl PerfInput {
                 .collect();
             crate::limits::check_disjoint(regions, true)?;
         }
-        let data = DataFile {
-            path: header_path.to_path_buf(),
-            backing,
-            range: header.data,
-        };
+        let data = DataFile::new(header_path.to_path_buf(), backing, header.data);
         Ok(PerfInput {
             path: path.to_path_buf(),
             header_path: header_path.to_path_buf(),
@@ -421,14 +476,14 @@ impl PerfInput {
                 continue;
             }
             let len = meta.len();
-            self.data_files.push(DataFile {
-                path: p,
-                backing: Backing::File(f),
-                range: Section {
+            self.data_files.push(DataFile::new(
+                p,
+                Backing::File(f),
+                Section {
                     offset: 0,
                     size: len,
                 },
-            });
+            ));
         }
         Ok(())
     }

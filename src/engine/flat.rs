@@ -62,13 +62,15 @@ pub(super) fn resolve(
                 }
                 let files: Vec<DataFile> = ready
                     .iter()
-                    .map(|(b, _, at)| DataFile {
-                        path: df.path.clone(),
-                        backing: Backing::Mem(b.clone(), *at),
-                        range: Section {
-                            offset: *at,
-                            size: b.len() as u64,
-                        },
+                    .map(|(b, _, at)| {
+                        DataFile::new(
+                            df.path.clone(),
+                            Backing::Mem(b.clone(), *at),
+                            Section {
+                                offset: *at,
+                                size: b.len() as u64,
+                            },
+                        )
                     })
                     .collect();
                 let cs: Vec<Chunk> = ready

@@ -23,6 +23,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Window of a data file mapped at once by the scan.
 pub const WINDOW_BYTES: u64 = 64 << 20;
+/// A data section up to this size is scanned in one window, kept mapped for the
+/// resolve (`Spread::keep`): filling the page tables of a 146 MB file twice was a
+/// tenth of an in-place run. The map is resident memory, so larger files are mapped
+/// a window at a time by each stage, and resolved beside the scan from
+/// [`crate::options::DEFAULT_RESOLVE_AHEAD`] on.
+pub const KEEP_BYTES: u64 = 160 << 20;
 /// Bytes of new records that make a stream batch.
 pub const BATCH_BYTES: usize = 64 << 20;
 /// Bytes read from a stream at a time.
@@ -51,7 +57,9 @@ pub fn run_file(cx: Context<'_>, input: &PerfInput, sink: &mut dyn Sink) -> Resu
         let total = input.data_bytes();
         let chunks = scan_file(cx, input, &mut engine, &stop, total)?;
         let counter = Counter::new(opts, "resolve", total);
-        let new = engine.resolve(&input.data_files, &chunks, true, &stop, &|n| counter.add(n))?;
+        let new = engine.resolve(&input.data_files, &chunks, true, &stop, &|n| counter.add(n));
+        input.data_files.iter().for_each(DataFile::release);
+        let new = new?;
         sink.batch(&Batch::File { input, new: &new }, &engine)?;
         sink.finish(&engine)
     })();
@@ -105,11 +113,16 @@ fn scan_file(
             let (start, end) = (df.range.offset, df.range.offset + df.range.size);
             let mut cuts = Cuts::new(fi, (start, engine.walker.seq));
             // The pool maps the scan's windows only when it has nothing else to do:
-            // behind a batch resolved ahead, the scan would wait for it.
+            // behind a batch resolved ahead, the scan would wait for it (a file shorter
+            // than the distance between batches has none).
+            let size = end - start;
+            let keep = files.len() == 1 && size <= KEEP_BYTES;
             let spread = crate::input::Spread {
                 file: df,
-                pool: ahead_every.is_none().then_some(cx.pool),
+                pool: ahead_every.is_none_or(|n| size <= n).then_some(cx.pool),
+                keep,
             };
+            let window = if keep { size } else { WINDOW_BYTES };
             let mut from = start;
             let mut last_ahead = start;
             loop {
@@ -120,7 +133,7 @@ fn scan_file(
                 let paused = engine.scan_until(
                     &spread,
                     from..end,
-                    WINDOW_BYTES,
+                    window,
                     &mut cuts,
                     stop,
                     &|at| opts.progress("scan", done + at - start, total),
@@ -456,14 +469,14 @@ fn flush(
     let n = (upto.0 - s.base) as usize;
     // The resolve workers share the batch through an Arc; it comes back after.
     let data = Arc::new(std::mem::take(&mut s.bytes));
-    let files = [DataFile {
-        path: engine.name.clone(),
-        backing: Backing::Mem(data.clone(), s.base),
-        range: Section {
+    let files = [DataFile::new(
+        engine.name.clone(),
+        Backing::Mem(data.clone(), s.base),
+        Section {
             offset: s.base,
             size: data.len() as u64,
         },
-    }];
+    )];
     let new = engine.resolve(&files, &chunks, eof, &AtomicBool::new(false), &|_| {});
     drop(files);
     s.bytes = Arc::try_unwrap(data).unwrap_or_else(|a| a.as_ref().clone());
@@ -512,14 +525,14 @@ pub fn date_saved_stream(
     let mut engine = Engine::for_stream(cx, name, e, Dating::Ended { mtime_ns });
     let start = first + PIPE_HEADER_SIZE;
     let len = meta.len().max(start);
-    let df = DataFile {
-        path: name.to_path_buf(),
-        backing: Backing::File(file.try_clone().map_err(|e| Error::io(name, e))?),
-        range: Section {
+    let df = DataFile::new(
+        name.to_path_buf(),
+        Backing::File(file.try_clone().map_err(|e| Error::io(name, e))?),
+        Section {
             offset: start,
             size: len - start,
         },
-    };
+    );
     let mut cuts = Cuts::new(0, (start, 0));
     engine.scan(
         &df,

@@ -284,6 +284,7 @@ impl<'a> Resolver<'a> {
         w: Option<&mut unwind::Worker>,
     ) -> Result<()> {
         let e = self.e;
+        prefetch_after(r.bytes);
         let ai = if self.layouts.len() == 1 {
             0
         } else {
@@ -388,4 +389,32 @@ impl<'a> Resolver<'a> {
         }
         Ok(())
     }
+}
+
+/// Bytes after a record that [`prefetch_after`] asks the CPU for: the next sample's
+/// header, registers and the top of its stack.
+const PREFETCH_BYTES: usize = 1024;
+
+/// Starts loading the record after `rec` into the cache while this one is worked on.
+/// Samples of `--call-graph dwarf` are kilobytes apart, too far for the hardware
+/// prefetcher, and each began with cache misses on its header and its stack's top
+/// (5 % of the resolve's CPU on dwarf-med).
+fn prefetch_after(rec: &[u8]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // Only addresses are computed (wrapping, never dereferenced): a prefetch of
+        // an address past the window, or unmapped, does nothing.
+        let next = rec.as_ptr().wrapping_add(rec.len());
+        for off in (0..PREFETCH_BYTES).step_by(64) {
+            // SAFETY: a prefetch reads nothing the program sees and cannot fault.
+            unsafe {
+                std::arch::x86_64::_mm_prefetch(
+                    next.wrapping_add(off).cast::<i8>(),
+                    std::arch::x86_64::_MM_HINT_T0,
+                );
+            }
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = rec;
 }

@@ -515,6 +515,8 @@ pub struct Worker {
     shared: Arc<Shared>,
     /// A sample's frames (kept for its buffer).
     frames: Vec<Frame>,
+    /// [`ToImage`]'s buffer.
+    shifts: Vec<Option<Option<u64>>>,
     clock: CpuAnchor,
 }
 
@@ -606,6 +608,7 @@ impl Worker {
             images: Vec::new(),
             shared,
             frames: Vec::new(),
+            shifts: Vec::new(),
             clock: CpuAnchor::now(),
         }
     }
@@ -708,11 +711,34 @@ struct ToImage<'a> {
     /// The last mapping that answered, with the shift into its image (`None`: not
     /// moved).
     last: Option<(u64, u64, Option<u64>)>,
+    /// The shift of each mapping once worked out (by index in `maps`; the outer
+    /// `None`: not yet). A walk reads a handful of mappings over and over.
+    shifts: &'a mut Vec<Option<Option<u64>>>,
     /// DSOs met in executable mappings that the worker has no image of yet.
     unseen: Vec<DsoId>,
 }
 
-impl ToImage<'_> {
+impl<'a> ToImage<'a> {
+    /// Moves addresses of the process mapped as `maps` (sorted) with the images the
+    /// worker has; `shifts` is a buffer to reuse.
+    fn new(
+        maps: &'a [MapEntry],
+        images: &'a [Image],
+        stack: Range<u64>,
+        shifts: &'a mut Vec<Option<Option<u64>>>,
+    ) -> Self {
+        shifts.clear();
+        shifts.resize(maps.len(), None);
+        ToImage {
+            maps,
+            images,
+            stack,
+            last: None,
+            shifts,
+            unseen: Vec::new(),
+        }
+    }
+
     /// The instruction pointer `ip` in image addresses.
     fn ip(&mut self, ip: u64) -> u64 {
         self.moved(ip, ip)
@@ -740,14 +766,28 @@ impl ToImage<'_> {
         {
             return shift.map_or(addr, |s| addr.wrapping_add(s));
         }
-        let i = self.maps.partition_point(|m| m.start <= at);
-        let Some(m) = i.checked_sub(1).and_then(|j| self.maps.get(j)) else {
-            return addr;
-        };
-        if at >= m.end {
+        // Saved frame pointers into the stack beyond the copy are most of the words
+        // read that are not code: above every mapping.
+        if self.maps.last().is_none_or(|m| at >= m.end) {
             return addr;
         }
-        let shift = self.shift(m);
+        let i = self.maps.partition_point(|m| m.start <= at);
+        let Some(j) = i.checked_sub(1) else {
+            return addr;
+        };
+        let Some(m) = self.maps.get(j).filter(|m| at < m.end) else {
+            return addr;
+        };
+        let shift = match self.shifts.get(j) {
+            Some(Some(shift)) => *shift,
+            _ => {
+                let shift = self.shift(m);
+                if let Some(slot) = self.shifts.get_mut(j) {
+                    *slot = Some(shift);
+                }
+                shift
+            }
+        };
         self.last = Some((m.start, m.end, shift));
         shift.map_or(addr, |s| addr.wrapping_add(s))
     }
@@ -863,15 +903,10 @@ fn walk_sample(
         arch,
         images,
         clock,
+        shifts,
         ..
     } = w;
-    let mut to_image = ToImage {
-        maps,
-        images,
-        stack: 0..0,
-        last: None,
-        unseen: Vec::new(),
-    };
+    let mut to_image = ToImage::new(maps, images, 0..0, shifts);
     let mut on_address = |a: u64| {
         on_frame(match image_dso(a) {
             Some(d) => Frame::Dso(d),
@@ -1030,13 +1065,8 @@ mod tests {
             exec_map(0x8000, 0x9000, 3),
         ];
         let images = [Image::None, known.clone(), known, Image::Unseen];
-        let mut t = ToImage {
-            maps: &maps,
-            images: &images,
-            stack: 0x7000..0x7100,
-            last: None,
-            unseen: Vec::new(),
-        };
+        let mut shifts = Vec::new();
+        let mut t = ToImage::new(&maps, &images, 0x7000..0x7100, &mut shifts);
         let image = |d, svma| image_addr(d, svma).unwrap();
         assert_eq!(t.ip(0x1010), image(1, 0x10));
         assert_eq!(image_dso(t.ip(0x2fff)), Some(1));
