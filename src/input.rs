@@ -499,3 +499,58 @@ impl PerfInput {
         self.data_files.iter().map(|d| d.range.size).sum()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::walk::Windows;
+
+    /// A window kept by the scan lends the resolve what lies inside it, byte for byte,
+    /// and nothing once released; a range reaching past it is mapped anew.
+    #[test]
+    fn kept_window_lends_its_ranges() {
+        let page = page_size() as usize;
+        let bytes: Vec<u8> = (0..4 * page).map(|i| (i % 251) as u8).collect();
+        let mut tmp = tempfile::NamedTempFile::new().unwrap();
+        std::io::Write::write_all(&mut tmp, &bytes).unwrap();
+        let f = File::open(tmp.path()).unwrap();
+        let (start, len) = (100u64, 2 * page as u64);
+        let df = DataFile::new(
+            tmp.path().to_path_buf(),
+            Backing::File(f),
+            Section {
+                offset: start,
+                size: bytes.len() as u64 - start,
+            },
+        );
+        let scan = Spread {
+            file: &df,
+            pool: None,
+            keep: true,
+        };
+        let w = scan.window(start, len).unwrap();
+        assert_eq!(&w[..], &bytes[100..100 + 2 * page]);
+        let Window::Map(kept, ..) = &w else {
+            panic!("a file window is a map")
+        };
+        // Inside: the same map, the right bytes.
+        let inner = df.window(start + 10, 300).unwrap();
+        match &inner {
+            Window::Map(m, ..) => assert!(Arc::ptr_eq(m, kept)),
+            Window::Mem(..) => panic!("a file window is a map"),
+        }
+        assert_eq!(&inner[..], &bytes[110..410]);
+        // Past its end: a map of its own.
+        let past = df.window(start + len - 8, 16).unwrap();
+        match &past {
+            Window::Map(m, ..) => assert!(!Arc::ptr_eq(m, kept)),
+            Window::Mem(..) => panic!("a file window is a map"),
+        }
+        assert_eq!(&past[..], &bytes[100 + 2 * page - 8..100 + 2 * page + 8]);
+        df.release();
+        match df.window(start + 10, 300).unwrap() {
+            Window::Map(m, ..) => assert!(!Arc::ptr_eq(&m, kept)),
+            Window::Mem(..) => panic!("a file window is a map"),
+        }
+    }
+}

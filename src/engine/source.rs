@@ -23,12 +23,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Window of a data file mapped at once by the scan.
 pub const WINDOW_BYTES: u64 = 64 << 20;
-/// A data section up to this size is scanned in one window, kept mapped for the
-/// resolve (`Spread::keep`): filling the page tables of a 146 MB file twice was a
-/// tenth of an in-place run. The map is resident memory, so larger files are mapped
-/// a window at a time by each stage, and resolved beside the scan from
-/// [`crate::options::DEFAULT_RESOLVE_AHEAD`] on.
-pub const KEEP_BYTES: u64 = 160 << 20;
+/// A data section up to this size (less what the sink maps beside the stages, see
+/// [`Sink::mapped_beside`]) is scanned in one window, kept mapped for the resolve
+/// (`Spread::keep`): filling the page tables of dwarf-med's 127 MB twice took a
+/// quarter of an in-place run. The map is resident memory, so larger files are
+/// mapped a window at a time by each stage, and resolved beside the scan from
+/// [`crate::options::DEFAULT_RESOLVE_AHEAD`] on; with the model and the unwind
+/// tables the peak stays under 256 MB.
+pub const KEEP_BYTES: u64 = 192 << 20;
 /// Bytes of new records that make a stream batch.
 pub const BATCH_BYTES: usize = 64 << 20;
 /// Bytes read from a stream at a time.
@@ -55,7 +57,8 @@ pub fn run_file(cx: Context<'_>, input: &PerfInput, sink: &mut dyn Sink) -> Resu
     sink.begin(&Begin::File(input), &stop)?;
     let r = (|| {
         let total = input.data_bytes();
-        let chunks = scan_file(cx, input, &mut engine, &stop, total)?;
+        let keep = KEEP_BYTES.saturating_sub(sink.mapped_beside());
+        let chunks = scan_file(cx, input, &mut engine, &stop, total, keep)?;
         let counter = Counter::new(opts, "resolve", total);
         let new = engine.resolve(&input.data_files, &chunks, true, &stop, &|n| counter.add(n));
         input.data_files.iter().for_each(DataFile::release);
@@ -94,6 +97,7 @@ fn scan_file(
     engine: &mut Engine<'_>,
     stop: &Arc<AtomicBool>,
     total: u64,
+    keep_max: u64,
 ) -> Result<Vec<Chunk>> {
     let opts = cx.opts;
     let ahead_every = match (opts.resolve_ahead, input.data_files.len()) {
@@ -116,7 +120,7 @@ fn scan_file(
             // behind a batch resolved ahead, the scan would wait for it (a file shorter
             // than the distance between batches has none).
             let size = end - start;
-            let keep = files.len() == 1 && size <= KEEP_BYTES;
+            let keep = files.len() == 1 && size <= keep_max;
             let spread = crate::input::Spread {
                 file: df,
                 pool: ahead_every.is_none_or(|n| size <= n).then_some(cx.pool),

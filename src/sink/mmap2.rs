@@ -503,6 +503,14 @@ impl Sink for Mmap2Sink<'_> {
         }
     }
 
+    fn mapped_beside(&self) -> u64 {
+        match &self.inner {
+            Inner::Table(t) => t.mapped_beside(),
+            Inner::Stream(s) => s.mapped_beside(),
+            Inner::File { .. } => 0,
+        }
+    }
+
     fn batch(&mut self, batch: &Batch<'_>, engine: &Engine<'_>) -> Result<()> {
         match batch {
             Batch::File { input, new } => match &mut self.inner {

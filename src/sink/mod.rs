@@ -86,6 +86,12 @@ pub trait Sink {
     fn batch(&mut self, batch: &Batch<'_>, engine: &Engine<'_>) -> Result<()>;
     /// After the last batch.
     fn finish(&mut self, engine: &Engine<'_>) -> Result<SinkReport>;
+    /// Bytes of the input that work beside the stages keeps mapped at a time (the
+    /// copy's window): the scan keeps less for the resolve, so the two stay within
+    /// one bound of resident memory (`engine::source::KEEP_BYTES`).
+    fn mapped_beside(&self) -> u64 {
+        0
+    }
     /// The run failed: stop what runs beside the stages. Returns that work's own
     /// error when it failed first (it explains why the stages stopped).
     fn abort(&mut self) -> Option<Error> {

@@ -213,6 +213,13 @@ pub(crate) fn table_plan_where(
 }
 
 impl Sink for TableSink {
+    fn mapped_beside(&self) -> u64 {
+        match self.state {
+            State::Copy { .. } => crate::write::COPY_STEP,
+            _ => 0,
+        }
+    }
+
     fn begin(&mut self, begin: &Begin<'_>, stop: &Arc<AtomicBool>) -> Result<()> {
         match begin {
             Begin::File(input) => {

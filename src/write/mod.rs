@@ -181,7 +181,8 @@ impl Drop for TempOutput {
     }
 }
 
-const COPY_STEP: u64 = 64 << 20;
+/// Bytes of the input the copy beside the stages maps at a time.
+pub(crate) const COPY_STEP: u64 = 64 << 20;
 
 /// Copies below this size go through the page cache; above it, direct I/O first.
 const DIRECT_MIN: u64 = 32 << 20;
