@@ -10,6 +10,7 @@
 
 use crate::format::record::{FileIdent, MAP_HUGETLB, Mmap, PROT_EXEC, misc};
 use crate::limits::Exceeded;
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 
 /// Ordering key of records: sample/record time first (0 when the recording has no
@@ -204,6 +205,9 @@ struct Proc {
 pub struct ModelBuilder {
     dsos: Vec<Dso>,
     index: HashMap<(DsoKind, String, FileIdent), DsoId>,
+    /// The DSO the last mapping named: a library's segments come one after another,
+    /// so most lookups are answered without hashing or copying the name.
+    last: Option<DsoId>,
     events: Vec<(u32, Event)>,
     /// `(symbol, address)` of the kernel reference map (`[kernel.kallsyms]_text`).
     pub kernel_ref: Option<(String, u64)>,
@@ -217,6 +221,7 @@ impl Default for ModelBuilder {
         ModelBuilder {
             dsos: Vec::new(),
             index: HashMap::new(),
+            last: None,
             events: Vec::new(),
             kernel_ref: None,
             used: 0,
@@ -227,22 +232,22 @@ impl Default for ModelBuilder {
 
 /// Classifies a mapping's file name the way perf does (map.h): `None` for anonymous
 /// memory, heap, stack, SysV shm, hugetlb and other special names that have no DSO.
-pub fn classify(name: &[u8], cpumode: u16, flags: u32) -> Option<(DsoKind, String)> {
+pub fn classify(name: &[u8], cpumode: u16, flags: u32) -> Option<(DsoKind, Cow<'_, str>)> {
     let s = String::from_utf8_lossy(name);
     if cpumode == misc::KERNEL {
         if s.starts_with("[kernel.kallsyms]") {
-            return Some((DsoKind::Kernel, "[kernel.kallsyms]".to_string()));
+            return Some((DsoKind::Kernel, Cow::Borrowed("[kernel.kallsyms]")));
         }
         if s.starts_with("[guest.kernel") || s.is_empty() {
             return None;
         }
-        return Some((DsoKind::Module, s.into_owned()));
+        return Some((DsoKind::Module, s));
     }
     if flags & MAP_HUGETLB != 0 {
         return None;
     }
     match &*s {
-        "[vdso]" | "[vdso32]" | "[vdsox32]" => return Some((DsoKind::Vdso, s.into_owned())),
+        "[vdso]" | "[vdso32]" | "[vdsox32]" => return Some((DsoKind::Vdso, s)),
         _ => {}
     }
     let special = [
@@ -256,7 +261,7 @@ pub fn classify(name: &[u8], cpumode: u16, flags: u32) -> Option<(DsoKind, Strin
     if !s.starts_with('/') || special.iter().any(|p| s.starts_with(p)) {
         return None;
     }
-    Some((DsoKind::User, s.into_owned()))
+    Some((DsoKind::User, s))
 }
 
 impl ModelBuilder {
@@ -351,9 +356,22 @@ impl ModelBuilder {
         Ok(dso)
     }
 
-    fn intern(&mut self, kind: DsoKind, name: String, ident: FileIdent) -> Result<DsoId, Exceeded> {
-        let k = (kind, name, ident);
+    fn intern(
+        &mut self,
+        kind: DsoKind,
+        name: Cow<'_, str>,
+        ident: FileIdent,
+    ) -> Result<DsoId, Exceeded> {
+        if let Some(id) = self.last
+            && let Some(d) = self.dsos.get(id as usize)
+            && (d.kind, d.ident) == (kind, ident)
+            && d.name == name
+        {
+            return Ok(id);
+        }
+        let k = (kind, name.into_owned(), ident);
         if let Some(&id) = self.index.get(&k) {
+            self.last = Some(id);
             return Ok(id);
         }
         // The name is held twice (the DSO and the index).
@@ -366,6 +384,7 @@ impl ModelBuilder {
             exec_pgoffs: Vec::new(),
         });
         self.index.insert(k, id);
+        self.last = Some(id);
         Ok(id)
     }
 
