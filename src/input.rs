@@ -110,9 +110,9 @@ impl DataFile {
     }
 
     /// [`DataFile::window`]; with a `pool`, the pages are mapped by every thread of it
-    /// at once. For the scan, which reads little of each page,
-    /// mapping them is most of the work (the kernel's, one page table entry at a
-    /// time); one thread would leave the other cores idle while it does that.
+    /// at once. For the scan, which reads little of each page, mapping them is most
+    /// of the work (the kernel's, one page table entry at a time); one thread would
+    /// leave the other cores idle while it does that.
     fn window_with(
         &self,
         offset: u64,
@@ -234,11 +234,13 @@ impl crate::format::walk::Windows for Spread<'_> {
     type Window = Window;
     fn window(&self, offset: u64, len: u64) -> Result<Window> {
         let w = self.file.window_with(offset, len, self.pool)?;
-        if let (true, Window::Map(map, skip, _)) = (self.keep, &w)
+        // `offset` is byte `a` of the map (page alignment, or where a lent window
+        // starts in the kept map).
+        if let (true, Window::Map(map, a, _)) = (self.keep, &w)
             && let Ok(mut k) = self.file.kept.lock()
         {
             *k = Some(Kept {
-                at: offset - *skip as u64,
+                at: offset - *a as u64,
                 map: map.clone(),
             });
         }
