@@ -91,6 +91,9 @@ struct AheadDone {
 /// would be. Once the scan has ended, [`Engine::ahead_holds`] checks the rule held
 /// and the settings were the whole recording's; if not, everything is resolved again
 /// at the end, so the result never depends on it.
+///
+/// A single data file of at most `keep_max` bytes is scanned as one window that stays
+/// mapped for the resolve (see [`KEEP_BYTES`]); the caller releases it.
 fn scan_file(
     cx: Context<'_>,
     input: &PerfInput,
