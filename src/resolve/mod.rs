@@ -4,6 +4,7 @@
 //! output never depends on the number of threads.
 
 pub mod callchain;
+mod cfi;
 pub mod unwind;
 
 use crate::format::Endian;

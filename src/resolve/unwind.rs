@@ -15,6 +15,7 @@
 //! Section data is read into memory (not mapped), so a file changing under us cannot
 //! fault the process.
 
+use super::cfi::{self, EhFrameRules};
 use crate::buildid::RecordingStart;
 use crate::buildid::elf::prove_and_read;
 use crate::format::Endian;
@@ -91,6 +92,9 @@ pub struct DsoUnwind {
     /// `(p_offset, p_vaddr)` of each PT_LOAD segment.
     segments: Vec<(u64, u64)>,
     info: ExplicitModuleSectionInfo<Bytes>,
+    /// x86_64 rules from `.eh_frame`, made when an x86_64 worker first meets the DSO
+    /// and shared by all (see [`cfi`]).
+    rules: OnceLock<Option<Arc<EhFrameRules>>>,
     /// The file's times when it was proven (see [`UnwindTables::still_proven`]).
     proven: ProvenAt,
 }
@@ -314,6 +318,7 @@ fn load_sections(file: &std::fs::File, proven: ProvenAt) -> Option<DsoUnwind> {
     Some(DsoUnwind {
         segments,
         info,
+        rules: OnceLock::new(),
         proven,
     })
 }
@@ -432,6 +437,10 @@ struct ImageUnwinders<U: Unwinder> {
     /// of [`CACHES`] caches by its bits above the slot, which makes one direct-mapped
     /// cache of `CACHES * 509` entries.
     caches: Box<[U::Cache]>,
+    /// By DSO: the rules [`cfi`] works out for its image (x86_64 only; `None`: framehop
+    /// does all), and what they said of the addresses met, direct-mapped.
+    rules: Vec<Option<Arc<EhFrameRules>>>,
+    found: Box<[(u64, cfi::Found)]>,
 }
 
 /// Rule caches per worker (see [`ImageUnwinders`]); about 8 KB each.
@@ -446,37 +455,108 @@ impl<U: Unwinder<Module = Module<Bytes>>> ImageUnwinders<U> {
             images: Vec::new(),
             outside: new(),
             caches: (0..CACHES).map(|_| cache()).collect(),
+            rules: Vec::new(),
+            // Address 0 is in no image: an empty slot.
+            found: vec![(0, cfi::Found::Framehop); (CACHES * CACHE_ENTRIES) as usize].into(),
         }
     }
 
-    /// Adds the image of DSO `d` at its slot.
-    fn add(&mut self, d: DsoId, module: Module<Bytes>) {
+    /// Adds the image of DSO `d` at its slot, with the rules of its CFI when this
+    /// architecture has them.
+    fn add(&mut self, d: DsoId, module: Module<Bytes>, rules: Option<Arc<EhFrameRules>>) {
         let i = d as usize;
         if self.images.len() <= i {
             self.images.resize_with(i + 1, || None);
+            self.rules.resize_with(i + 1, || None);
         }
         let mut u = (self.new)();
         u.add_module(module);
         self.images[i] = Some(u);
+        self.rules[i] = rules;
     }
 
     /// Unwinds one frame with the unwinder of its image and the cache that holds the
     /// rule for its address.
+    /// Returns the caller's return address; `None` at the end of the stack or where
+    /// the walk cannot go on.
     fn step<F>(
         &mut self,
         frame: FrameAddress,
         regs: &mut U::UnwindRegs,
         read_stack: &mut F,
-    ) -> Result<Option<u64>, framehop::Error>
+    ) -> Option<u64>
     where
         F: FnMut(u64) -> Result<u64, ()>,
+        U::UnwindRegs: OwnRules,
     {
         let at = frame.address_for_lookup();
-        let u = image_dso(at)
+        let d = image_dso(at);
+        if let Some(d) = d
+            && let Some(Some(rules)) = self.rules.get(d as usize)
+        {
+            let slot = (at % self.found.len() as u64) as usize;
+            let found = match self.found.get(slot) {
+                Some(&(a, f)) if a == at => f,
+                _ => {
+                    let f =
+                        image_addr(d, 0).map_or(cfi::Found::Framehop, |base| rules.find(at - base));
+                    if let Some(e) = self.found.get_mut(slot) {
+                        *e = (at, f);
+                    }
+                    f
+                }
+            };
+            if let cfi::Found::Rule(rule) = found
+                && let Some(r) =
+                    U::UnwindRegs::exec(rule, !frame.is_return_address(), regs, read_stack)
+            {
+                return r.ok().flatten();
+            }
+        }
+        let u = d
             .and_then(|d| self.images.get(d as usize)?.as_ref())
             .unwrap_or(&self.outside);
         let i = (at / CACHE_ENTRIES % CACHES) as usize;
         u.unwind_frame(frame, regs, &mut self.caches[i], read_stack)
+            .ok()
+            .flatten()
+    }
+}
+
+/// Registers of an architecture whose rules [`cfi`] works out and executes (x86_64);
+/// framehop does all the work for the others.
+trait OwnRules: Sized {
+    /// [`cfi::exec`], or `None` for an architecture without rules of its own.
+    fn exec<F>(
+        rule: cfi::Rule,
+        first: bool,
+        regs: &mut Self,
+        read_stack: &mut F,
+    ) -> Option<Result<Option<u64>, ()>>
+    where
+        F: FnMut(u64) -> Result<u64, ()>;
+}
+
+impl OwnRules for UnwindRegsX86_64 {
+    fn exec<F>(
+        rule: cfi::Rule,
+        first: bool,
+        regs: &mut Self,
+        read_stack: &mut F,
+    ) -> Option<Result<Option<u64>, ()>>
+    where
+        F: FnMut(u64) -> Result<u64, ()>,
+    {
+        Some(cfi::exec(rule, first, regs, read_stack))
+    }
+}
+
+impl OwnRules for UnwindRegsAarch64 {
+    fn exec<F>(_: cfi::Rule, _: bool, _: &mut Self, _: &mut F) -> Option<Result<Option<u64>, ()>>
+    where
+        F: FnMut(u64) -> Result<u64, ()>,
+    {
+        None
     }
 }
 
@@ -678,8 +758,14 @@ impl Worker {
         let name = dso.name.clone();
         let module = Module::new(name, slot, base, t.info.clone());
         match &mut self.arch {
-            ArchState::X86(a) => a.add(d, module),
-            ArchState::Arm(a) => a.add(d, module),
+            ArchState::X86(a) => {
+                let rules = t
+                    .rules
+                    .get_or_init(|| EhFrameRules::new(&t.info).map(Arc::new))
+                    .clone();
+                a.add(d, module, rules)
+            }
+            ArchState::Arm(a) => a.add(d, module, None),
         }
         self.images[i] = Image::Known(t.clone());
     }
@@ -976,7 +1062,10 @@ fn walk<U: Unwinder<Module = Module<Bytes>>>(
     clock: &CpuAnchor,
     to_image: &mut ToImage<'_>,
     on_return: &mut dyn FnMut(u64),
-) -> Outcome {
+) -> Outcome
+where
+    U::UnwindRegs: OwnRules,
+{
     let (stack, e) = (s.stack, s.e);
     // Every word read may be a return address: moved to its image like the IP.
     let mut read_stack = |addr: u64| -> Result<u64, ()> {
@@ -1013,10 +1102,8 @@ fn walk<U: Unwinder<Module = Module<Bytes>>>(
             out.over_budget = true;
             break;
         }
-        let next = a.step(frame, &mut regs, &mut read_stack);
-        match next
-            .ok()
-            .flatten()
+        match a
+            .step(frame, &mut regs, &mut read_stack)
             .and_then(FrameAddress::from_return_address)
         {
             Some(ra) => frame = ra,
@@ -1040,6 +1127,107 @@ fn thread_cpu_time() -> Duration {
 mod tests {
     use super::*;
 
+    /// The rules [`cfi`] works out and executes unwind every address of real
+    /// libraries as framehop does on its own: the same return address (or end) and
+    /// the same registers after, for the first frame and for return addresses, on
+    /// stacks of varied words. framehop is the oracle.
+    #[test]
+    fn own_rules_unwind_as_framehop_does() {
+        let files = [
+            "/lib/x86_64-linux-gnu/libc.so.6",
+            "/lib/x86_64-linux-gnu/libm.so.6",
+            "/proc/self/exe",
+        ];
+        let (mut checked, mut own) = (0u64, 0u64);
+        for path in files {
+            let Ok(f) = std::fs::File::open(path) else {
+                continue;
+            };
+            let Some(t) = load_sections(&f, ProvenAt::default()) else {
+                continue;
+            };
+            let Some(rules) = EhFrameRules::new(&t.info) else {
+                continue;
+            };
+            let text = t.info.text_svma.clone().expect("a library has .text");
+            let base = 0x10_0000_0000u64;
+            let module = Module::new(
+                path.to_string(),
+                base..base + IMAGE_SLOT,
+                base,
+                t.info.clone(),
+            );
+            let mut u: UnwinderX86_64<Bytes> = UnwinderX86_64::new();
+            u.add_module(module);
+            let mut cache = CacheX86_64::new();
+            let sp = 0x7ff0_0000_1000u64;
+            // Stack words: return-address-like, frame-pointer-like and zero.
+            let word = |a: u64| -> u64 {
+                match (a / 8) % 5 {
+                    0 => base + text.start + (a % 4093),
+                    1 => a + 0x40,
+                    2 => 0,
+                    3 => a.wrapping_sub(0x30),
+                    _ => base + text.start + (a % 97),
+                }
+            };
+            let read = |a: u64| -> Result<u64, ()> {
+                if (sp..sp + 2048).contains(&a) && a.is_multiple_of(8) {
+                    Ok(word(a))
+                } else {
+                    Err(())
+                }
+            };
+            let step = ((text.end - text.start) / 20_000).max(1) | 1;
+            for svma in (text.start..text.end).step_by(step as usize) {
+                for (first, bp) in [
+                    (true, sp + 0x40),
+                    (false, sp + 0x40),
+                    (false, sp - 8),
+                    (true, 0),
+                ] {
+                    let frame = if first {
+                        FrameAddress::from_instruction_pointer(base + svma)
+                    } else {
+                        FrameAddress::from_return_address(base + svma + 1).expect("nonzero")
+                    };
+                    let mut theirs = UnwindRegsX86_64::new(base + svma, sp, bp);
+                    let expected = u
+                        .unwind_frame(frame, &mut theirs, &mut cache, &mut read.clone())
+                        .ok()
+                        .flatten();
+                    let mut ours = UnwindRegsX86_64::new(base + svma, sp, bp);
+                    let got = match rules.find(frame.address_for_lookup() - base) {
+                        cfi::Found::Rule(r) => {
+                            own += 1;
+                            cfi::exec(r, first, &mut ours, &mut read.clone())
+                                .ok()
+                                .flatten()
+                        }
+                        cfi::Found::Framehop => u
+                            .unwind_frame(frame, &mut ours, &mut cache, &mut read.clone())
+                            .ok()
+                            .flatten(),
+                    };
+                    assert_eq!(got, expected, "{path} {svma:#x} first={first} bp={bp:#x}");
+                    if expected.is_some() {
+                        assert_eq!(
+                            (ours.ip(), ours.sp(), ours.bp()),
+                            (theirs.ip(), theirs.sp(), theirs.bp()),
+                            "{path} {svma:#x} first={first} bp={bp:#x}"
+                        );
+                    }
+                    checked += 1;
+                }
+            }
+        }
+        assert!(checked > 10_000, "only {checked} frames compared");
+        assert!(
+            own * 10 > checked * 9,
+            "only {own} of {checked} by the own rules"
+        );
+    }
+
     fn exec_map(start: u64, end: u64, dso: DsoId) -> MapEntry {
         MapEntry {
             start,
@@ -1055,6 +1243,7 @@ mod tests {
         let known = Image::Known(Arc::new(DsoUnwind {
             segments: vec![(0, 0)],
             info: ExplicitModuleSectionInfo::default(),
+            rules: OnceLock::new(),
             proven: ProvenAt::default(),
         }));
         // DSO 1 mapped at 0x1000..0x3000 (file offset 0 at address 0x1000), DSO 2
@@ -1097,6 +1286,7 @@ mod tests {
         let t = |mtime, ctime, nlink| DsoUnwind {
             segments: vec![(0, 0), (0x1000, 0x1000)],
             info: ExplicitModuleSectionInfo::default(),
+            rules: OnceLock::new(),
             proven: ProvenAt {
                 mtime,
                 ctime,
