@@ -1,8 +1,10 @@
 #!/bin/bash
 # Times `pdinject --buildids FILE OUT` against `perf inject -b -i FILE -o OUT` (the
 # system perf, and perf 6.12 from /tmp/p612 when present) on each FILE: best of 3
-# wall-clock runs each, output on a tmpfs, then the number of BUILD_ID entries each
-# output holds (entries of `perf buildid-list -i OUT` with an ID, read with perf 6.12 if present).
+# wall-clock runs each, taken in 3 rounds that run every tool once (so that a slow
+# spell of the machine does not fall on one tool's runs only), output on a tmpfs, then
+# the number of BUILD_ID entries each output holds (entries of `perf buildid-list -i
+# OUT` with an ID, read with perf 6.12 if present, from the last round's output).
 # Two more rows put the figures in proportion:
 #   cp           `cp FILE OUT`: copying the bytes to the same place, the floor of any
 #                tool that writes a new file (pdinject must write the data section too);
@@ -158,29 +160,22 @@ peak_rss() {
     tail -n 1 "$out_dir/$1.rss" 2>/dev/null || echo "?"
 }
 
-# best TOOL IN OUT: the best wall time of $runs runs in seconds, or "fail"; with RSS=1
-# followed by a space and the peak RSS (KB) of that best run.
-best() {
-    local tool=$1 in=$2 out=$3 best= best_rss=- t i
-    for ((i = 0; i < runs; i++)); do
-        local s e
-        case $tool in pdi-inplace | pdi-mmap2-ip) reset_copy ;; esac
-        s=$(date +%s.%N)
-        if ! run "$tool" "$in" "$out"; then
-            echo fail
-            return
-        fi
-        e=$(date +%s.%N)
-        t=$(awk -v s="$s" -v e="$e" 'BEGIN { printf "%.6f", e - s }')
-        if [ -z "$best" ] || awk -v t="$t" -v b="$best" 'BEGIN { exit !(t < b) }'; then
-            best=$t
-            [ "$rss" = 1 ] && best_rss=$(peak_rss "$tool")
-        fi
-    done
+# once TOOL IN OUT: one timed run's wall time in seconds, or "fail"; with RSS=1
+# followed by a space and its peak RSS (KB). The in-place tools get their copy reset
+# first (untimed).
+once() {
+    local tool=$1 in=$2 out=$3 s e
+    case $tool in pdi-inplace | pdi-mmap2-ip) reset_copy ;; esac
+    s=$(date +%s.%N)
+    if ! run "$tool" "$in" "$out"; then
+        echo fail
+        return
+    fi
+    e=$(date +%s.%N)
     if [ "$rss" = 1 ]; then
-        awk -v b="$best" -v r="$best_rss" 'BEGIN { printf "%.3f %s\n", b, r }'
+        awk -v s="$s" -v e="$e" -v r="$(peak_rss "$tool")" 'BEGIN { printf "%.6f %s\n", e - s, r }'
     else
-        awk -v b="$best" 'BEGIN { printf "%.3f\n", b }'
+        awk -v s="$s" -v e="$e" 'BEGIN { printf "%.6f\n", e - s }'
     fi
 }
 
@@ -218,30 +213,49 @@ for f in "${files[@]}"; do
     name=$(basename "$f")
     size=$(du -h --apparent-size "$f" | cut -f1)
     pdi_t=
-    declare -A took=()
+    declare -A took=() mem=() ids=()
     [ "$inplace" = 1 ] && make_copy "$f"
+    # Rounds, each running every tool once: the VM's speed drifts within a minute, and
+    # a tool whose runs all fell in one slow spell would be judged by it alone.
+    for ((i = 0; i < runs; i++)); do
+        for t in "${tools[@]}"; do
+            [ "${took[$t]:-}" = fail ] && continue
+            out="$out_dir/$name.$t.out"
+            read -r secs m < <(once "$t" "$f" "$out")
+            if [ "$secs" = fail ]; then
+                took[$t]=fail
+                rm -rf "$out"
+                continue
+            fi
+            if [ -z "${took[$t]:-}" ] || awk -v t="$secs" -v b="${took[$t]}" 'BEGIN { exit !(t < b) }'; then
+                took[$t]=$secs
+                mem[$t]=${m:--}
+            fi
+            if ((i == runs - 1)); then
+                case $t in
+                pdi-inplace | pdi-mmap2-ip) ids[$t]=$(count_ids "$copy") ;;
+                *) ids[$t]=$(count_ids "$out") ;;
+                esac
+                [ "$t" = pdi-mmap2-ip ] && mmap2_size=$(stat -c %s "$copy")
+            fi
+            rm -rf "$out"
+        done
+    done
     for t in "${tools[@]}"; do
-        out="$out_dir/$name.$t.out"
-        read -r secs mem < <(best "$t" "$f" "$out")
-        mem=${mem:--}
-        ids=$(count_ids "$out")
+        secs=${took[$t]:-fail}
+        [ "$secs" != fail ] && secs=$(awk -v b="$secs" 'BEGIN { printf "%.3f", b }') && took[$t]=$secs
         ratio=-
         if [ "$t" = pdinject ]; then
             pdi_t=$secs
         elif [ "$secs" != fail ] && [ -n "$pdi_t" ] && [ "$pdi_t" != fail ]; then
             ratio=$(awk -v a="$secs" -v b="$pdi_t" 'BEGIN { if (b > 0) printf "%.1fx", a / b; else print "inf" }')
         fi
-        case $t in pdi-inplace | pdi-mmap2-ip) ids=$(count_ids "$copy") ;; esac
-        row "$name" "$size" "$t" "$secs" "$ratio" "$ids" "$mem"
-        took[$t]=$secs
+        row "$name" "$size" "$t" "$secs" "$ratio" "${ids[$t]:--}" "${mem[$t]:--}"
         if [ "$secs" = fail ]; then
             sed 's/^/    /' "$out_dir/$t.err" | tail -3
         fi
-        if [ "$t" = pdi-mmap2-ip ]; then
-            echo "$name: --mmap2-buildid-all --in-place: $copy_len -> $(stat -c %s "$copy") bytes"
-        fi
-        rm -rf "$out"
     done
+    [ "$inplace" = 1 ] && echo "$name: --mmap2-buildid-all --in-place: $copy_len -> ${mmap2_size:-?} bytes"
     if [ "$inplace" = 1 ]; then
         ip=${took[pdi-inplace]}
         for t in perf-script perf perf612; do
@@ -250,5 +264,5 @@ for f in "${files[@]}"; do
         done
         drop_copy
     fi
-    unset took
+    unset took mem ids
 done

@@ -528,10 +528,9 @@ fn probes(dir: &Path, file: Option<&File>) -> Result<(), String> {
         return Ok(());
     }
     if let Some(f) = file {
-        use object::Object;
         let rc = super::elf::reader(f);
-        if let Ok(obj) = object::File::parse(&rc)
-            && obj.section_by_name(".note.stapsdt").is_some()
+        if let Ok(elf) = super::elf::Elf::parse(&rc)
+            && elf.section(b".note.stapsdt").is_some()
         {
             return Ok(());
         }

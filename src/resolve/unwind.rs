@@ -23,7 +23,6 @@ use crate::model::{Dso, DsoId, DsoKind, Key, MapEntry, Model, lay_over};
 use framehop::aarch64::{CacheAarch64, UnwindRegsAarch64, UnwinderAarch64};
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
 use framehop::{ExplicitModuleSectionInfo, FrameAddress, Module, Unwinder};
-use object::{Object, ObjectSection, ObjectSegment};
 use std::collections::HashMap;
 use std::ops::{Deref, Range};
 use std::os::unix::fs::MetadataExt;
@@ -252,29 +251,24 @@ impl UnwindTables {
 
 fn load_sections(file: &std::fs::File, proven: ProvenAt) -> Option<DsoUnwind> {
     let cache = crate::buildid::elf::reader(file);
-    let obj = object::File::parse(&cache).ok()?;
-    let segments = obj
-        .segments()
-        .map(|s| (s.file_range().0, s.address()))
-        .collect();
+    let elf = crate::buildid::elf::Elf::parse(&cache).ok()?;
+    let segments = elf.load_segments();
     let section = |name: &str, max: u64| -> Option<(Range<u64>, Bytes)> {
-        let s = obj.section_by_name(name)?;
-        if s.size() > max {
+        let s = elf.section(name.as_bytes())?;
+        // Compressed CFI is not read (object, without its compression feature, did
+        // not either).
+        if s.size > max || s.compressed {
             return None;
         }
-        // Plain sections (nearly all) are read straight into their buffer: through
-        // the ReadCache they were zeroed, read, then copied again.
-        let data = match s.compressed_file_range().ok()? {
-            r if r.format == object::CompressionFormat::None => crate::buildid::elf::pread_new(
-                file,
-                r.offset,
-                usize::try_from(r.uncompressed_size).ok()?,
-            )?,
-            _ => s.uncompressed_data().ok()?.into_owned(),
+        // Read straight into their buffer: through the ReadCache they were zeroed,
+        // read, then copied again. A section without bytes in the file is empty.
+        let data = match s.offset {
+            Some(at) => crate::buildid::elf::pread_new(file, at, usize::try_from(s.size).ok()?)?,
+            None => Vec::new(),
         };
         let n = data.len();
         Some((
-            s.address()..s.address() + s.size(),
+            s.address..s.address.checked_add(s.size)?,
             Bytes(Arc::new(data), 0..n),
         ))
     };
@@ -294,7 +288,7 @@ fn load_sections(file: &std::fs::File, proven: ProvenAt) -> Option<DsoUnwind> {
         // framehop reads one CFI section: .eh_frame when present. A library built
         // without unwind tables but with -g has its CFI in .debug_frame, and its
         // .eh_frame only covers the few functions of the crt objects linked in.
-        let le = obj.is_little_endian();
+        let le = elf.is_little_endian();
         let eh_fdes = info
             .eh_frame
             .as_deref()
@@ -309,11 +303,11 @@ fn load_sections(file: &std::fs::File, proven: ProvenAt) -> Option<DsoUnwind> {
     }
     // .text is left out: framehop reads instructions only for mach-O compact unwind,
     // and reading cc1's 25 MB of code would cost more than all its samples.
-    if let Some(s) = obj.section_by_name(".text") {
-        info.text_svma = Some(s.address()..s.address() + s.size());
+    if let Some(s) = elf.section(b".text") {
+        info.text_svma = Some(s.address..s.address.wrapping_add(s.size));
     }
-    if let Some(s) = obj.section_by_name(".got") {
-        info.got_svma = Some(s.address()..s.address() + s.size());
+    if let Some(s) = elf.section(b".got") {
+        info.got_svma = Some(s.address..s.address.wrapping_add(s.size));
     }
     Some(DsoUnwind {
         segments,
