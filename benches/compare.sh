@@ -17,9 +17,9 @@
 # and a column `rss-KB` gives the peak RSS of each tool's best run (adds about a
 # millisecond of fork/exec to every run, the same for every tool).
 #
-# With INPLACE=1, two rows time the in-place modes on a copy of FILE made beside it
-# (same filesystem; WORK=DIR puts it elsewhere), reset to FILE's bytes and mtime
-# before each run, untimed:
+# With INPLACE=1, two rows time the in-place modes, each on its own copy of FILE made
+# beside it (same filesystem; WORK=DIR puts them elsewhere), reset to FILE's bytes and
+# mtime before each run, untimed (see make_copy):
 #   pdi-inplace  `pdinject --buildids --in-place COPY`;
 #   pdi-mmap2-ip `pdinject --mmap2-buildid-all --in-place COPY`, whose size change is
 #                printed after the table.
@@ -77,10 +77,13 @@ perf61=$(command -v perf || true)
 p612=/tmp/p612/usr/bin/perf
 p612_lib=/tmp/p612/usr/lib/x86_64-linux-gnu
 [ -x "$p612" ] && tools+=(perf612)
-[ -n "$perf61" ] && [ "${SCRIPT:-0}" = 1 ] && tools+=(perf-script)
 tools+=(cp)
 inplace=${INPLACE:-0}
 [ "$inplace" = 1 ] && tools+=(pdi-inplace pdi-mmap2-ip)
+# perf script, the one long run (seconds), comes last in each round: right after it
+# this VM runs the next short command 10-30 % slower (pdinject --in-place on the 116 MB
+# dwarf-med: 33-44 ms as the first run after perf script, 30-33 ms as the next ones).
+[ -n "$perf61" ] && [ "${SCRIPT:-0}" = 1 ] && tools+=(perf-script)
 
 if [ -n "${TMPDIR_OUT:-}" ]; then
     out_dir=$TMPDIR_OUT
@@ -101,18 +104,24 @@ version() {
     perf-script) echo "perf $("$perf61" --version | awk '{print $3}') script -F ip,dso" ;;
     cp) echo "$(cp --version | head -1)" ;;
     pdi-inplace) echo "pdinject --buildids --in-place (a reset copy in ${WORK:-the directory of the input})" ;;
-    pdi-mmap2-ip) echo "pdinject --mmap2-buildid-all --in-place (a reset copy)" ;;
+    pdi-mmap2-ip) echo "pdinject --mmap2-buildid-all --in-place (a second reset copy)" ;;
     esac
 }
 
-# The in-place rows work on a copy of the input beside it, put back to the input's
-# bytes before each run: the header and everything after the data section (all an
-# in-place run writes), the length, the mtime; a journal left by a failed run goes.
+# The in-place rows work on copies of the input beside it, one per mode, put back to
+# the input's bytes before each run: the header and everything after the data section
+# (all a --buildids run writes), the length, the mtime; a journal left by a failed run
+# goes. The MMAP2 records an --mmap2-buildid-all run rewrote stay rewritten (putting
+# back a multi-GB data section per run would dwarf the runs), so its later runs find
+# them done; a --buildids run never sees them (its own copy).
 copy=
+copy2=
 make_copy() {
     local f=$1
     copy=${WORK:-$(dirname "$f")}/.compare-inplace-$(basename "$f")
+    copy2=${WORK:-$(dirname "$f")}/.compare-mmap2-$(basename "$f")
     cp --reflink=auto "$f" "$copy"
+    cp --reflink=auto "$f" "$copy2"
     local off size
     read -r off size < <(od -An -t u8 -j 40 -N 16 "$f")
     copy_data_end=$((off + size))
@@ -121,18 +130,22 @@ make_copy() {
     copy_len=$(stat -c %s "$f")
     copy_src=$f
 }
+# reset_copy COPY
 reset_copy() {
-    truncate -s "$copy_len" "$copy"
-    dd if="$copy.head" of="$copy" conv=notrunc status=none
-    dd if="$copy.tail" of="$copy" bs=1M seek="$copy_data_end" oflag=seek_bytes conv=notrunc status=none
-    touch -r "$copy_src" "$copy"
-    rm -f "$(dirname "$copy")/.$(basename "$copy").pdinject-journal"
+    local c=$1
+    truncate -s "$copy_len" "$c"
+    dd if="$copy.head" of="$c" conv=notrunc status=none
+    dd if="$copy.tail" of="$c" bs=1M seek="$copy_data_end" oflag=seek_bytes conv=notrunc status=none
+    touch -r "$copy_src" "$c"
+    rm -f "$(dirname "$c")/.$(basename "$c").pdinject-journal"
     # The copy's own writeback is not pdinject's cost.
-    sync "$copy"
+    sync "$c"
 }
 drop_copy() {
     [ -n "$copy" ] && rm -f "$copy" "$copy.head" "$copy.tail" "$(dirname "$copy")/.$(basename "$copy").pdinject-journal"
+    [ -n "$copy2" ] && rm -f "$copy2" "$(dirname "$copy2")/.$(basename "$copy2").pdinject-journal"
     copy=
+    copy2=
 }
 trap 'drop_copy' EXIT
 
@@ -150,7 +163,7 @@ run() {
     perf-script) "${w[@]}" "$perf61" script -F ip,dso -i "$in" ;;
     cp) "${w[@]}" cp -r "$in" "$out" ;;
     pdi-inplace) "${w[@]}" "$pdinject" --buildids --in-place "$copy" "${pdi_args[@]}" ;;
-    pdi-mmap2-ip) "${w[@]}" "$pdinject" --mmap2-buildid-all --in-place "$copy" "${pdi_args[@]}" ;;
+    pdi-mmap2-ip) "${w[@]}" "$pdinject" --mmap2-buildid-all --in-place "$copy2" "${pdi_args[@]}" ;;
     esac >/dev/null 2>"$out_dir/$tool.err"
 }
 
@@ -165,7 +178,10 @@ peak_rss() {
 # first (untimed).
 once() {
     local tool=$1 in=$2 out=$3 s e
-    case $tool in pdi-inplace | pdi-mmap2-ip) reset_copy ;; esac
+    case $tool in
+    pdi-inplace) reset_copy "$copy" ;;
+    pdi-mmap2-ip) reset_copy "$copy2" ;;
+    esac
     s=$(date +%s.%N)
     if ! run "$tool" "$in" "$out"; then
         echo fail
@@ -233,10 +249,11 @@ for f in "${files[@]}"; do
             fi
             if ((i == runs - 1)); then
                 case $t in
-                pdi-inplace | pdi-mmap2-ip) ids[$t]=$(count_ids "$copy") ;;
+                pdi-inplace) ids[$t]=$(count_ids "$copy") ;;
+                pdi-mmap2-ip) ids[$t]=$(count_ids "$copy2") ;;
                 *) ids[$t]=$(count_ids "$out") ;;
                 esac
-                [ "$t" = pdi-mmap2-ip ] && mmap2_size=$(stat -c %s "$copy")
+                [ "$t" = pdi-mmap2-ip ] && mmap2_size=$(stat -c %s "$copy2")
             fi
             rm -rf "$out"
         done

@@ -87,9 +87,13 @@ impl DataFile {
 
     /// Unmaps the window the scan kept, if any (the resolve is done with it).
     pub fn release(&self) {
-        if let Ok(mut k) = self.kept.lock() {
-            *k = None;
-        }
+        drop(self.take_kept());
+    }
+
+    /// The window the scan kept, no longer lent (unmapped when the last holder drops
+    /// it).
+    pub fn take_kept(&self) -> Option<Arc<memmap2::Mmap>> {
+        self.kept.lock().ok()?.take().map(|k| k.map)
     }
 
     /// `len` bytes at `offset` lent from the kept map, when it holds them all.
