@@ -129,6 +129,8 @@ make_copy() {
     tail -c +$((copy_data_end + 1)) "$f" >"$copy.tail"
     copy_len=$(stat -c %s "$f")
     copy_src=$f
+    # Written back now, not by the kernel in the middle of the timed runs.
+    sync "$copy" "$copy2"
 }
 # reset_copy COPY
 reset_copy() {
