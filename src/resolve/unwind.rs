@@ -522,13 +522,16 @@ impl<U: Unwinder<Module = Module<Bytes>>> ImageUnwinders<U> {
 trait OwnRules: Sized {
     /// [`cfi::exec`], or `None` for an architecture without rules of its own.
     fn exec<F>(
-        rule: cfi::Rule,
-        first: bool,
-        regs: &mut Self,
-        read_stack: &mut F,
+        _rule: cfi::Rule,
+        _first: bool,
+        _regs: &mut Self,
+        _read_stack: &mut F,
     ) -> Option<Result<Option<u64>, ()>>
     where
-        F: FnMut(u64) -> Result<u64, ()>;
+        F: FnMut(u64) -> Result<u64, ()>,
+    {
+        None
+    }
 }
 
 impl OwnRules for UnwindRegsX86_64 {
@@ -545,14 +548,7 @@ impl OwnRules for UnwindRegsX86_64 {
     }
 }
 
-impl OwnRules for UnwindRegsAarch64 {
-    fn exec<F>(_: cfi::Rule, _: bool, _: &mut Self, _: &mut F) -> Option<Result<Option<u64>, ()>>
-    where
-        F: FnMut(u64) -> Result<u64, ()>,
-    {
-        None
-    }
-}
+impl OwnRules for UnwindRegsAarch64 {}
 
 enum ArchState {
     X86(ImageUnwinders<UnwinderX86_64<Bytes>>),
@@ -628,10 +624,21 @@ impl CpuAnchor {
     }
 
     /// True when the sample that began at `start` has used more than `budget` of CPU
-    /// time for certain.
-    fn spent(&self, start: Instant, budget: Duration) -> bool {
+    /// time for certain. `first_check` is the sample's CPU clock at its first check
+    /// that could not tell: after time off the CPU since the anchor (another process
+    /// ran, a lock was waited for) the anchor's bound stays loose for the rest of the
+    /// window, and the CPU used since that check is then the sample's lower bound.
+    fn spent(&self, start: Instant, first_check: &mut Option<Duration>, budget: Duration) -> bool {
+        let now = thread_cpu_time();
         let cpu_at_start_max = self.cpu + start.saturating_duration_since(self.wall);
-        thread_cpu_time().saturating_sub(cpu_at_start_max) > budget
+        let used = now
+            .saturating_sub(cpu_at_start_max)
+            .max(first_check.map_or(Duration::ZERO, |c| now.saturating_sub(c)));
+        if used > budget {
+            return true;
+        }
+        first_check.get_or_insert(now);
+        false
     }
 }
 
@@ -1072,6 +1079,7 @@ where
     let mut regs = regs;
     let mut frame = FrameAddress::InstructionPointer(pc);
     let mut n = 0usize;
+    let mut first_check = None;
     // framehop's UnwindIterator, with the cache picked per frame. Errors are normal
     // at the end of a stack: keep what was found.
     loop {
@@ -1091,7 +1099,7 @@ where
         // charged for the time it did not run.
         if n.is_multiple_of(CLOCK_EVERY)
             && start.elapsed() > cfg.budget
-            && clock.spent(start, cfg.budget)
+            && clock.spent(start, &mut first_check, cfg.budget)
         {
             out.over_budget = true;
             break;
