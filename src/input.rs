@@ -85,13 +85,8 @@ impl DataFile {
         }
     }
 
-    /// Unmaps the window the scan kept, if any (the resolve is done with it).
-    pub fn release(&self) {
-        drop(self.take_kept());
-    }
-
-    /// The window the scan kept, no longer lent (unmapped when the last holder drops
-    /// it).
+    /// The window the scan kept, no longer lent: the resolve is done with it, and it is
+    /// unmapped when the last holder drops it.
     pub fn take_kept(&self) -> Option<Arc<memmap2::Mmap>> {
         self.kept.lock().ok()?.take().map(|k| k.map)
     }
@@ -228,7 +223,7 @@ pub struct Spread<'a> {
     /// [`DataFile::window`]; for a pool that is busy with other work).
     pub pool: Option<&'a rayon::ThreadPool>,
     /// Keep each window mapped after the scan is done with it, until
-    /// [`DataFile::release`], and lend the resolve its ranges: the kernel then fills
+    /// [`DataFile::take_kept`], and lend the resolve its ranges: the kernel then fills
     /// the page tables of those pages once, not twice. The caller bounds what that
     /// keeps (it is resident memory).
     pub keep: bool,
@@ -553,7 +548,7 @@ mod tests {
             Window::Mem(..) => panic!("a file window is a map"),
         }
         assert_eq!(&past[..], &bytes[100 + 2 * page - 8..100 + 2 * page + 8]);
-        df.release();
+        assert!(df.take_kept().is_some_and(|m| Arc::ptr_eq(&m, kept)));
         match df.window(start + 10, 300).unwrap() {
             Window::Map(m, ..) => assert!(!Arc::ptr_eq(&m, kept)),
             Window::Mem(..) => panic!("a file window is a map"),

@@ -68,7 +68,10 @@ pub fn run_file(cx: Context<'_>, input: &PerfInput, sink: &mut dyn Sink) -> Resu
             .iter()
             .filter_map(DataFile::take_kept)
             .collect();
-        let unmap = (!kept.is_empty()).then(|| std::thread::spawn(move || drop(kept)));
+        // A thread that cannot start drops them here instead (the closure goes with it).
+        let unmap = (!kept.is_empty())
+            .then(|| std::thread::Builder::new().spawn(move || drop(kept)).ok())
+            .flatten();
         let new = new?;
         let r = sink
             .batch(&Batch::File { input, new: &new }, &engine)

@@ -469,9 +469,9 @@ impl<U: Unwinder<Module = Module<Bytes>>> ImageUnwinders<U> {
         self.rules[i] = rules;
     }
 
-    /// Unwinds one frame with the unwinder of its image and the cache that holds the
-    /// rule for its address.
-    /// Returns the caller's return address; `None` at the end of the stack or where
+    /// Unwinds one frame: by the rule [`cfi`] works out for its address where there is
+    /// one, else with the unwinder of its image and the cache that holds the rule for
+    /// its address. Returns the caller's return address; `None` at the end of the stack or where
     /// the walk cannot go on.
     fn step<F>(
         &mut self,
