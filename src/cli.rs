@@ -81,8 +81,9 @@ pub struct EngineArgs {
     /// 6.12's --mmap2-buildid-all), and its ID in the table.
     #[arg(long = "mmap2-buildid-all")]
     pub mmap2_buildid_all: bool,
-    /// Mapping records of the DSOs samples touch, in build-ID MMAP2 form.
-    #[arg(long = "mmap2-buildids")]
+    /// Mapping records of the DSOs samples touch, in build-ID MMAP2 form (perf 7.3's
+    /// `-B, --mmap2-buildids`).
+    #[arg(short = 'B', long = "mmap2-buildids")]
     pub mmap2_buildids: bool,
     /// Build IDs to use for paths: 'HEX PATH,HEX PATH' (as perf inject).
     #[arg(long = "known-build-ids", value_name = "LIST")]

@@ -142,7 +142,9 @@ pub fn parse_build_id_table(payload: &[u8], e: Endian) -> BuildIdTable {
 
 /// Encodes one table entry in the modern form: misc carries BUILD_ID_SIZE, byte 32
 /// the real length, the filename NUL-terminated and padded so the entry is
-/// `36 + round_up(len + 1, 8)` bytes (perf 6.12's layout; readers use `header.size`).
+/// `round_up(36 + len + 1, 8)` bytes. Readers use `header.size`; perf 7.3 refuses a
+/// stream event whose size is not a multiple of 8, so the whole entry is aligned
+/// (as perf 7.3 writes it), not only the name (perf 6.12's 36 + round_up(len + 1, 8)).
 /// False (nothing written) when perf could not read the name back: perf reads table
 /// names into a PATH_MAX buffer, so a longer name would crash it (limits policy).
 pub fn encode_table_entry(
@@ -155,8 +157,8 @@ pub fn encode_table_entry(
     if !crate::limits::name_fits(name) {
         return false;
     }
-    let name_len = (name.len() + 1).next_multiple_of(8);
-    let size = 36 + name_len;
+    let size = (36 + name.len() + 1).next_multiple_of(8);
+    let name_len = size - 36;
     if size > u16::MAX as usize {
         return false;
     }
@@ -221,7 +223,8 @@ mod tests {
                 &id,
                 b"/usr/lib/libx.so"
             ));
-            assert_eq!(buf.len(), 36 + 24);
+            // 36 + 17 bytes of name and NUL, aligned to 8 (perf 7.3 refuses others).
+            assert_eq!(buf.len(), 56);
             let t = parse_build_id_table(&buf, e);
             assert!(!t.malformed);
             assert_eq!(t.entries.len(), 1);

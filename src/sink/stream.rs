@@ -6,7 +6,7 @@
 //! HEADER_TRACING_DATA, and the input's table as HEADER_BUILD_ID records.
 
 use super::{Batch, Begin, Sink, SinkReport};
-use crate::engine::{Decision, Engine, FEAT_TERMINATOR};
+use crate::engine::{Decision, Engine, FEAT_TERMINATOR, FEAT_TERMINATOR_6X};
 use crate::format::Endian;
 use crate::format::buildid::{BuildId, encode_table_entry};
 use crate::format::header::{FEAT_BUILD_ID, encode_pipe_header};
@@ -30,6 +30,21 @@ pub struct StreamSink<'w> {
     report: SinkReport,
     /// Records of a file input's data replaced on the way (build-ID MMAP2 sink).
     splices: Vec<super::mmap2::Splice>,
+    /// What [`StreamSink::pass_on`] repaired so far.
+    fixes: Fixes,
+}
+
+/// Records of a passed-on stream rewritten so that every perf reads the output.
+#[derive(Debug, Default)]
+struct Fixes {
+    /// HEADER_BUILD_ID records padded to a multiple of 8 bytes (perf 6.1's
+    /// `inject -b` writes 36 + round_up(len + 1, 64)).
+    build_ids: u64,
+    /// perf 6's empty HEADER_FEATURE 32 written as perf 7's end marker.
+    end_markers: u64,
+    /// Other records whose size is not a multiple of 8, passed on as they are: what
+    /// follows their bytes is not known to be padding, so no repair is lossless.
+    unaligned: u64,
 }
 
 impl<'w> StreamSink<'w> {
@@ -41,6 +56,7 @@ impl<'w> StreamSink<'w> {
             e: Endian::Little,
             report: SinkReport::default(),
             splices: Vec::new(),
+            fixes: Fixes::default(),
         }
     }
 
@@ -51,6 +67,74 @@ impl<'w> StreamSink<'w> {
 
     fn write(&mut self, b: &[u8]) -> Result<()> {
         self.w.write_all(b).map_err(|e| Error::io(&self.out, e))
+    }
+
+    /// Writes whole records of the input stream, repairing the two things perf 7.3
+    /// refuses or warns about in streams older perfs wrote: a HEADER_BUILD_ID record
+    /// whose size is not a multiple of 8 (padded with zeros after its NUL-terminated
+    /// name; the record has no sample-id trailer, so nothing moves) and perf 6's end
+    /// of features (HEADER_FEATURE 32 without payload). Runs of records that need
+    /// nothing are written as they are; a batch that needs nothing costs one walk of
+    /// its headers.
+    fn pass_on(&mut self, bytes: &[u8]) -> Result<()> {
+        let e = self.e;
+        let mut at = 0usize;
+        let mut clean_from = 0usize;
+        while at < bytes.len() {
+            // The engine framed these bytes already; a record that does not frame
+            // here ends the walk and the rest is written as it is.
+            let Ok(Some(f)) = crate::format::walk::frame(&bytes[at..], e, at as u64) else {
+                break;
+            };
+            let size = f.size();
+            let Some(total) = usize::try_from(f.total())
+                .ok()
+                .filter(|t| at + t <= bytes.len())
+            else {
+                break;
+            };
+            let rec = &bytes[at..at + size];
+            let fixed: Option<Vec<u8>> = match f.header.kind {
+                rt::HEADER_BUILD_ID if size % 8 != 0 => {
+                    let padded = size.next_multiple_of(8);
+                    u16::try_from(padded).ok().map(|p| {
+                        let mut v = rec.to_vec();
+                        v.resize(padded, 0);
+                        v[6..8].copy_from_slice(&e.put_u16(p));
+                        self.fixes.build_ids += 1;
+                        v
+                    })
+                }
+                rt::HEADER_FEATURE if size == 16 && e.u64(rec, 8) == Some(FEAT_TERMINATOR_6X) => {
+                    let mut v = rec.to_vec();
+                    v[8..16].copy_from_slice(&e.put_u64(FEAT_TERMINATOR));
+                    self.fixes.end_markers += 1;
+                    Some(v)
+                }
+                _ => None,
+            };
+            match fixed {
+                Some(v) => {
+                    self.write(&bytes[clean_from..at])?;
+                    self.write(&v)?;
+                    self.write(&bytes[at + size..at + total])?;
+                    clean_from = at + total;
+                }
+                // perf 7.3 frames HEADER_FEATURE and COMPRESSED records without the
+                // check (perf 6.1 writes both unaligned, and 7.3 reads its streams).
+                None if size % 8 != 0
+                    && !matches!(
+                        f.header.kind,
+                        rt::HEADER_FEATURE | rt::COMPRESSED | rt::COMPRESSED2
+                    ) =>
+                {
+                    self.fixes.unaligned += 1
+                }
+                None => {}
+            }
+            at += total;
+        }
+        self.write(&bytes[clean_from..])
     }
 
     /// HEADER_BUILD_ID records for the decisions whose IDs the stream does not carry.
@@ -232,15 +316,34 @@ impl Sink for StreamSink<'_> {
                 } else {
                     first_sampleish(bytes, self.e)
                 };
-                self.write(&bytes[..at])?;
+                let (head, tail) = bytes.split_at(at);
+                self.pass_on(head)?;
                 self.write(&recs)?;
-                self.write(&bytes[at..])
+                self.pass_on(tail)
             }
         }
     }
 
     fn finish(&mut self, _: &Engine<'_>) -> Result<SinkReport> {
         self.w.flush().map_err(|e| Error::io(&self.out, e))?;
+        let f = &self.fixes;
+        if f.build_ids > 0 {
+            self.report.notes.push(format!(
+                "{} HEADER_BUILD_ID record(s) of the input padded to a multiple of 8 bytes (perf 7.3 refuses others)",
+                f.build_ids
+            ));
+        }
+        if f.end_markers > 0 {
+            self.report.notes.push(format!(
+                "the input's end of features (perf 6's HEADER_FEATURE {FEAT_TERMINATOR_6X}) written as perf 7's ({FEAT_TERMINATOR})"
+            ));
+        }
+        if f.unaligned > 0 {
+            self.report.notes.push(format!(
+                "{} record(s) of the input have a size that is not a multiple of 8 and were passed on as they are (perf 7.3 refuses such streams)",
+                f.unaligned
+            ));
+        }
         Ok(std::mem::take(&mut self.report))
     }
 }

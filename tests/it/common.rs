@@ -2,8 +2,10 @@
 //!
 //! Tools that may be missing (perf, perf 6.12, the right to record, the shared
 //! corpus) are probed by functions that print a visible `SKIP <test>: ...` notice to
-//! stderr and return `None`/`false`; the test then returns early. Tests never fail
-//! because a tool is missing.
+//! stderr and return `None`/`false`; the test then returns early. Run by hand, a
+//! missing tool never fails a test. Under `PDINJECT_TEST_STRICT=1` (what `.ci/run`
+//! sets) a SKIP is a failure that names what is missing: a CI run in which a test
+//! could not run its oracle or start its service does not pass.
 
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
@@ -53,7 +55,17 @@ pub fn shared_dir(test: &str) -> Option<PathBuf> {
 /// the test harness does not capture it and it shows in a plain `cargo test` run.
 pub fn skip(test: &str, why: &str) {
     use std::io::Write;
+    if strict() {
+        panic!(
+            "{test} cannot run its oracle or service: {why} (PDINJECT_TEST_STRICT is set, so this fails instead of SKIPping)"
+        );
+    }
     let _ = writeln!(std::io::stderr(), "\n*** SKIP {test}: {why} ***");
+}
+
+/// `PDINJECT_TEST_STRICT=1`: every SKIP fails (set by `.ci/run`).
+pub fn strict() -> bool {
+    std::env::var_os("PDINJECT_TEST_STRICT").is_some_and(|v| v != "0" && !v.is_empty())
 }
 
 /// A perf binary, plus the library path some side-installed copies need.
@@ -133,6 +145,32 @@ pub fn perf612(test: &str) -> Option<Perf> {
         skip(
             test,
             "perf 6.12 not found at /tmp/p612 (bash ../shared/tools/perf612.sh) - 6.12 checks skipped",
+        );
+    }
+    p
+}
+
+/// perf 7.3 unpacked at /tmp/p73 by ../shared/tools/perf73.sh (run through its own
+/// loader by the `/tmp/p73/perf` wrapper). `PDINJECT_TEST_PERF73` names another root.
+pub fn perf73(test: &str) -> Option<Perf> {
+    static P: OnceLock<Option<Perf>> = OnceLock::new();
+    let p = P
+        .get_or_init(|| {
+            let root = PathBuf::from(
+                std::env::var_os("PDINJECT_TEST_PERF73").unwrap_or_else(|| "/tmp/p73".into()),
+            );
+            let p = Perf {
+                bin: root.join("perf"),
+                ld_library_path: None,
+                name: "perf 7.3",
+            };
+            (p.bin.exists() && p.works()).then_some(p)
+        })
+        .clone();
+    if p.is_none() {
+        skip(
+            test,
+            "perf 7.3 not found at /tmp/p73 (bash ../shared/tools/perf73.sh) - 7.3 checks skipped",
         );
     }
     p

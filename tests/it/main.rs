@@ -17,6 +17,7 @@ mod large;
 mod mmap2;
 mod mutation;
 mod namespace;
+mod perf73;
 mod pipe;
 mod quipper;
 mod record;

@@ -1,0 +1,148 @@
+//! perf 7.3 at the reading end: it refuses a stream event whose size is not a
+//! multiple of 8 and reads perf 6's end of features (HEADER_FEATURE 32) as an empty
+//! CPU_DOMAIN_INFO section. Every stream pdinject writes, from any input, must be read
+//! by perf 7.3 without either complaint, and say the same as the input.
+
+use crate::common::*;
+use std::fs;
+use std::path::Path;
+
+/// What perf 7.3 says on stderr that pdinject must never cause.
+const COMPLAINTS: &[&str] = &["not 8-byte aligned", "HEADER_CPU_DOMAIN_INFO", "aborting"];
+
+/// What is compared: every sample's IP and DSO, every mapping. Not symbols, not
+/// callchains: the IDs pdinject adds let perf find symbols the input did not.
+const ARGS: &[&str] = &[
+    "-F",
+    "comm,tid,time,event,ip,dso",
+    "-G",
+    "--show-mmap-events",
+];
+
+/// `perf script` of `file` read as a stream on stdin (`-i -`), stdout and stderr.
+fn script_stdin(perf: &Perf, file: &Path, args: &[&str]) -> (bool, String, String) {
+    let o = run(perf
+        .cmd()
+        .args(["script", "-i", "-"])
+        .args(args)
+        .stdin(fs::File::open(file).unwrap()));
+    (
+        o.status.success(),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+/// perf 7.3 reads `output` without a complaint, and prints what it prints for
+/// `reference` (the input, or the stream the input was made from when perf 7.3
+/// refuses the input itself).
+fn assert_reads_clean(perf: &Perf, reference: &Path, output: &Path, ctx: &str) {
+    let args = ARGS;
+    let (ok, out, err) = script_stdin(perf, output, &args);
+    assert!(ok, "{ctx}: {} refuses pdinject's stream:\n{err}", perf.name);
+    for c in COMPLAINTS {
+        assert!(
+            !err.contains(c),
+            "{ctx}: {} complains about pdinject's stream ({c}):\n{err}",
+            perf.name
+        );
+    }
+    let (ok, want, err) = script_stdin(perf, reference, &args);
+    assert!(ok, "{ctx}: {} cannot read the reference:\n{err}", perf.name);
+    assert!(
+        !want.is_empty(),
+        "{ctx}: perf printed nothing for the reference"
+    );
+    assert!(
+        want == out,
+        "{ctx}: {} prints other records for the output than for the input:\n{}",
+        perf.name,
+        first_diff(&want, &out)
+    );
+}
+
+/// Streams pdinject writes from the shipped fixtures (a perf 6.1 stream, its `-z`
+/// form, a file) and from perf 6.1's own `inject -b -o -` stream (HEADER_BUILD_ID
+/// records of 100 bytes, which perf 7.3 refuses when it reads that stream directly).
+#[test]
+fn perf73_reads_every_stream_pdinject_writes() {
+    const T: &str = "perf73_reads_every_stream_pdinject_writes";
+    let Some(p73) = perf73(T) else { return };
+    let Some(p61) = perf(T) else { return };
+    let d = tempfile::tempdir().unwrap();
+    let pipe = manifest_dir().join("testdata/pipe/demo.pdata");
+    // perf 6.1's inject -b stream: what a fleet's older post-processing left behind.
+    let inj = d.path().join("inject61.pdata");
+    let o = run(p61
+        .cmd()
+        .args(["inject", "-b", "-i", "-", "-o", "-"])
+        .stdin(fs::File::open(&pipe).unwrap())
+        .stdout(fs::File::create(&inj).unwrap()));
+    assert!(
+        o.status.success(),
+        "perf inject -b failed: {}",
+        tail(&o.stderr)
+    );
+    let (ok, _, err) = script_stdin(&p73, &inj, &[]);
+    assert!(
+        !ok || err.contains("not 8-byte aligned"),
+        "perf 7.3 now reads perf 6.1's inject stream; this test's premise changed: {err}"
+    );
+    let z = manifest_dir().join("testdata/pipe/demo-z.pdata");
+    let file = manifest_dir().join("testdata/demo/demo.data");
+    let inputs = [
+        ("pipe", &pipe, &pipe),
+        ("pipe -z", &z, &z),
+        ("file", &file, &file),
+        ("perf 6.1 inject -b stream", &inj, &pipe),
+    ];
+    for (name, input, reference) in inputs {
+        // The table modes only: build-ID MMAP2 records change what --show-mmap-events
+        // prints (the matrix test covers them).
+        for mode in ["--buildids", "--buildid-all"] {
+            let out = d
+                .path()
+                .join(format!("out-{}.pdata", name.replace(' ', "_")));
+            let o = run(pdinject()
+                .args([mode, "-q"])
+                .arg(input)
+                .arg("-")
+                .stdout(fs::File::create(&out).unwrap()));
+            assert!(
+                o.status.success(),
+                "pdinject {mode} {name} -> stream failed: {}",
+                tail(&o.stderr)
+            );
+            let ctx = format!("{name} {mode} -> stream");
+            if name == "file" {
+                // perf script reads a file and a stream alike; the reference is the
+                // file itself, read with -i FILE.
+                let want = perf_script(&p73, reference, ARGS);
+                let (ok, got, err) = script_stdin(&p73, &out, ARGS);
+                assert!(
+                    ok && !COMPLAINTS.iter().any(|c| err.contains(c)),
+                    "{ctx}: {err}"
+                );
+                assert!(want == got, "{ctx}:\n{}", first_diff(&want, &got));
+            } else {
+                assert_reads_clean(&p73, reference, &out, &ctx);
+            }
+            // The output is still read by perf 6.1 as well as the input is.
+            let (ok, _, err) = script_stdin(&p61, &out, &[]);
+            assert!(ok, "{ctx}: perf 6.1 refuses the output:\n{err}");
+        }
+    }
+    // The repair is said: the summary names the padded records.
+    let out = d.path().join("repaired.pdata");
+    let o = run(pdinject()
+        .arg("--buildids")
+        .arg(&inj)
+        .arg("-")
+        .stdout(fs::File::create(&out).unwrap()));
+    assert!(o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("HEADER_BUILD_ID record(s) of the input padded"),
+        "the summary does not say the input's records were repaired:\n{err}"
+    );
+}
