@@ -38,7 +38,7 @@ fn script_stdin(perf: &Perf, file: &Path, args: &[&str]) -> (bool, String, Strin
 /// refuses the input itself).
 fn assert_reads_clean(perf: &Perf, reference: &Path, output: &Path, ctx: &str) {
     let args = ARGS;
-    let (ok, out, err) = script_stdin(perf, output, &args);
+    let (ok, out, err) = script_stdin(perf, output, args);
     assert!(ok, "{ctx}: {} refuses pdinject's stream:\n{err}", perf.name);
     for c in COMPLAINTS {
         assert!(
@@ -47,7 +47,7 @@ fn assert_reads_clean(perf: &Perf, reference: &Path, output: &Path, ctx: &str) {
             perf.name
         );
     }
-    let (ok, want, err) = script_stdin(perf, reference, &args);
+    let (ok, want, err) = script_stdin(perf, reference, args);
     assert!(ok, "{ctx}: {} cannot read the reference:\n{err}", perf.name);
     assert!(
         !want.is_empty(),
