@@ -6,7 +6,7 @@
 //! HEADER_TRACING_DATA, and the input's table as HEADER_BUILD_ID records.
 
 use super::{Batch, Begin, Sink, SinkReport};
-use crate::engine::{Decision, Engine, FEAT_TERMINATOR, FEAT_TERMINATOR_6X};
+use crate::engine::{Decision, Engine};
 use crate::format::Endian;
 use crate::format::buildid::{BuildId, encode_table_entry};
 use crate::format::header::{FEAT_BUILD_ID, encode_pipe_header};
@@ -40,8 +40,8 @@ struct Fixes {
     /// HEADER_BUILD_ID records padded to a multiple of 8 bytes (perf 6.1's
     /// `inject -b` writes 36 + round_up(len + 1, 64)).
     build_ids: u64,
-    /// perf 6's empty HEADER_FEATURE 32 written as perf 7's end marker.
-    end_markers: u64,
+    /// End-of-features markers left out, by feature ID (see [`is_end_marker`]).
+    end_markers: std::collections::BTreeSet<u64>,
     /// Other records whose size is not a multiple of 8, passed on as they are: what
     /// follows their bytes is not known to be padding, so no repair is lossless.
     unaligned: u64,
@@ -69,13 +69,13 @@ impl<'w> StreamSink<'w> {
         self.w.write_all(b).map_err(|e| Error::io(&self.out, e))
     }
 
-    /// Writes whole records of the input stream, repairing the two things perf 7.3
-    /// refuses or warns about in streams older perfs wrote: a HEADER_BUILD_ID record
-    /// whose size is not a multiple of 8 (padded with zeros after its NUL-terminated
-    /// name; the record has no sample-id trailer, so nothing moves) and perf 6's end
-    /// of features (HEADER_FEATURE 32 without payload). Runs of records that need
-    /// nothing are written as they are; a batch that needs nothing costs one walk of
-    /// its headers.
+    /// Writes whole records of the input stream, repairing what one perf refuses or
+    /// warns about in streams another wrote: a HEADER_BUILD_ID record whose size is
+    /// not a multiple of 8 (perf 7.3 aborts; padded with zeros after its
+    /// NUL-terminated name, and the record has no sample-id trailer, so nothing
+    /// moves), and the end-of-features marker (left out, see [`is_end_marker`]). Runs
+    /// of records that need nothing are written as they are; a batch that needs
+    /// nothing costs one walk of its headers.
     fn pass_on(&mut self, bytes: &[u8]) -> Result<()> {
         let e = self.e;
         let mut at = 0usize;
@@ -105,11 +105,11 @@ impl<'w> StreamSink<'w> {
                         v
                     })
                 }
-                rt::HEADER_FEATURE if size == 16 && e.u64(rec, 8) == Some(FEAT_TERMINATOR_6X) => {
-                    let mut v = rec.to_vec();
-                    v[8..16].copy_from_slice(&e.put_u64(FEAT_TERMINATOR));
-                    self.fixes.end_markers += 1;
-                    Some(v)
+                rt::HEADER_FEATURE if is_end_marker(rec, e) => {
+                    self.fixes
+                        .end_markers
+                        .insert(e.u64(rec, 8).unwrap_or_default());
+                    Some(Vec::new())
                 }
                 _ => None,
             };
@@ -203,8 +203,7 @@ impl<'w> StreamSink<'w> {
                 )),
             }
         }
-        push_header(&mut recs, e, rt::HEADER_FEATURE, 16);
-        recs.extend_from_slice(&e.put_u64(FEAT_TERMINATOR));
+        // No end-of-features marker: see `is_end_marker`.
         if let Some(t) = tracing {
             // perf pads tracing data to 8 bytes and announces the padded size.
             let padded = t.len().next_multiple_of(8);
@@ -255,6 +254,22 @@ fn push_header(out: &mut Vec<u8>, e: Endian, kind: u32, size: u16) {
     out.extend_from_slice(&e.put_u32(kind));
     out.extend_from_slice(&e.put_u16(0));
     out.extend_from_slice(&e.put_u16(size));
+}
+
+/// Whether `rec` (a HEADER_FEATURE record) is an end-of-features marker: a feature
+/// ID from 32 on without payload. perf writes its `HEADER_LAST_FEATURE` there, and
+/// other versions misread it (measured with perf 6.1, 6.12 and 7.3):
+/// * perf 6's marker is 32, which perf 7 reads as an empty CPU_DOMAIN_INFO section
+///   ("Invalid HEADER_CPU_DOMAIN_INFO: section too small (0) for 2 CPUs");
+/// * perf 7's is 35, on which perf 6.1's and 6.12's `perf report` stop ("failed:
+///   wrong feature ID: 35", "failed to process sample": no report at all).
+///
+/// Without a marker all three read the stream, `perf report --header-only`
+/// included; the marker only lets `perf report --header-only` stop early and
+/// `--group` force its leader once the features are in. So pdinject writes none and
+/// leaves the input's out. A feature without payload carries nothing to lose.
+fn is_end_marker(rec: &[u8], e: Endian) -> bool {
+    rec.len() == 16 && e.u64(rec, 8).is_some_and(|id| id >= 32)
 }
 
 /// Appends a HEADER_BUILD_ID record for `name` in the modern form (the same bytes as
@@ -333,9 +348,11 @@ impl Sink for StreamSink<'_> {
                 f.build_ids
             ));
         }
-        if f.end_markers > 0 {
+        if !f.end_markers.is_empty() {
+            let ids: Vec<String> = f.end_markers.iter().map(u64::to_string).collect();
             self.report.notes.push(format!(
-                "the input's end of features (perf 6's HEADER_FEATURE {FEAT_TERMINATOR_6X}) written as perf 7's ({FEAT_TERMINATOR})"
+                "the input's end-of-features marker (HEADER_FEATURE {}) left out: each perf but the one that wrote it fails or warns on it",
+                ids.join(", ")
             ));
         }
         if f.unaligned > 0 {

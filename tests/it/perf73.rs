@@ -127,9 +127,19 @@ fn perf73_reads_every_stream_pdinject_writes() {
             } else {
                 assert_reads_clean(&p73, reference, &out, &ctx);
             }
-            // The output is still read by perf 6.1 as well as the input is.
+            // The output is still read by perf 6.1 as well as the input is, by
+            // `perf report` too (which stops at perf 7's end-of-features marker).
             let (ok, _, err) = script_stdin(&p61, &out, &[]);
             assert!(ok, "{ctx}: perf 6.1 refuses the output:\n{err}");
+            let o = run(p61
+                .cmd()
+                .args(["report", "--stdio", "-i", "-"])
+                .stdin(fs::File::open(&out).unwrap()));
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert!(
+                o.status.success() && !err.contains("wrong feature ID") && !o.stdout.is_empty(),
+                "{ctx}: perf 6.1 report fails on the output:\n{err}"
+            );
         }
     }
     // The repair is said: the summary names the padded records.
