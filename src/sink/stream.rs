@@ -8,11 +8,13 @@
 use super::{Batch, Begin, Sink, SinkReport};
 use crate::engine::{Decision, Engine};
 use crate::format::Endian;
+use crate::format::attr_compat;
 use crate::format::buildid::{BuildId, encode_table_entry};
 use crate::format::header::{FEAT_BUILD_ID, encode_pipe_header};
 use crate::format::record::rt;
 use crate::format::walk::first_sampleish;
 use crate::input::PerfInput;
+use crate::options::AttrsFor;
 use crate::{Error, Result};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -32,6 +34,13 @@ pub struct StreamSink<'w> {
     splices: Vec<super::mmap2::Splice>,
     /// What [`StreamSink::pass_on`] repaired so far.
     fixes: Fixes,
+    /// `--attrs-for`: the size HEADER_ATTR records' attrs are cut to.
+    attrs_for: AttrsFor,
+    /// The largest attr size cut (for the summary).
+    attrs_cut: Option<usize>,
+    /// The stream header, written with the first records: a run refused at its
+    /// first batch (an attr that cannot be cut) leaves no byte on the output.
+    pending: Option<Vec<u8>>,
 }
 
 /// Records of a passed-on stream rewritten so that every perf reads the output.
@@ -57,7 +66,37 @@ impl<'w> StreamSink<'w> {
             report: SinkReport::default(),
             splices: Vec::new(),
             fixes: Fixes::default(),
+            attrs_for: AttrsFor::Verbatim,
+            attrs_cut: None,
+            pending: None,
         }
+    }
+
+    /// Writes every attr at `to`'s size (`--attrs-for`); refuses an attr whose cut
+    /// bytes are not zero.
+    pub fn set_attrs_for(&mut self, to: AttrsFor) {
+        self.attrs_for = to;
+    }
+
+    /// Checks, before a stream batch writes anything, that every attr seen so far
+    /// can be cut to the `--attrs-for` size.
+    fn check_attrs(&self, engine: &Engine<'_>) -> Result<()> {
+        if self.attrs_for == AttrsFor::Verbatim {
+            return Ok(());
+        }
+        let names = engine
+            .stream_features()
+            .get(&attr_compat::FEAT_EVENT_DESC)
+            .map(|p| attr_compat::parse_event_desc(p, self.e))
+            .unwrap_or_default();
+        for (i, body) in engine.attr_records().iter().enumerate() {
+            let size = attr_compat::own_size(body, self.e).min(body.len());
+            let attr = &body[..size];
+            let event = || attr_compat::describe(i, names.get(i).map(String::as_str), attr, self.e);
+            attr_compat::shrink(attr, self.e, self.attrs_for, &event)
+                .map_err(|e| e.in_file(engine.name()))?;
+        }
+        Ok(())
     }
 
     /// Records of a file input's data section to replace as it is written (sorted).
@@ -66,6 +105,9 @@ impl<'w> StreamSink<'w> {
     }
 
     fn write(&mut self, b: &[u8]) -> Result<()> {
+        if let Some(h) = self.pending.take() {
+            self.w.write_all(&h).map_err(|e| Error::io(&self.out, e))?;
+        }
         self.w.write_all(b).map_err(|e| Error::io(&self.out, e))
     }
 
@@ -95,6 +137,16 @@ impl<'w> StreamSink<'w> {
             };
             let rec = &bytes[at..at + size];
             let fixed: Option<Vec<u8>> = match f.header.kind {
+                rt::HEADER_ATTR if self.attrs_for != AttrsFor::Verbatim => {
+                    // check_attrs has named any attr that cannot be cut.
+                    let event = || "a HEADER_ATTR record".to_string();
+                    let cut = attr_compat::shrink_record(rec, e, self.attrs_for, &event)?;
+                    if cut.is_some() {
+                        let own = e.u32(rec, 12).unwrap_or(0) as usize;
+                        self.attrs_cut = self.attrs_cut.max(Some(own));
+                    }
+                    cut
+                }
                 rt::HEADER_BUILD_ID if size % 8 != 0 => {
                     let padded = size.next_multiple_of(8);
                     u16::try_from(padded).ok().map(|p| {
@@ -158,12 +210,28 @@ impl<'w> StreamSink<'w> {
         // HEADER_ATTR: the attr as the file holds it, then its ids.
         let raw = src.read_at(h.attrs.offset, h.attrs.size)?;
         let attr_len = (h.attr_size - 16) as usize;
+        let names = if self.attrs_for == AttrsFor::Verbatim {
+            Vec::new()
+        } else {
+            input
+                .feature(attr_compat::FEAT_EVENT_DESC)
+                .map(|p| attr_compat::parse_event_desc(&p, e))
+                .unwrap_or_default()
+        };
         for (i, (entry, a)) in raw
             .chunks_exact(h.attr_size as usize)
             .zip(&input.attrs)
             .enumerate()
         {
-            let size = 8 + attr_len + 8 * a.ids.len();
+            let attr = &entry[..attr_len];
+            let event = || attr_compat::describe(i, names.get(i).map(String::as_str), attr, e);
+            let cut = attr_compat::shrink(attr, e, self.attrs_for, &event)
+                .map_err(|err| err.in_file(&input.header_path))?;
+            if cut.is_some() {
+                self.attrs_cut = self.attrs_cut.max(Some(attr_len));
+            }
+            let attr = cut.as_deref().unwrap_or(attr);
+            let size = 8 + attr.len() + 8 * a.ids.len();
             let size = u16::try_from(size).map_err(|_| {
                 Error::unsupported(format!(
                     "event {i} has {} sample ids, more than a HEADER_ATTR record holds",
@@ -172,7 +240,7 @@ impl<'w> StreamSink<'w> {
                 .in_file(&input.header_path)
             })?;
             push_header(&mut recs, e, rt::HEADER_ATTR, size);
-            recs.extend_from_slice(&entry[..attr_len]);
+            recs.extend_from_slice(attr);
             for id in &a.ids {
                 recs.extend_from_slice(&e.put_u64(*id));
             }
@@ -295,7 +363,8 @@ impl Sink for StreamSink<'_> {
         match begin {
             Begin::Stream { header, endian } => {
                 self.e = *endian;
-                self.write(header)
+                self.pending = Some(header.to_vec());
+                Ok(())
             }
             Begin::File(input) => {
                 let host = if cfg!(target_endian = "big") {
@@ -316,15 +385,17 @@ impl Sink for StreamSink<'_> {
                     .in_file(&input.header_path));
                 }
                 self.e = host;
-                self.write(&encode_pipe_header(host))
+                self.pending = Some(encode_pipe_header(host).to_vec());
+                Ok(())
             }
         }
     }
 
-    fn batch(&mut self, batch: &Batch<'_>, _: &Engine<'_>) -> Result<()> {
+    fn batch(&mut self, batch: &Batch<'_>, engine: &Engine<'_>) -> Result<()> {
         match batch {
             Batch::File { input, new } => self.write_file_input(input, new),
             Batch::Bytes { bytes, new, .. } => {
+                self.check_attrs(engine)?;
                 let recs = self.id_records(new);
                 let at = if recs.is_empty() {
                     bytes.len()
@@ -340,7 +411,15 @@ impl Sink for StreamSink<'_> {
     }
 
     fn finish(&mut self, _: &Engine<'_>) -> Result<SinkReport> {
+        if let Some(h) = self.pending.take() {
+            self.w.write_all(&h).map_err(|e| Error::io(&self.out, e))?;
+        }
         self.w.flush().map_err(|e| Error::io(&self.out, e))?;
+        if let (Some(from), Some(to)) = (self.attrs_cut, self.attrs_for.size()) {
+            self.report
+                .notes
+                .push(attr_compat::note(from, to, self.attrs_for));
+        }
         let f = &self.fixes;
         if f.build_ids > 0 {
             self.report.notes.push(format!(

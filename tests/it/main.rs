@@ -6,6 +6,7 @@
 
 mod common;
 
+mod attrs;
 mod batch;
 mod cache;
 mod demo;
