@@ -15,6 +15,7 @@ mod errors;
 mod hostile;
 mod inplace;
 mod large;
+mod matrix;
 mod mmap2;
 mod mutation;
 mod namespace;
