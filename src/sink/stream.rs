@@ -8,7 +8,7 @@
 use super::{Batch, Begin, Sink, SinkReport};
 use crate::engine::{Decision, Engine, FEAT_TERMINATOR, FEAT_TERMINATOR_6X};
 use crate::format::Endian;
-use crate::format::buildid::{BuildId, encode_table_entry};
+use crate::format::buildid::{BuildId, TableEntry, encode_table_entry, parse_build_id_entry};
 use crate::format::header::{FEAT_BUILD_ID, encode_pipe_header};
 use crate::format::record::rt;
 use crate::format::walk::first_sampleish;
@@ -45,6 +45,9 @@ struct Fixes {
     /// Other records whose size is not a multiple of 8, passed on as they are: what
     /// follows their bytes is not known to be padding, so no repair is lossless.
     unaligned: u64,
+    /// HEADER_BUILD_ID records left out: their claim is contradicted
+    /// ([`Engine::passes_on`]).
+    contradicted: usize,
 }
 
 impl<'w> StreamSink<'w> {
@@ -76,7 +79,7 @@ impl<'w> StreamSink<'w> {
     /// of features (HEADER_FEATURE 32 without payload). Runs of records that need
     /// nothing are written as they are; a batch that needs nothing costs one walk of
     /// its headers.
-    fn pass_on(&mut self, bytes: &[u8]) -> Result<()> {
+    fn pass_on(&mut self, bytes: &[u8], engine: &Engine<'_>) -> Result<()> {
         let e = self.e;
         let mut at = 0usize;
         let mut clean_from = 0usize;
@@ -94,6 +97,23 @@ impl<'w> StreamSink<'w> {
                 break;
             };
             let rec = &bytes[at..at + size];
+            if f.header.kind == rt::HEADER_BUILD_ID
+                && let Some(b) = parse_build_id_entry(&f.header, rec)
+                && !engine.passes_on(&TableEntry {
+                    cpumode: b.cpumode,
+                    pid: b.pid,
+                    build_id: b.build_id,
+                    filename: String::from_utf8_lossy(b.filename).into_owned(),
+                })
+            {
+                // A contradicted claim is not passed on (the decided ID, if any,
+                // is sent as a record of pdinject's own).
+                self.write(&bytes[clean_from..at])?;
+                clean_from = at + total;
+                self.fixes.contradicted += 1;
+                at += total;
+                continue;
+            }
             let fixed: Option<Vec<u8>> = match f.header.kind {
                 rt::HEADER_BUILD_ID if size % 8 != 0 => {
                     let padded = size.next_multiple_of(8);
@@ -150,7 +170,12 @@ impl<'w> StreamSink<'w> {
     }
 
     /// The header of a file-format input as stream records, then its data section.
-    fn write_file_input(&mut self, input: &PerfInput, new: &[Decision]) -> Result<()> {
+    fn write_file_input(
+        &mut self,
+        input: &PerfInput,
+        new: &[Decision],
+        engine: &Engine<'_>,
+    ) -> Result<()> {
         let e = self.e;
         let h = &input.header;
         let src = &input.data_files[0];
@@ -220,7 +245,13 @@ impl<'w> StreamSink<'w> {
             .then(|| input.feature(FEAT_BUILD_ID))
             .flatten()
         {
+            let mut dropped = 0;
             for entry in crate::format::buildid::parse_build_id_table(&table, e).entries {
+                // An entry whose claim is contradicted is not passed on.
+                if !engine.passes_on(&entry) {
+                    dropped += 1;
+                    continue;
+                }
                 build_id_record(
                     &mut recs,
                     e,
@@ -228,6 +259,9 @@ impl<'w> StreamSink<'w> {
                     &entry.build_id,
                     entry.filename.as_bytes(),
                 );
+            }
+            if dropped > 0 {
+                self.report.notes.push(super::table::dropped_note(dropped));
             }
         }
         let ids = self.id_records(new);
@@ -306,9 +340,9 @@ impl Sink for StreamSink<'_> {
         }
     }
 
-    fn batch(&mut self, batch: &Batch<'_>, _: &Engine<'_>) -> Result<()> {
+    fn batch(&mut self, batch: &Batch<'_>, engine: &Engine<'_>) -> Result<()> {
         match batch {
-            Batch::File { input, new } => self.write_file_input(input, new),
+            Batch::File { input, new } => self.write_file_input(input, new, engine),
             Batch::Bytes { bytes, new, .. } => {
                 let recs = self.id_records(new);
                 let at = if recs.is_empty() {
@@ -317,9 +351,9 @@ impl Sink for StreamSink<'_> {
                     first_sampleish(bytes, self.e)
                 };
                 let (head, tail) = bytes.split_at(at);
-                self.pass_on(head)?;
+                self.pass_on(head, engine)?;
                 self.write(&recs)?;
-                self.pass_on(tail)
+                self.pass_on(tail, engine)
             }
         }
     }
@@ -337,6 +371,11 @@ impl Sink for StreamSink<'_> {
             self.report.notes.push(format!(
                 "the input's end of features (perf 6's HEADER_FEATURE {FEAT_TERMINATOR_6X}) written as perf 7's ({FEAT_TERMINATOR})"
             ));
+        }
+        if f.contradicted > 0 {
+            self.report
+                .notes
+                .push(super::table::dropped_note(f.contradicted));
         }
         if f.unaligned > 0 {
             self.report.notes.push(format!(

@@ -22,4 +22,5 @@ mod pipe;
 mod quipper;
 mod record;
 mod slurm;
+mod trust;
 mod unwind;
