@@ -25,4 +25,5 @@ mod quipper;
 mod record;
 mod slurm;
 mod stale;
+mod trust;
 mod unwind;
