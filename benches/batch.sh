@@ -1,5 +1,5 @@
 #!/bin/bash
-# Batch mode side by side with loops of single-file runs (README "Batch mode").
+# Batch mode side by side with loops of single-file runs (docs/batch.md).
 #
 #   bash benches/batch.sh [CORPUS]
 #

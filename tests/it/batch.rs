@@ -333,16 +333,232 @@ fn batch_list_suffix_and_usage() {
     assert_eq!(o.status.code(), Some(1), "{}", tail(&o.stderr));
 }
 
-/// The README shows the example files as they are (the Slurm test runs the script).
+/// The docs link the example files instead of pasting them: the Slurm test runs the
+/// script, `k8s_job_pod_command` the Job's pod command (that the links resolve is
+/// tests/it/docs.rs's).
 #[test]
-fn readme_shows_the_examples() {
-    let readme = std::fs::read_to_string(manifest_dir().join("README.md")).unwrap();
+fn docs_link_the_examples() {
+    let read = |f: &str| std::fs::read_to_string(manifest_dir().join(f)).unwrap();
+    let (readme, guide) = (read("README.md"), read("docs/batch.md"));
     for f in ["examples/slurm-batch.sh", "examples/k8s-indexed-job.yaml"] {
-        let text = std::fs::read_to_string(manifest_dir().join(f)).unwrap();
         assert!(
-            readme.contains(&text),
-            "README.md does not show {f} as it is: paste it again"
+            manifest_dir().join(f).is_file(),
+            "{f} is gone: the docs link it"
         );
+        assert!(
+            readme.contains(&format!("]({f})")),
+            "README.md does not link {f}"
+        );
+        assert!(
+            guide.contains(&format!("](../{f})")),
+            "docs/batch.md does not link {f}"
+        );
+    }
+}
+
+/// What a pod of examples/k8s-indexed-job.yaml runs, read from the file's text: the
+/// folded (`>-`) third item of the container's `command` (YAML joins its lines with
+/// spaces), `completions` and the `PDINJECT_SHARD_COUNT` value.
+struct PodJob {
+    command: Vec<String>,
+    completions: usize,
+    shard_count: String,
+}
+
+fn read_k8s_job(text: &str) -> PodJob {
+    let lines: Vec<&str> = text.lines().collect();
+    let indent = |l: &str| l.len() - l.trim_start().len();
+    let at = |what: &str| {
+        lines
+            .iter()
+            .position(|l| l.trim() == what)
+            .unwrap_or_else(|| panic!("k8s example: no line `{what}`"))
+    };
+    let completions = lines
+        .iter()
+        .find_map(|l| l.trim().strip_prefix("completions:"))
+        .expect("k8s example: no completions")
+        .trim()
+        .parse()
+        .expect("k8s example: completions is a number");
+    let env = at("- name: PDINJECT_SHARD_COUNT");
+    let shard_count = lines[env + 1]
+        .trim()
+        .strip_prefix("value:")
+        .expect("k8s example: PDINJECT_SHARD_COUNT has a value on the next line")
+        .trim()
+        .trim_matches('"')
+        .to_string();
+    // command: - sh, - -c, comments, then `- >-` and its more indented lines.
+    let cmd = at("command:");
+    let mut command = Vec::new();
+    let mut i = cmd + 1;
+    while i < lines.len() && indent(lines[i]) > indent(lines[cmd]) {
+        let l = lines[i].trim();
+        i += 1;
+        if l.starts_with('#') {
+            continue;
+        }
+        let item = l.strip_prefix("- ").expect("k8s example: a command item");
+        if item == ">-" {
+            let start = i;
+            while i < lines.len() && indent(lines[i]) > indent(lines[start - 1]) {
+                i += 1;
+            }
+            let folded: Vec<&str> = lines[start..i].iter().map(|l| l.trim()).collect();
+            command.push(folded.join(" "));
+        } else {
+            command.push(item.to_string());
+        }
+    }
+    PodJob {
+        command,
+        completions,
+        shard_count,
+    }
+}
+
+/// examples/k8s-indexed-job.yaml is a Job of that shape (when python3 has PyYAML, which
+/// parses it as Kubernetes would read it), and its pod command, run here as each of
+/// its pods over a fleet with a damaged recording (volumes as folders, pdinject on
+/// PATH), writes every good output exactly once, and every pod exits 0 (exit 3,
+/// some recordings failed, is reported in the pod's report, not retried).
+#[test]
+fn k8s_job_pod_command() {
+    let yaml = manifest_dir().join("examples/k8s-indexed-job.yaml");
+    let job = read_k8s_job(&std::fs::read_to_string(&yaml).unwrap());
+    assert_eq!(job.command.len(), 3, "{:?}", job.command);
+    assert_eq!(job.command[..2], ["sh", "-c"], "{:?}", job.command);
+    assert_eq!(
+        job.shard_count,
+        job.completions.to_string(),
+        "PDINJECT_SHARD_COUNT must equal completions"
+    );
+    // The YAML as a YAML parser reads it, where one is at hand (not the oracle of
+    // the run below, so its absence is a note, not a SKIP).
+    let parse = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import json, sys, yaml\n\
+             j = yaml.safe_load(open(sys.argv[1]))\n\
+             s = j['spec']; c = s['template']['spec']['containers'][0]\n\
+             print(json.dumps([j['apiVersion'], j['kind'], s['completionMode'], s['completions'],\n\
+               s['parallelism'], c['command'], {e['name']: e['value'] for e in c['env']},\n\
+               {m['name']: m['mountPath'] for m in c['volumeMounts']},\n\
+               sorted(v['name'] for v in s['template']['spec']['volumes'])]))",
+        ])
+        .arg(&yaml)
+        .output();
+    match parse {
+        Ok(o) if o.status.success() => {
+            let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+            assert_eq!(v[0], "batch/v1");
+            assert_eq!(v[1], "Job");
+            assert_eq!(v[2], "Indexed");
+            assert_eq!(v[3], job.completions);
+            assert_eq!(v[4], job.completions, "parallelism: one pod per shard");
+            assert_eq!(
+                v[5],
+                serde_json::json!(job.command),
+                "the command as YAML reads it"
+            );
+            assert_eq!(v[6]["PDINJECT_SHARD_COUNT"], job.shard_count);
+            assert_eq!(v[7], serde_json::json!({"fleet": "/fleet", "out": "/out"}));
+            assert_eq!(v[8], serde_json::json!(["fleet", "out"]));
+        }
+        other => eprintln!(
+            "note: k8s_job_pod_command: the YAML was not parsed by python3's yaml ({}); the pod command is still run",
+            match other {
+                Ok(o) => tail(&o.stderr),
+                Err(e) => e.to_string(),
+            }
+        ),
+    }
+
+    let tmp = tempfile::tempdir().unwrap();
+    let fl = tmp.path().join("fleet");
+    // 24 over 8 pods: the damaged one's pod has good ones too (shards are a fixed
+    // hash of the path, so this holds on every run; checked below).
+    let rels = fleet(&fl, 24);
+    std::fs::create_dir_all(fl.join("host-bad")).unwrap();
+    std::fs::write(fl.join("host-bad/perf.data"), b"PERFILE2 cut short").unwrap();
+    let out = tmp.path().join("out");
+    std::fs::create_dir_all(&out).unwrap();
+    // The volumes' mount paths become this test's folders.
+    let script = &job.command[2];
+    for from in [" /out", " /fleet"] {
+        assert!(
+            script.contains(from),
+            "the pod command has no{from}: {script}"
+        );
+    }
+    let script = script
+        .replace(" /out", &format!(" {}", out.display()))
+        .replace(" /fleet", &format!(" {}", fl.display()));
+    let bin = PathBuf::from(env!("CARGO_BIN_EXE_pdinject"));
+    let path = std::env::join_paths(std::iter::once(bin.parent().unwrap().to_path_buf()).chain(
+        std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()),
+    ))
+    .unwrap();
+    let mut done: BTreeMap<String, usize> = BTreeMap::new();
+    let mut failed = Vec::new();
+    // Whether a pod had both (its batch exit 3, the pod's 0): the rule the YAML adds.
+    let mut some_failed = false;
+    for index in 0..job.completions {
+        let o = run(std::process::Command::new(&job.command[0])
+            .arg(&job.command[1])
+            .arg(&script)
+            .env("PATH", &path)
+            .env("HOME", test_home())
+            .env("JOB_COMPLETION_INDEX", index.to_string())
+            .env("PDINJECT_SHARD_COUNT", &job.shard_count)
+            .env_remove("SLURM_ARRAY_TASK_ID"));
+        let report = out.join(format!("report-{index}.jsonl"));
+        let (mut ok, mut bad) = (0, 0);
+        for line in std::fs::read_to_string(&report).unwrap().lines() {
+            let v: serde_json::Value = serde_json::from_str(line).unwrap();
+            if v.get("summary").is_some() {
+                continue;
+            }
+            let input = v["input"].as_str().unwrap().to_string();
+            match v["status"].as_str() {
+                Some("ok") => {
+                    ok += 1;
+                    *done.entry(input).or_default() += 1
+                }
+                Some("failed") => {
+                    bad += 1;
+                    failed.push((index, input))
+                }
+                s => panic!("pod {index}: {input}: status {s:?}"),
+            }
+        }
+        // Exit 3 (some failed) becomes 0; a pod whose every recording failed exits 1
+        // (batch's code) and Kubernetes retries it.
+        let want = if bad > 0 && ok == 0 { 1 } else { 0 };
+        assert_eq!(
+            o.status.code(),
+            Some(want),
+            "pod {index} ({ok} done, {bad} failed): {}",
+            tail(&o.stderr)
+        );
+        if bad > 0 && ok > 0 {
+            some_failed = true;
+        }
+    }
+    let want: BTreeMap<String, usize> = rels
+        .iter()
+        .map(|r| (fl.join(r).display().to_string(), 1))
+        .collect();
+    assert_eq!(done, want, "each good recording done by exactly one pod");
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    assert!(failed[0].1.ends_with("host-bad/perf.data"), "{failed:?}");
+    assert!(
+        some_failed,
+        "the damaged recording's pod had no good one: exit 3 was not exercised"
+    );
+    for r in &rels {
+        assert!(out.join(r).is_file(), "no output for {}", r.display());
     }
 }
 

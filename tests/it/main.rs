@@ -10,6 +10,7 @@ mod attrs;
 mod batch;
 mod cache;
 mod demo;
+mod docs;
 mod engine;
 mod errors;
 mod hostile;
