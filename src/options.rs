@@ -72,6 +72,9 @@ pub struct Options {
     /// whole scan, as one batch). Results are the same either way
     /// ([`crate::engine::Engine::ahead_holds`]).
     pub resolve_ahead: Option<u64>,
+    /// Bytes a stream may keep across its batches (`--stream-memory`; see
+    /// [`crate::limits::StreamKept`]).
+    pub stream_memory: u64,
 }
 
 impl Default for Options {
@@ -89,6 +92,7 @@ impl Default for Options {
             mmap2: false,
             in_place: false,
             resolve_ahead: Some(DEFAULT_RESOLVE_AHEAD),
+            stream_memory: crate::limits::DEFAULT_STREAM_MEMORY,
         }
     }
 }
@@ -114,6 +118,7 @@ impl std::fmt::Debug for Options {
             .field("mmap2", &self.mmap2)
             .field("in_place", &self.in_place)
             .field("resolve_ahead", &self.resolve_ahead)
+            .field("stream_memory", &self.stream_memory)
             .finish_non_exhaustive()
     }
 }

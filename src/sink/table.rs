@@ -291,7 +291,7 @@ impl Sink for TableSink {
                 let State::Stream(s) = &mut self.state else {
                     return Err(Error::Internal("table sink: bytes without a stream".into()));
                 };
-                s.records(bytes, *offset).map_err(|e| match e {
+                s.records(bytes, *offset, engine).map_err(|e| match e {
                     Error::Io { source, .. } => Error::io(&out, source),
                     other => other,
                 })
@@ -322,8 +322,8 @@ impl Sink for TableSink {
 
 impl FromStream {
     /// Appends a stream's records to the data section, keeping back the records a
-    /// file holds in its header.
-    fn records(&mut self, bytes: &[u8], offset: u64) -> Result<()> {
+    /// file holds in its header (counted in the stream's budget, `--stream-memory`).
+    fn records(&mut self, bytes: &[u8], offset: u64, engine: &Engine<'_>) -> Result<()> {
         let e = self.e;
         let io = |err| Error::io("", err);
         let mut at = 0usize;
@@ -348,6 +348,10 @@ impl FromStream {
                         self.entries[start..start + 4].copy_from_slice(&e.put_u32(0));
                     }
                     _ => {}
+                }
+                if matches!(kind, rt::HEADER_TRACING_DATA | rt::HEADER_BUILD_ID) {
+                    let kept = (self.tracing.len() + self.entries.len()) as u64;
+                    engine.check_output_kept(kept, offset + at as u64)?;
                 }
             }
             at = next;

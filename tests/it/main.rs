@@ -7,6 +7,7 @@
 mod common;
 
 mod batch;
+mod budget;
 mod cache;
 mod demo;
 mod engine;
