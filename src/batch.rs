@@ -530,8 +530,14 @@ struct Marker {
 /// The options that change an output, as one string (stored in each marker).
 pub fn fingerprint(o: &Options) -> String {
     let known: Vec<String> = o.known.iter().map(|(id, p)| format!("{id} {p}")).collect();
+    // Only a non-default --attrs-for is named, so markers written before the option
+    // existed still match runs without it.
+    let attrs = match o.attrs_for {
+        crate::options::AttrsFor::Verbatim => String::new(),
+        a => format!(";attrs_for={}", a.perf()),
+    };
     format!(
-        "mode={:?};known={};unwind={:?};unwind_budget_ns={};max_frames={};symfs={:?};mmap2={}",
+        "mode={:?};known={};unwind={:?};unwind_budget_ns={};max_frames={};symfs={:?};mmap2={}{attrs}",
         o.mode,
         known.join(","),
         o.unwind,

@@ -4,7 +4,9 @@
 pub mod batch;
 
 use clap::Parser;
-use pdinject::options::{DEFAULT_MAX_FRAMES, Mode, Options, ProgressFn, UnwindChoice, parse_known};
+use pdinject::options::{
+    AttrsFor, DEFAULT_MAX_FRAMES, Mode, Options, ProgressFn, UnwindChoice, parse_known,
+};
 use pdinject::{Error, Result};
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -68,6 +70,18 @@ pub enum UnwindArg {
     Dwarf,
 }
 
+/// Values of `--attrs-for`: a perf version, since what a user knows is which perf
+/// refuses the file ("incompatible file format"), not the size of its attr struct.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum AttrsForArg {
+    /// 128-byte attrs (PERF_ATTR_SIZE_VER7), what perf 6.1 reads.
+    #[value(name = "6.1")]
+    Perf6_1,
+    /// 136-byte attrs (PERF_ATTR_SIZE_VER8, with config3), what perf 6.12 reads.
+    #[value(name = "6.12")]
+    Perf6_12,
+}
+
 /// The flags of a run that single-file and batch runs share.
 #[derive(clap::Args, Debug)]
 pub struct EngineArgs {
@@ -113,9 +127,23 @@ pub struct EngineArgs {
     /// "Limits" in the README). A stream that needs more stops with an error.
     #[arg(long = "stream-memory", value_name = "SIZE", value_parser = parse_size, default_value = pdinject::limits::DEFAULT_STREAM_MEMORY_ARG)]
     pub stream_memory: u64,
+    /// Write the event attributes at the size this perf reads (an older perf refuses
+    /// larger ones); refused when a field that size has no room for is not zero.
+    /// Default: the input's attrs as they are.
+    #[arg(long = "attrs-for", value_name = "PERF", value_enum)]
+    pub attrs_for: Option<AttrsForArg>,
 }
 
 impl EngineArgs {
+    /// `--attrs-for` as the library takes it.
+    pub fn attrs_for(&self) -> AttrsFor {
+        match self.attrs_for {
+            None => AttrsFor::Verbatim,
+            Some(AttrsForArg::Perf6_1) => AttrsFor::Perf6_1,
+            Some(AttrsForArg::Perf6_12) => AttrsFor::Perf6_12,
+        }
+    }
+
     /// The engine's options; `debuginfod` as `--debuginfod` gave it (single runs).
     pub fn options(&self, debuginfod: Option<&str>) -> Result<Options> {
         if self.unwind_max_frames == 0 {
@@ -163,6 +191,7 @@ impl EngineArgs {
             unwind_budget: self.unwind_budget,
             max_frames: self.unwind_max_frames,
             mmap2: self.mmap2_buildid_all || self.mmap2_buildids,
+            attrs_for: self.attrs_for(),
             cache,
             symfs: self.symfs.clone(),
             stream_memory: self.stream_memory,
@@ -234,6 +263,7 @@ fn execute(args: &Args) -> Result<()> {
         return Err(Error::Usage("too many paths: give IN and OUT".into()));
     }
     if args.in_place {
+        args.engine.attrs_for().check_in_place()?;
         let (Some(file), None) = (&input, &output) else {
             return Err(Error::Usage(
                 "--in-place takes one file: pdinject --buildids --in-place FILE".into(),

@@ -7,10 +7,16 @@
 use crate::format::header::Section;
 use crate::{Error, Result};
 
+/// perf's `PATH_MAX`: it reads a build-ID entry's name area (the entry's bytes after
+/// its 36-byte head) into a `char filename[PATH_MAX]` without checking: a longer area
+/// smashes its stack (perf 6.1 aborts). Entries with a longer area are not read.
+pub const PATH_MAX: usize = 4096;
+
 /// Longest DSO name written into a build-ID table or HEADER_BUILD_ID record, in bytes
-/// without the NUL. perf reads table names into a `char filename[PATH_MAX]` (4096,
-/// NUL included) without checking: a longer name smashes its stack (perf 6.1 aborts).
-pub const MAX_DSO_NAME: usize = 4095;
+/// without the NUL. Entries are written 8-byte aligned (perf 7.3 refuses stream events
+/// that are not), so the name area is `round_up(36 + len + 1, 8) - 36`: at most
+/// [`PATH_MAX`] for names up to 4091 bytes.
+pub const MAX_DSO_NAME: usize = 4091;
 
 /// Worker threads at most (`-j`). Each thread costs a stack and a share of the
 /// unwinder caches; 100,000 threads take minutes to start. Larger requests are a usage

@@ -62,8 +62,55 @@ pub struct Dso {
     pub kind: DsoKind,
     /// Identity from the records (build ID, inode, or nothing).
     pub ident: FileIdent,
-    /// Distinct file offsets of its executable mappings (a few, for layout checks).
-    pub exec_pgoffs: Vec<u64>,
+    /// Its executable mappings as recorded (a few, for layout checks).
+    pub exec_maps: ExecMaps,
+}
+
+/// The distinct executable mappings a recording made of one DSO, as `(file offset,
+/// length)`: what the proof of a local file compares with the file's loadable
+/// segments (a file whose ctime moved is accepted only if they match exactly).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct ExecMaps {
+    /// Distinct `(pgoff, len)`, at most [`ExecMaps::KEPT`], in the order first seen.
+    pub maps: Vec<(u64, u64)>,
+    /// More distinct mappings were recorded than kept: `maps` is not all of them, so
+    /// it cannot show that every mapping fits the file.
+    pub more: bool,
+}
+
+impl ExecMaps {
+    /// Distinct mappings kept per DSO (a library is mapped the same way by every
+    /// process; more than a few means something remaps its code).
+    pub const KEPT: usize = 8;
+
+    /// Adds one recorded executable mapping.
+    pub fn add(&mut self, pgoff: u64, len: u64) {
+        if !self.maps.contains(&(pgoff, len)) {
+            if self.maps.len() < Self::KEPT {
+                self.maps.push((pgoff, len));
+            } else {
+                self.more = true;
+            }
+        }
+    }
+
+    /// Adds every mapping of `other` (the DSOs of one path).
+    pub fn merge(&mut self, other: &ExecMaps) {
+        for &(pgoff, len) in &other.maps {
+            self.add(pgoff, len);
+        }
+        self.more |= other.more;
+    }
+
+    /// Whether the DSO was mapped executable at all.
+    pub fn is_empty(&self) -> bool {
+        self.maps.is_empty() && !self.more
+    }
+
+    /// The distinct file offsets mapped.
+    pub fn pgoffs(&self) -> impl Iterator<Item = u64> + '_ {
+        self.maps.iter().map(|m| m.0)
+    }
 }
 
 /// One process's address space at one key: the newest checkpoint at or before it and
@@ -337,9 +384,7 @@ impl ModelBuilder {
                 let id = self.intern(kind, name, ident)?;
                 if m.prot & PROT_EXEC != 0 {
                     let d = &mut self.dsos[id as usize];
-                    if d.exec_pgoffs.len() < 8 && !d.exec_pgoffs.contains(&m.pgoff) {
-                        d.exec_pgoffs.push(m.pgoff);
-                    }
+                    d.exec_maps.add(m.pgoff, m.len);
                 }
                 Ok(id)
             })
@@ -386,7 +431,7 @@ impl ModelBuilder {
             name: k.1.clone(),
             kind,
             ident,
-            exec_pgoffs: Vec::new(),
+            exec_maps: ExecMaps::default(),
         });
         self.index.insert(k, id);
         self.last = Some(id);

@@ -30,6 +30,58 @@ pub enum UnwindChoice {
     Dwarf,
 }
 
+/// `--attrs-for`: the perf whose attr size the output's event attributes are
+/// written at. perf refuses a perf.data file whose attrs are larger than its own
+/// `struct perf_event_attr` ("incompatible file format"), so a file recorded by a
+/// newer perf can be read by an older one only with its attrs cut to the older
+/// size, which is lossless only when the fields cut off are zero
+/// ([`crate::format::attr_compat`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum AttrsFor {
+    /// The input's attrs as they are (the default).
+    #[default]
+    Verbatim,
+    /// perf 6.1: attrs of 128 bytes (`PERF_ATTR_SIZE_VER7`, up to `sig_data`).
+    Perf6_1,
+    /// perf 6.12: attrs of 136 bytes (`PERF_ATTR_SIZE_VER8`, up to `config3`).
+    Perf6_12,
+}
+
+impl AttrsFor {
+    /// The attr size to write at most (`None`: verbatim).
+    pub fn size(self) -> Option<usize> {
+        match self {
+            AttrsFor::Verbatim => None,
+            AttrsFor::Perf6_1 => Some(128),
+            AttrsFor::Perf6_12 => Some(136),
+        }
+    }
+
+    /// Refuses `--in-place` with a size to write: cutting the attrs rewrites the
+    /// header's attr fields and the attrs section, which the crash-safe in-place
+    /// writer ([`crate::write::inplace`]) neither journals nor switches in one
+    /// write; a new file is written whole or not at all.
+    pub fn check_in_place(self) -> Result<()> {
+        if self == AttrsFor::Verbatim {
+            return Ok(());
+        }
+        Err(Error::Usage(format!(
+            "--attrs-for {} cannot rewrite a file in place (the attrs section and the header would change in more than one write, which the crash-safe in-place writer does not do); write a new file: pdinject --attrs-for {} IN OUT",
+            self.perf(),
+            self.perf()
+        )))
+    }
+
+    /// The perf version, as the user gave it.
+    pub fn perf(self) -> &'static str {
+        match self {
+            AttrsFor::Verbatim => "",
+            AttrsFor::Perf6_1 => "6.1",
+            AttrsFor::Perf6_12 => "6.12",
+        }
+    }
+}
+
 /// Progress callback: `(stage, done, total)` in bytes.
 pub type ProgressFn = std::sync::Arc<dyn Fn(&str, u64, u64) + Send + Sync>;
 
@@ -75,6 +127,8 @@ pub struct Options {
     /// Bytes a stream may keep across its batches (`--stream-memory`; see
     /// [`crate::limits::StreamKept`]).
     pub stream_memory: u64,
+    /// `--attrs-for`: the attr size of the output (default: the input's).
+    pub attrs_for: AttrsFor,
 }
 
 impl Default for Options {
@@ -93,6 +147,7 @@ impl Default for Options {
             in_place: false,
             resolve_ahead: Some(DEFAULT_RESOLVE_AHEAD),
             stream_memory: crate::limits::DEFAULT_STREAM_MEMORY,
+            attrs_for: AttrsFor::Verbatim,
         }
     }
 }
@@ -119,6 +174,7 @@ impl std::fmt::Debug for Options {
             .field("in_place", &self.in_place)
             .field("resolve_ahead", &self.resolve_ahead)
             .field("stream_memory", &self.stream_memory)
+            .field("attrs_for", &self.attrs_for)
             .finish_non_exhaustive()
     }
 }

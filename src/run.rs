@@ -156,6 +156,11 @@ fn run_uncommitted(
         .in_file(input));
     }
     let src = Input::open(input)?;
+    // A file input's attrs are checked before anything is written (a stream's are
+    // checked as its HEADER_ATTR records arrive).
+    if let Input::File(i) = &src {
+        crate::format::attr_compat::check_input(i, cx.opts.attrs_for)?;
+    }
     let in_name = if is_dash(input) {
         PathBuf::from("<stdin>")
     } else {
@@ -173,7 +178,8 @@ fn run_uncommitted(
         }
         let out = Path::new("<stdout>");
         let w = BufWriter::with_capacity(1 << 20, std::io::stdout().lock());
-        let sink = StreamSink::new(Box::new(w), out);
+        let mut sink = StreamSink::new(Box::new(w), out);
+        sink.set_attrs_for(cx.opts.attrs_for);
         let r = if cx.opts.mmap2 {
             drive(cx, &in_name, src, &mut Mmap2Sink::stream(sink))?
         } else {
@@ -200,7 +206,19 @@ fn run_uncommitted(
         } else {
             drive(cx, &in_name, src, &mut TableSink::new(&header_out, dir))
         };
-        (r.map_err(|e| e.for_output(&tmp.path, output))?, Some(tmp))
+        let mut r = r.map_err(|e| e.for_output(&tmp.path, output))?;
+        // The attrs are cut in the finished output, whatever sink wrote it: the
+        // output's own header says where they ended up.
+        let cut = crate::format::attr_compat::rewrite_file(&header_out, cx.opts.attrs_for)
+            .map_err(|e| e.in_file(&in_name).for_output(&tmp.path, output))?;
+        if let (Some(from), Some(to)) = (cut, cx.opts.attrs_for.size()) {
+            r.notes.push(crate::format::attr_compat::note(
+                from,
+                to,
+                cx.opts.attrs_for,
+            ));
+        }
+        (r, Some(tmp))
     };
     if !skipped.is_empty() {
         report.notes.push(format!(
@@ -240,6 +258,7 @@ pub fn run_in_place(path: &Path, opts: &Options) -> Result<Report> {
 /// [`run_in_place`] on a pool the caller owns (a batch of files rewritten in place).
 pub fn run_in_place_in(cx: Context<'_>, path: &Path) -> Result<Report> {
     let opts = cx.opts;
+    opts.attrs_for.check_in_place()?;
     let restored = crate::write::inplace::recover(path)?;
     let src = Input::open(path)?;
     if !matches!(src, Input::File(_)) {

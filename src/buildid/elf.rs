@@ -3,6 +3,7 @@
 
 use crate::format::buildid::BuildId;
 use crate::format::record::FileIdent;
+use crate::model::ExecMaps;
 use std::fs::File;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
@@ -94,6 +95,21 @@ pub struct SectionPlace {
     pub compressed: bool,
 }
 
+/// A PT_LOAD segment: where its bytes are in the file and where they go in memory.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Segment {
+    /// `p_offset`.
+    pub offset: u64,
+    /// `p_vaddr`.
+    pub vaddr: u64,
+    /// `p_filesz`.
+    pub filesz: u64,
+    /// `p_memsz`.
+    pub memsz: u64,
+    /// `PF_X`: a loader maps it executable.
+    pub exec: bool,
+}
+
 impl<'d, E, R> Headers<'d, E, R>
 where
     E: object::read::elf::FileHeader<Endian = object::Endianness>,
@@ -120,6 +136,22 @@ where
                     p.p_offset(self.endian).into(),
                     p.p_vaddr(self.endian).into(),
                 )
+            })
+            .collect()
+    }
+
+    fn loads(&self) -> Vec<Segment> {
+        use object::read::elf::ProgramHeader;
+        let e = self.endian;
+        self.segments
+            .iter()
+            .filter(|p| p.p_type(e) == object::elf::PT_LOAD)
+            .map(|p| Segment {
+                offset: p.p_offset(e).into(),
+                vaddr: p.p_vaddr(e).into(),
+                filesz: p.p_filesz(e).into(),
+                memsz: p.p_memsz(e).into(),
+                exec: p.p_flags(e).contains(object::elf::PF_X),
             })
             .collect()
     }
@@ -194,6 +226,14 @@ impl<'d, R: object::ReadRef<'d>> Elf<'d, R> {
         match self {
             Elf::E32(h) => h.load_segments(),
             Elf::E64(h) => h.load_segments(),
+        }
+    }
+
+    /// Each PT_LOAD segment.
+    pub fn loads(&self) -> Vec<Segment> {
+        match self {
+            Elf::E32(h) => h.loads(),
+            Elf::E64(h) => h.loads(),
         }
     }
 
@@ -473,41 +513,284 @@ pub fn read_build_id(file: &File) -> Result<BuildId, Refusal> {
 /// Opens `path` and proves it is the file the recording mapped, then reads its ID.
 ///
 /// Evidence, strongest first: inode (and generation when both sides know it) and
-/// device equal to the record's; not modified since the recording started; a PT_LOAD
-/// segment at each recorded executable file offset. ctime alone does not make a file
-/// stale when the file has other hard links (perf hard-links every hit DSO into
-/// ~/.debug, which moves libc's ctime after every recording, and so does pdinject's
-/// own build-ID cache).
+/// device equal to the record's; not modified since the recording started (mtime),
+/// and not created since (birth time, when the filesystem keeps one); a PT_LOAD
+/// segment at each recorded executable file offset. A ctime after the start with an
+/// older mtime is what a link, unlink, rename, chmod or chown leaves (perf and
+/// pdinject hard-link every DSO into ~/.debug, and emptying that cache unlinks them)
+/// and also what a rewrite in place with its times set back leaves (`cp -p`,
+/// `touch -d`): such a file is accepted only when the records named its inode and
+/// every recorded executable mapping is exactly one of its segments as a loader maps
+/// it (see [`judge`]).
 pub fn prove_and_read(
     path: &Path,
     ident: &FileIdent,
-    exec_pgoffs: &[u64],
+    exec_maps: &ExecMaps,
     start: &RecordingStart,
 ) -> Result<Proven, Refusal> {
     // A batch proves each file once (the memo re-checks the file is the same).
-    if let Some(r) = super::memo::lookup(path, ident, exec_pgoffs, start) {
+    if let Some(r) = super::memo::lookup(path, ident, exec_maps, start) {
         return r;
     }
-    prove(path, Some(ident), exec_pgoffs, start)
+    prove(path, Some(ident), exec_maps, start)
 }
 
 /// [`prove_and_read`] for a file under a sysroot (`--symfs`): a copy of the recorded
 /// machine's files, whose device and inode say nothing about the recorded ones. The
 /// proof is the copy's modification time (not after the recording started: `cp -a`,
-/// `rsync -t` and image extraction keep it) and the segment layout; ctime is the
-/// copy's own and is not used. Without a recording time there is no proof at all.
+/// `rsync -t` and image extraction keep it) and the segment layout; ctime and birth
+/// time are the copy's own and are not used. Without a recording time there is no
+/// proof at all.
 pub fn prove_in_sysroot(
     path: &Path,
-    exec_pgoffs: &[u64],
+    exec_maps: &ExecMaps,
     start: &RecordingStart,
 ) -> Result<Proven, Refusal> {
-    prove(path, None, exec_pgoffs, start)
+    prove(path, None, exec_maps, start)
+}
+
+/// What a file's inode says about when it changed (ns since the epoch), as the proof
+/// read it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FileTimes {
+    /// Last modification of its bytes (settable: `touch -d`, `cp -p`).
+    pub mtime: i128,
+    /// Last change of the inode (bytes, links, mode, owner, times); not settable.
+    pub ctime: i128,
+    /// Creation of the inode, when the filesystem reports it (statx); not settable.
+    pub btime: Option<i128>,
+}
+
+impl FileTimes {
+    /// The times in `meta` (std reads it with statx, which gives the birth time).
+    pub fn of(meta: &std::fs::Metadata) -> FileTimes {
+        let ns = |s: i64, n: i64| s as i128 * 1_000_000_000 + n as i128;
+        let btime = meta
+            .created()
+            .ok()
+            .map(|t| match t.duration_since(std::time::UNIX_EPOCH) {
+                Ok(d) => d.as_nanos() as i128,
+                Err(e) => -(e.duration().as_nanos() as i128),
+            });
+        FileTimes {
+            mtime: ns(meta.mtime(), meta.mtime_nsec()),
+            ctime: ns(meta.ctime(), meta.ctime_nsec()),
+            btime,
+        }
+    }
+}
+
+/// Which file a proof is about: what its inode's times can show.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Place {
+    /// On this machine, the inode the records named (device, inode and, when both
+    /// sides know it, generation checked).
+    RecordedInode,
+    /// On this machine; the records name no inode (MMAP records, build-ID MMAP2).
+    Local,
+    /// Under `--symfs`: a copy, whose ctime and birth time are the copy's own.
+    Sysroot,
+}
+
+impl Place {
+    /// The place of a local file mapped with `ident` (once its inode is checked).
+    pub fn of(ident: &FileIdent) -> Place {
+        match ident {
+            FileIdent::Inode { .. } => Place::RecordedInode,
+            FileIdent::None | FileIdent::BuildId(_) => Place::Local,
+        }
+    }
+}
+
+/// The rules on times that need nothing read from the file.
+fn judge_times(t: &FileTimes, start: i128, place: Place) -> Result<(), Refusal> {
+    if t.mtime > start {
+        return Err((
+            Reason::Stale,
+            format!(
+                "modified at {} s, after the recording started ({} s)",
+                fmt_time(t.mtime),
+                fmt_time(start)
+            ),
+        ));
+    }
+    if place != Place::Sysroot
+        && let Some(b) = t.btime
+        && b > start
+    {
+        // Its mtime was set back (`cp -p`/`rsync -t` of a new file, perhaps given a
+        // freed inode number): the mapped file existed when it was mapped.
+        return Err((
+            Reason::Stale,
+            format!(
+                "created at {} s (birth time), after the recording started ({} s): another file with an older mtime",
+                fmt_time(b),
+                fmt_time(start)
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The proof's rules on a file's times and layout, given what was read of it: its
+/// times, its PT_LOAD segments and the recording's executable mappings of it. The
+/// same rules decide whether unwind tables loaded early may stay.
+///
+/// A ctime after the recording started, with an older mtime, is left by a link,
+/// unlink, rename, chmod or chown, and by a rewrite in place with the mtime set back;
+/// the inode keeps no other trace. What tells them apart is the recording: each
+/// executable mapping's file offset and length must be exactly those a loader gives
+/// one of the file's segments (page-rounded offset and page-rounded end), and each
+/// executable segment must be among them. A rewrite slips through only if every
+/// executable segment starts in the same file page and spans the same number of
+/// pages as before (a small change to code can); then the ID is the new file's.
+pub fn judge(
+    t: &FileTimes,
+    loads: &[Segment],
+    maps: &ExecMaps,
+    start: i128,
+    place: Place,
+) -> Result<(), Refusal> {
+    judge_times(t, start, place)?;
+    if place != Place::Sysroot && t.ctime > start {
+        let why = match place {
+            Place::RecordedInode => exact_layout(loads, maps, page_size()).err(),
+            // A file renamed over the mapped one after being given its old mtime
+            // would look the same.
+            _ => Some("the records name no inode to show it is the file mapped".into()),
+        };
+        if let Some(why) = why {
+            return Err((
+                Reason::Stale,
+                format!(
+                    "changed at {} s (ctime), after the recording started ({} s), with an older mtime, and {why}: rewritten in place with its times set back?",
+                    fmt_time(t.ctime),
+                    fmt_time(start)
+                ),
+            ));
+        }
+    }
+    // A mapping's offset is its segment's offset rounded down to the page size (4 KiB
+    // to 64 KiB: a sysroot's machine may have other pages than this one).
+    if !loads.is_empty() {
+        for pg in maps.pgoffs() {
+            if !loads
+                .iter()
+                .any(|s| s.offset >= pg && s.offset - pg < 64 << 10)
+            {
+                return Err((
+                    Reason::Stale,
+                    format!(
+                        "no loadable segment at the recorded file offset {pg:#x}: the layout differs"
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// This machine's page size.
+fn page_size() -> u64 {
+    // SAFETY: sysconf has no memory effects.
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    u64::try_from(p)
+        .ok()
+        .filter(|p| p.is_power_of_two())
+        .unwrap_or(4096)
+}
+
+/// How a loader (ld.so, the kernel) maps a file's segments with pages of `page` bytes,
+/// as `(file offset, length)`.
+struct LoaderMaps {
+    /// Each segment's file part, from its page-rounded offset to its page-rounded
+    /// end, with whether the segment is executable.
+    segments: Vec<((u64, u64), bool)>,
+    /// The whole image, mapped with the first segment's offset and protection before
+    /// the other segments are laid over it (ld.so and the kernel both do).
+    whole: Option<(u64, u64)>,
+    /// The first segment's own mapping (the part of `whole` it keeps).
+    first: Option<(u64, u64)>,
+}
+
+fn loader_maps(loads: &[Segment], page: u64) -> LoaderMaps {
+    let down = |x: u64| x & !(page - 1);
+    let up = |x: u64| x.checked_add(page - 1).map(down);
+    let map = |s: &Segment| {
+        let end = up(s.vaddr.checked_add(s.filesz)?)?;
+        Some((down(s.offset), end.checked_sub(down(s.vaddr))?))
+    };
+    let segments = loads
+        .iter()
+        .filter(|s| s.filesz > 0)
+        .filter_map(|s| Some((map(s)?, s.exec)))
+        .collect();
+    let first = loads.iter().min_by_key(|s| s.vaddr);
+    let end = loads
+        .iter()
+        .filter_map(|s| s.vaddr.checked_add(s.memsz))
+        .max();
+    let whole = first.zip(end).and_then(|(f, end)| {
+        let len = up(end)?.checked_sub(down(f.vaddr))?;
+        Some((down(f.offset), len))
+    });
+    LoaderMaps {
+        segments,
+        whole,
+        first: first.and_then(map),
+    }
+}
+
+/// Whether the recording's executable mappings are exactly a loader's mappings of
+/// these segments (see [`judge`]); if not, what differs, in words.
+fn exact_layout(loads: &[Segment], maps: &ExecMaps, page: u64) -> Result<(), String> {
+    let fmt = |v: &mut dyn Iterator<Item = (u64, u64)>| {
+        v.map(|(o, l)| format!("{l:#x} bytes at {o:#x}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    if maps.maps.is_empty() {
+        return Err("the recording maps none of it executable, so nothing shows its layout".into());
+    }
+    if maps.more {
+        return Err(format!(
+            "the recording maps it executable in more than {} ways, so not every mapping can be compared",
+            ExecMaps::KEPT
+        ));
+    }
+    let file = loader_maps(loads, page);
+    let recorded = |m: &(u64, u64)| maps.maps.contains(m);
+    for m in &maps.maps {
+        if !file.segments.iter().any(|s| s.0 == *m) && file.whole.as_ref() != Some(m) {
+            return Err(format!(
+                "its layout is not the recorded one: the recorded mapping of {:#x} bytes at file offset {:#x} is none of its segments (which map {})",
+                m.1,
+                m.0,
+                fmt(&mut file.segments.iter().map(|s| s.0).chain(file.whole))
+            ));
+        }
+    }
+    // Each executable segment was mapped (ld.so and the kernel map them all): one
+    // the recording never saw holds code it did not run. The first segment may have
+    // been mapped as part of the whole image.
+    for &(m, exec) in &file.segments {
+        let via_whole = file.first == Some(m) && file.whole.as_ref().is_some_and(recorded);
+        if exec && !recorded(&m) && !via_whole {
+            return Err(format!(
+                "its layout is not the recorded one: its executable segment of {:#x} bytes at file offset {:#x} is none of the recorded mappings ({})",
+                m.1,
+                m.0,
+                fmt(&mut maps.maps.iter().copied())
+            ));
+        }
+    }
+    Ok(())
 }
 
 pub(super) fn prove(
     path: &Path,
     ident: Option<&FileIdent>,
-    exec_pgoffs: &[u64],
+    exec_maps: &ExecMaps,
     start: &RecordingStart,
 ) -> Result<Proven, Refusal> {
     // An unknown start refuses before anything is opened: the proof is never skipped.
@@ -515,6 +798,7 @@ pub(super) fn prove(
         RecordingStart::Known(ns) => *ns,
         RecordingStart::Unknown(why) => return Err((Reason::Undated, why.clone())),
     };
+    let place = ident.map_or(Place::Sysroot, Place::of);
     let (file, meta) = open_regular(path)?;
     if let Some(&FileIdent::Inode {
         maj,
@@ -551,50 +835,13 @@ pub(super) fn prove(
             ));
         }
     }
-    {
-        let mtime = meta.mtime() as i128 * 1_000_000_000 + meta.mtime_nsec() as i128;
-        let ctime = meta.ctime() as i128 * 1_000_000_000 + meta.ctime_nsec() as i128;
-        if mtime > start {
-            return Err((
-                Reason::Stale,
-                format!(
-                    "modified at {} s, after the recording started ({} s)",
-                    fmt_time(mtime),
-                    fmt_time(start)
-                ),
-            ));
-        }
-        if ident.is_some() && ctime > start && meta.nlink() <= 1 {
-            return Err((
-                Reason::Stale,
-                format!(
-                    "changed at {} s (ctime), after the recording started ({} s), with an older mtime: rewritten with its times set back?",
-                    fmt_time(ctime),
-                    fmt_time(start)
-                ),
-            ));
-        }
-    }
+    let times = FileTimes::of(&meta);
+    // What needs no reading first; the ctime rule needs the segments.
+    judge_times(&times, start, place)?;
     let key = (meta.dev(), meta.ino());
     let cache = reader(&file);
     let elf = parse(&cache)?;
-    if !exec_pgoffs.is_empty() {
-        // A mapping's offset is its segment's offset rounded down to the page size
-        // (4 KiB to 64 KiB).
-        let offs: Vec<u64> = elf.load_segments().iter().map(|s| s.0).collect();
-        if !offs.is_empty() {
-            for &pg in exec_pgoffs {
-                if !offs.iter().any(|&o| o >= pg && o - pg < 64 << 10) {
-                    return Err((
-                        Reason::Stale,
-                        format!(
-                            "no loadable segment at the recorded file offset {pg:#x}: the layout differs"
-                        ),
-                    ));
-                }
-            }
-        }
-    }
+    judge(&times, &elf.loads(), exec_maps, start, place)?;
     let build_id = id_of(&elf)?;
     // The reader borrows the file, which moves into the proof.
     drop(cache);
@@ -662,16 +909,138 @@ mod proof_tests {
         let r = prove_and_read(
             Path::new("/nonexistent/lib.so"),
             &FileIdent::None,
-            &[],
+            &ExecMaps::default(),
             &unknown,
         );
         assert_eq!(r.err().map(|e| e.0), Some(Reason::Undated));
         let r = prove_and_read(
             Path::new("/nonexistent/lib.so"),
             &FileIdent::None,
-            &[],
+            &ExecMaps::default(),
             &RecordingStart::Known(0),
         );
         assert_eq!(r.err().map(|e| e.0), Some(Reason::Missing));
+    }
+
+    fn seg(offset: u64, vaddr: u64, filesz: u64, memsz: u64, exec: bool) -> Segment {
+        Segment {
+            offset,
+            vaddr,
+            filesz,
+            memsz,
+            exec,
+        }
+    }
+
+    fn maps(m: &[(u64, u64)]) -> ExecMaps {
+        let mut e = ExecMaps::default();
+        for &(o, l) in m {
+            e.add(o, l);
+        }
+        e
+    }
+
+    /// The loads of a small library built with separate code (as the test fixtures):
+    /// its text is one page at 0x1000.
+    fn separate() -> Vec<Segment> {
+        vec![
+            seg(0, 0, 0x490, 0x490, false),
+            seg(0x1000, 0x1000, 0x189, 0x189, true),
+            seg(0x2000, 0x2000, 0xc4, 0xc4, false),
+            seg(0x2e30, 0x3e30, 0x1e0, 0x1f0, false),
+        ]
+    }
+
+    /// The mappings ld.so and the kernel make, as perf records them (checked on this
+    /// machine: libfix.so, libc.so.6, and `-z noseparate-code` builds), and nothing
+    /// else.
+    #[test]
+    fn exact_layout_is_a_loaders_mappings() {
+        let p = 0x1000;
+        assert_eq!(
+            exact_layout(&separate(), &maps(&[(0x1000, 0x1000)]), p),
+            Ok(())
+        );
+        // libc.so.6 of Debian 12: text 0x1550fc bytes at 0x26000.
+        let libc = [
+            seg(0, 0, 0x25388, 0x25388, false),
+            seg(0x26000, 0x26000, 0x1550fc, 0x1550fc, true),
+            seg(0x17c000, 0x17c000, 0x52c31, 0x52c31, false),
+            seg(0x1cf8d0, 0x1d08d0, 0x4f98, 0x12680, false),
+        ];
+        assert_eq!(
+            exact_layout(&libc, &maps(&[(0x26000, 0x156000)]), p),
+            Ok(())
+        );
+        // The text one page longer or shorter, or at another offset.
+        for m in [
+            (0x26000, 0x157000),
+            (0x26000, 0x155000),
+            (0x27000, 0x156000),
+        ] {
+            let e = exact_layout(&libc, &maps(&[m]), p).unwrap_err();
+            assert!(e.contains("is none of its segments"), "{e}");
+        }
+        // `-z noseparate-code`: the first segment is code, mapped over the whole
+        // image (0x203000 bytes here: the bss of the last one included).
+        let one = [
+            seg(0, 0, 0xb80, 0xb80, true),
+            seg(0xda0, 0x1da0, 0x298, 0x2002c8, false),
+        ];
+        assert_eq!(exact_layout(&one, &maps(&[(0, 0x203000)]), p), Ok(()));
+        assert_eq!(exact_layout(&one, &maps(&[(0, 0x1000)]), p), Ok(()));
+        // A code segment the recording never saw mapped.
+        let mut two = separate();
+        two.push(seg(0x4000, 0x5000, 0x100, 0x100, true));
+        let e = exact_layout(&two, &maps(&[(0x1000, 0x1000)]), p).unwrap_err();
+        assert!(
+            e.contains("executable segment of 0x1000 bytes at file offset 0x4000"),
+            "{e}"
+        );
+        // Nothing recorded, or more than was kept: no evidence.
+        assert!(exact_layout(&separate(), &maps(&[]), p).is_err());
+        let mut many = maps(&[(0x1000, 0x1000)]);
+        for i in 0..ExecMaps::KEPT as u64 {
+            many.add(0x1000, 0x2000 + i);
+        }
+        assert!(many.more);
+        assert!(exact_layout(&separate(), &many, p).is_err());
+    }
+
+    /// A ctime after the start is excused only by an exact layout and a recorded
+    /// inode; the mtime and birth time rules come first; a sysroot copy's ctime and
+    /// birth time are its own.
+    #[test]
+    fn ctime_after_the_start_needs_the_recorded_layout() {
+        let times = |mtime, ctime, btime| FileTimes {
+            mtime,
+            ctime,
+            btime,
+        };
+        let text = maps(&[(0x1000, 0x1000)]);
+        let wrong = maps(&[(0x1000, 0x2000)]);
+        let j = |t: FileTimes, m: &ExecMaps, place| {
+            judge(&t, &separate(), m, 100, place).map_err(|e| e.1)
+        };
+        assert!(j(times(50, 60, Some(40)), &wrong, Place::RecordedInode).is_ok());
+        assert!(j(times(50, 160, Some(40)), &text, Place::RecordedInode).is_ok());
+        assert!(j(times(50, 160, None), &text, Place::RecordedInode).is_ok());
+        let e = j(times(50, 160, None), &wrong, Place::RecordedInode).unwrap_err();
+        assert!(
+            e.contains("(ctime)") && e.contains("0x2000 bytes at file offset 0x1000"),
+            "{e}"
+        );
+        let e = j(times(50, 160, None), &text, Place::Local).unwrap_err();
+        assert!(e.contains("name no inode"), "{e}");
+        let e = j(times(50, 160, Some(150)), &text, Place::RecordedInode).unwrap_err();
+        assert!(e.contains("birth time"), "{e}");
+        let e = j(times(150, 160, Some(40)), &text, Place::RecordedInode).unwrap_err();
+        assert!(e.starts_with("modified at"), "{e}");
+        // Under --symfs: the copy's times, only mtime counts (and the loose layout).
+        assert!(j(times(50, 160, Some(150)), &wrong, Place::Sysroot).is_ok());
+        assert!(j(times(150, 160, None), &text, Place::Sysroot).is_err());
+        let far = maps(&[(0x9_0000, 0x1000)]);
+        assert!(j(times(50, 160, None), &far, Place::Sysroot).is_err());
+        assert!(j(times(50, 60, None), &far, Place::RecordedInode).is_err());
     }
 }

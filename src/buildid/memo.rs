@@ -5,20 +5,23 @@
 //! ctime from a fresh `stat` at every lookup — so a file that is rewritten, replaced or
 //! touched mid-batch gets a new key and is read again, never served from the memo.
 //! Within one file state the proof's answer still depends on the recording (the inode
-//! it mapped, its executable offsets, and whether the file's mtime/ctime fall before or
-//! after the recording's start), so those are part of the entry's key too.
+//! it mapped, its executable mappings, and whether the file's mtime/ctime/birth time
+//! fall before or after the recording's start), so those are part of the entry's key
+//! too.
 //!
 //! Only [`elf::prove_and_read`](super::elf::prove_and_read) uses the memo, through one
 //! call at its top ([`lookup`]). The memo is off unless a batch installs one
 //! ([`install`]): single-file runs behave exactly as before.
 //!
 //! Assumption this relies on (checked by the unit test below only for today's proof):
-//! the proof's use of the recording's start time is a comparison with the file's mtime
-//! and ctime. If it ever compares with a slack, the time class below must use the same.
+//! the proof's use of the recording's start time is a comparison with the file's mtime,
+//! ctime and birth time. If it ever compares with a slack, the time class below must
+//! use the same.
 
 use super::elf::{Proven, RecordingStart, Refusal};
 use crate::format::buildid::BuildId;
 use crate::format::record::FileIdent;
+use crate::model::ExecMaps;
 use std::cmp::Ordering as CmpOrdering;
 use std::collections::HashMap;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
@@ -36,9 +39,10 @@ struct ProofKey {
     file: FileKey,
     /// The recorded identity, as comparable numbers (`None` without an inode).
     ident: Option<(u32, u32, u64, u64)>,
-    pgoffs: Vec<u64>,
-    /// How the file's mtime and ctime compare with the recording's start.
-    times: Option<(CmpOrdering, CmpOrdering)>,
+    maps: ExecMaps,
+    /// How the file's mtime, ctime and birth time (if known) compare with the
+    /// recording's start.
+    times: Option<(CmpOrdering, CmpOrdering, Option<CmpOrdering>)>,
 }
 
 /// A memoised answer: the ID (the open file is not kept; each hit opens it anew and
@@ -130,7 +134,7 @@ fn open(path: &Path) -> std::io::Result<std::fs::File> {
 pub(crate) fn lookup(
     path: &Path,
     ident: &FileIdent,
-    exec_pgoffs: &[u64],
+    exec_maps: &ExecMaps,
     times: &RecordingStart,
 ) -> Option<Result<Proven, Refusal>> {
     // An undated recording is refused by the proof before any file is opened.
@@ -152,8 +156,14 @@ pub(crate) fn lookup(
             } => Some((maj, min, ino, generation)),
             _ => None,
         },
-        pgoffs: exec_pgoffs.to_vec(),
-        times: Some((file.3.cmp(&start), file.4.cmp(&start))),
+        maps: exec_maps.clone(),
+        times: Some((
+            file.3.cmp(&start),
+            file.4.cmp(&start),
+            super::elf::FileTimes::of(&meta)
+                .btime
+                .map(|b| b.cmp(&start)),
+        )),
     };
     let cell = {
         let mut proofs = memo.proofs.lock().ok()?;
@@ -163,7 +173,7 @@ pub(crate) fn lookup(
     // Only one thread proves a key; the others wait for its answer.
     let answer = cell.get_or_init(|| {
         // The proof itself, not prove_and_read (whose first step is this lookup).
-        let r = super::elf::prove(path, Some(ident), exec_pgoffs, times);
+        let r = super::elf::prove(path, Some(ident), exec_maps, times);
         memo.proofs_run.fetch_add(1, Ordering::Relaxed);
         if let Ok(mut files) = memo.files.lock()
             && files.insert(file)
@@ -251,7 +261,9 @@ mod tests {
         let _g = install(memo.clone());
         // Times never make a file stale here.
         let t = RecordingStart::Known(i128::MAX);
-        let prove = |p: &Path| super::super::elf::prove_and_read(p, &FileIdent::None, &[], &t);
+        let prove = |p: &Path| {
+            super::super::elf::prove_and_read(p, &FileIdent::None, &ExecMaps::default(), &t)
+        };
         for _ in 0..3 {
             assert_eq!(prove(&p).unwrap().build_id.to_string(), "aa".repeat(20));
         }

@@ -68,7 +68,7 @@ impl Group {
                 model
                     .dsos
                     .get(d as usize)
-                    .is_some_and(|d| !d.exec_pgoffs.is_empty())
+                    .is_some_and(|d| !d.exec_maps.is_empty())
             })
     }
 }
@@ -357,16 +357,15 @@ fn identify_one(
                     "the file was already deleted when it was mapped".into(),
                 ));
             }
-            let mut pgoffs: Vec<u64> = dsos
-                .iter()
-                .flat_map(|d| d.exec_pgoffs.iter().copied())
-                .collect();
-            pgoffs.sort_unstable();
-            pgoffs.dedup();
+            let mut maps = crate::model::ExecMaps::default();
+            for d in &dsos {
+                maps.merge(&d.exec_maps);
+            }
+            maps.maps.sort_unstable();
             if let Some(root) = ev.symfs {
                 // A sysroot speaks for any host: the recording's own files, copied.
                 let path = cache::under_root(root, &g.name);
-                return match elf::prove_in_sysroot(&path, &pgoffs, &ev.times) {
+                return match elf::prove_in_sysroot(&path, &maps, &ev.times) {
                     Ok(p) => {
                         let mut o = Outcome::found(p.build_id, Source::Symfs);
                         o.file = Some(p.file);
@@ -379,7 +378,7 @@ fn identify_one(
                 return Outcome::refused(why.clone());
             }
             let ident = inodes.first().map(|i| **i).unwrap_or(FileIdent::None);
-            match elf::prove_and_read(Path::new(&g.name), &ident, &pgoffs, &ev.times) {
+            match elf::prove_and_read(Path::new(&g.name), &ident, &maps, &ev.times) {
                 Ok(p) => {
                     let mut o = Outcome::found(p.build_id, Source::Elf);
                     o.file = Some(p.file);

@@ -109,6 +109,8 @@ fn engine_options(args: &BatchArgs) -> Result<Options> {
 
 fn destination(args: &BatchArgs) -> Result<Dest> {
     if args.in_place {
+        // Refused before any input is touched.
+        args.engine.attrs_for().check_in_place()?;
         return match (&args.out_dir, &args.suffix) {
             (None, None) => Ok(Dest::InPlace),
             _ => Err(Error::Usage(

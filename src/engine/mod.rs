@@ -50,16 +50,6 @@ pub const MAX_STREAM_ATTRS: usize = 1024;
 /// Distinct HEADER_BUILD_ID records a stream may carry (one per DSO it touched).
 pub const MAX_STREAM_BUILD_IDS: usize = 65536;
 
-/// The empty HEADER_FEATURE record that ends a stream's features, as pdinject writes
-/// it: perf 7.3's `HEADER_LAST_FEATURE`. perf 6.x ended them with 32, which perf 7.x
-/// reads as an empty CPU_DOMAIN_INFO section and warns about; perf 6.1 and 6.12 take
-/// 35 without a word (they skip feature IDs they do not know). A passed-on stream's
-/// old marker is rewritten (`sink::stream`).
-pub const FEAT_TERMINATOR: u64 = 35;
-
-/// perf 6.x's `HEADER_LAST_FEATURE`, the end marker of streams written before perf 7.
-pub const FEAT_TERMINATOR_6X: u64 = 32;
-
 /// Whether the engine may look outside the input (host identity, local files).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Host {
@@ -669,8 +659,9 @@ impl<'a> Engine<'a> {
                 let id = e
                     .u64(r.bytes, 8)
                     .ok_or_else(|| Error::format(r.offset, "HEADER_FEATURE record is truncated"))?;
-                // A feature is kept by its payload: the end marker has none, whichever
-                // perf wrote it (32 before perf 7, 35 since; 32 is a feature in 7.x).
+                // A feature is kept by its payload: the end-of-features marker has none,
+                // whichever perf wrote it (32 before perf 7, 35 since; 32 is a feature
+                // in 7.x). See sink::stream for why outputs carry no marker.
                 if r.bytes.len() > 16 && id < 256 {
                     let payload = r.bytes[16..].to_vec();
                     self.kept.features += payload.len() as u64;

@@ -1,5 +1,6 @@
 //! `perf_event_attr` entries of the attrs section (perf-format.md §1.3) and the
-//! sample layout they imply. Attr bytes are never rewritten: pdinject only reads them.
+//! sample layout they imply. Attr bytes are only read here; `--attrs-for` cuts them
+//! to an older perf's size ([`super::attr_compat`]), nothing else rewrites them.
 
 use super::Endian;
 use super::header::FileHeader;

@@ -122,7 +122,7 @@ pub fn parse_build_id_table(payload: &[u8], e: Endian) -> BuildIdTable {
         };
         let size = h.size as usize;
         // perf reads the name into a PATH_MAX buffer without checking its length.
-        if size < 36 || size > rest.len() || size - 36 > crate::limits::MAX_DSO_NAME + 1 {
+        if size < 36 || size > rest.len() || size - 36 > crate::limits::PATH_MAX {
             t.malformed = true;
             break;
         }

@@ -5,6 +5,7 @@
 //! is an unaligned, bounds-checked copy of a few bytes in the writer's byte order.
 
 pub mod attr;
+pub mod attr_compat;
 pub mod buildid;
 pub mod compressed;
 pub mod feature;

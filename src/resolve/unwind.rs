@@ -17,7 +17,7 @@
 
 use super::cfi::{self, EhFrameRules};
 use crate::buildid::RecordingStart;
-use crate::buildid::elf::prove_and_read;
+use crate::buildid::elf::{FileTimes, Place, Segment, judge, prove_and_read};
 use crate::format::Endian;
 use crate::model::{Dso, DsoId, DsoKind, Key, MapEntry, Model, lay_over};
 use framehop::aarch64::{CacheAarch64, UnwindRegsAarch64, UnwinderAarch64};
@@ -25,7 +25,6 @@ use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
 use framehop::{ExplicitModuleSectionInfo, FrameAddress, Module, Unwinder};
 use std::collections::HashMap;
 use std::ops::{Deref, Range};
-use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -94,17 +93,10 @@ pub struct DsoUnwind {
     /// x86_64 rules from `.eh_frame`, made when an x86_64 worker first meets the DSO
     /// and shared by all (see [`cfi`]).
     rules: OnceLock<Option<Arc<EhFrameRules>>>,
-    /// The file's times when it was proven (see [`UnwindTables::still_proven`]).
-    proven: ProvenAt,
-}
-
-/// What the proof of a file read from its inode: modification and change times (ns)
-/// and its link count.
-#[derive(Clone, Copy, Debug, Default)]
-struct ProvenAt {
-    mtime: i128,
-    ctime: i128,
-    nlink: u64,
+    /// The file's times when it was proven and its PT_LOAD segments (see
+    /// [`UnwindTables::still_proven`]).
+    proven: FileTimes,
+    loads: Vec<Segment>,
 }
 
 /// Unwind information for every DSO, loaded on first use by whichever worker needs it.
@@ -192,15 +184,14 @@ impl UnwindTables {
             let Some(Some(t)) = t.get() else {
                 return true;
             };
-            let p = t.proven;
-            let dated = p.mtime <= start && (p.ctime <= start || p.nlink > 1);
-            let laid_out = t.segments.is_empty()
-                || dso.exec_pgoffs.iter().all(|&pg| {
-                    t.segments
-                        .iter()
-                        .any(|&(o, _)| o >= pg && o - pg < 64 << 10)
-                });
-            dated && laid_out
+            judge(
+                &t.proven,
+                &t.loads,
+                &dso.exec_maps,
+                start,
+                Place::of(&dso.ident),
+            )
+            .is_ok()
         })
     }
 
@@ -221,7 +212,7 @@ impl UnwindTables {
         let proven = prove_and_read(
             Path::new(&dso.name),
             &dso.ident,
-            &dso.exec_pgoffs,
+            &dso.exec_maps,
             &self.start,
         )
         .ok()?;
@@ -231,13 +222,7 @@ impl UnwindTables {
         // Loaded outside the lock; a second worker racing on the same file keeps the
         // first copy stored.
         let meta = proven.file.metadata().ok()?;
-        let ns = |s: i64, n: i64| s as i128 * 1_000_000_000 + n as i128;
-        let at = ProvenAt {
-            mtime: ns(meta.mtime(), meta.mtime_nsec()),
-            ctime: ns(meta.ctime(), meta.ctime_nsec()),
-            nlink: meta.nlink(),
-        };
-        let t = Arc::new(load_sections(&proven.file, at)?);
+        let t = Arc::new(load_sections(&proven.file, FileTimes::of(&meta))?);
         Some(
             self.by_file
                 .lock()
@@ -249,10 +234,11 @@ impl UnwindTables {
     }
 }
 
-fn load_sections(file: &std::fs::File, proven: ProvenAt) -> Option<DsoUnwind> {
+fn load_sections(file: &std::fs::File, proven: FileTimes) -> Option<DsoUnwind> {
     let cache = crate::buildid::elf::reader(file);
     let elf = crate::buildid::elf::Elf::parse(&cache).ok()?;
     let segments = elf.load_segments();
+    let loads = elf.loads();
     let section = |name: &str, max: u64| -> Option<(Range<u64>, Bytes)> {
         let s = elf.section(name.as_bytes())?;
         // Compressed CFI is not read (object, without its compression feature, did
@@ -314,6 +300,7 @@ fn load_sections(file: &std::fs::File, proven: ProvenAt) -> Option<DsoUnwind> {
         info,
         rules: OnceLock::new(),
         proven,
+        loads,
     })
 }
 
@@ -1145,7 +1132,7 @@ mod tests {
             let Ok(f) = std::fs::File::open(path) else {
                 continue;
             };
-            let Some(t) = load_sections(&f, ProvenAt::default()) else {
+            let Some(t) = load_sections(&f, FileTimes::default()) else {
                 continue;
             };
             let Some(rules) = EhFrameRules::new(&t.info) else {
@@ -1246,7 +1233,8 @@ mod tests {
             segments: vec![(0, 0)],
             info: ExplicitModuleSectionInfo::default(),
             rules: OnceLock::new(),
-            proven: ProvenAt::default(),
+            proven: FileTimes::default(),
+            loads: Vec::new(),
         }));
         // DSO 1 mapped at 0x1000..0x3000 (file offset 0 at address 0x1000), DSO 2
         // right after it, DSO 3 not met by the worker yet.
@@ -1283,41 +1271,78 @@ mod tests {
     #[test]
     fn tables_loaded_early_are_checked_against_the_whole_recording() {
         // A table proven while the scan thought the recording started later, and
-        // with fewer executable offsets mapped, is kept only if the final start and
-        // offsets would have let it be loaded too.
-        let t = |mtime, ctime, nlink| DsoUnwind {
+        // with fewer executable mappings seen, is kept only if the final start and
+        // mappings would have let it be loaded too.
+        let t = |mtime, ctime, btime| DsoUnwind {
             segments: vec![(0, 0), (0x1000, 0x1000)],
             info: ExplicitModuleSectionInfo::default(),
             rules: OnceLock::new(),
-            proven: ProvenAt {
+            proven: FileTimes {
                 mtime,
                 ctime,
-                nlink,
+                btime,
             },
+            loads: vec![
+                Segment {
+                    filesz: 0x490,
+                    memsz: 0x490,
+                    ..Segment::default()
+                },
+                Segment {
+                    offset: 0x1000,
+                    vaddr: 0x1000,
+                    filesz: 0x189,
+                    memsz: 0x189,
+                    exec: true,
+                },
+            ],
         };
         let tables = |d: DsoUnwind| UnwindTables {
             per_dso: vec![OnceLock::from(Some(Arc::new(d))), OnceLock::from(None)],
             ..UnwindTables::default()
         };
-        let dso = |pgoffs: Vec<u64>| Dso {
-            name: "/lib/x.so".into(),
-            kind: DsoKind::User,
-            ident: crate::format::record::FileIdent::None,
-            exec_pgoffs: pgoffs,
+        let inode = crate::format::record::FileIdent::Inode {
+            maj: 8,
+            min: 1,
+            ino: 42,
+            generation: 0,
+        };
+        let dso = |ident, maps: &[(u64, u64)]| {
+            let mut exec_maps = crate::model::ExecMaps::default();
+            for &(o, l) in maps {
+                exec_maps.add(o, l);
+            }
+            Dso {
+                name: "/lib/x.so".into(),
+                kind: DsoKind::User,
+                ident,
+                exec_maps,
+            }
         };
         let at = |ns| RecordingStart::Known(ns);
-        let two = |p| vec![dso(p), dso(vec![0x5000])];
-        assert!(tables(t(100, 100, 1)).still_proven(&two(vec![0x1000]), &at(150)));
+        let two = |m: &[(u64, u64)]| vec![dso(inode, m), dso(inode, &[(0x5000, 0x1000)])];
+        let text = [(0x1000, 0x1000)];
+        assert!(tables(t(100, 100, None)).still_proven(&two(&text), &at(150)));
         // Modified after the real start.
-        assert!(!tables(t(100, 100, 1)).still_proven(&two(vec![0x1000]), &at(99)));
-        // Changed after it: stale with one link, not with more (a cache's hard link).
-        assert!(!tables(t(100, 120, 1)).still_proven(&two(vec![0x1000]), &at(110)));
-        assert!(tables(t(100, 120, 2)).still_proven(&two(vec![0x1000]), &at(110)));
+        assert!(!tables(t(100, 100, None)).still_proven(&two(&text), &at(99)));
+        // Created after it (its mtime set back).
+        assert!(!tables(t(100, 120, Some(120))).still_proven(&two(&text), &at(110)));
+        // Changed after it: not stale when the recorded mapping is the file's text
+        // segment exactly (a link, a chmod), stale when it is not (rewritten), or
+        // when the records name no inode.
+        assert!(tables(t(100, 120, Some(90))).still_proven(&two(&text), &at(110)));
+        assert!(!tables(t(100, 120, None)).still_proven(&two(&[(0x1000, 0x2000)]), &at(110)));
+        let no_inode = vec![
+            dso(crate::format::record::FileIdent::None, &text),
+            dso(inode, &[]),
+        ];
+        assert!(!tables(t(100, 120, None)).still_proven(&no_inode, &at(110)));
         // An offset mapped later that no segment holds.
-        assert!(!tables(t(100, 100, 1)).still_proven(&two(vec![0x1000, 0x9_0000]), &at(150)));
+        let far = [(0x1000, 0x1000), (0x9_0000, 0x1000)];
+        assert!(!tables(t(100, 100, None)).still_proven(&two(&far), &at(150)));
         // Undated at the end: nothing loaded may stay.
         let undated = RecordingStart::Unknown("x".into());
-        assert!(!tables(t(100, 100, 1)).still_proven(&two(vec![0x1000]), &undated));
+        assert!(!tables(t(100, 100, None)).still_proven(&two(&text), &undated));
         assert!(UnwindTables::default().still_proven(&[], &undated));
     }
 

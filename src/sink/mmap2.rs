@@ -7,13 +7,14 @@
 //! table, still find the IDs).
 //!
 //! What is converted: MMAP2 records in the classic form and MMAP records of user
-//! files, the kernel and modules, when their DSO's decision has an ID that names
-//! every mapping of the path (no ambiguity, no later file, no two identities among
-//! the path's records). An MMAP2 keeps its size (the union of device/inode and
+//! files, when their DSO's decision has an ID that names every mapping of the path
+//! (no ambiguity, no later file, no two identities among the path's records). An MMAP2 keeps its size (the union of device/inode and
 //! build-ID fields is 24 bytes either way); an MMAP grows by 32 bytes into an MMAP2.
 //! Records already in build-ID form, the vdso (not file-backed: the kernel writes it
-//! in the classic form too), anonymous memory, and DSOs that are stale, ambiguous,
-//! missing, unreadable or of another host stay byte for byte as they were.
+//! in the classic form too), MMAP records of the kernel and modules (as perf 6.12
+//! leaves them; their IDs are in the table), anonymous memory, and DSOs that are
+//! stale, ambiguous, missing, unreadable or of another host stay byte for byte as
+//! they were.
 //!
 //! Records inside COMPRESSED data are left as they are and their IDs go into the
 //! table: perf keeps one zstd frame open for the whole recording, so changing one
@@ -153,7 +154,13 @@ pub fn plan(
         let Some(h) = RecordHeader::parse(&rec, e) else {
             continue;
         };
-        if h.kind == rt::MMAP && !grow {
+        // An MMAP of the kernel or a module stays as it is, its ID in the table (as
+        // perf 6.12's and 7.3's --mmap2-buildid-all leave it): samply takes the
+        // kernel's maps from MMAP records and drops MMAP2 records without
+        // PROT_EXEC, so a kernel map in build-ID MMAP2 form (prot 0, what
+        // `perf record --buildid-mmap` writes) would lose the kernel from its
+        // libraries (samply#734 is the same for modules).
+        if h.kind == rt::MMAP && (!grow || kernel_space) {
             continue;
         }
         if let Some(new) = encode_build_id_mmap2(&rec, e, &id, kernel_space) {

@@ -6,13 +6,15 @@
 //! HEADER_TRACING_DATA, and the input's table as HEADER_BUILD_ID records.
 
 use super::{Batch, Begin, Sink, SinkReport};
-use crate::engine::{Decision, Engine, FEAT_TERMINATOR, FEAT_TERMINATOR_6X};
+use crate::engine::{Decision, Engine};
 use crate::format::Endian;
+use crate::format::attr_compat;
 use crate::format::buildid::{BuildId, encode_table_entry};
 use crate::format::header::{FEAT_BUILD_ID, encode_pipe_header};
 use crate::format::record::rt;
 use crate::format::walk::first_sampleish;
 use crate::input::PerfInput;
+use crate::options::AttrsFor;
 use crate::{Error, Result};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -32,6 +34,13 @@ pub struct StreamSink<'w> {
     splices: Vec<super::mmap2::Splice>,
     /// What [`StreamSink::pass_on`] repaired so far.
     fixes: Fixes,
+    /// `--attrs-for`: the size HEADER_ATTR records' attrs are cut to.
+    attrs_for: AttrsFor,
+    /// The largest attr size cut (for the summary).
+    attrs_cut: Option<usize>,
+    /// The stream header, written with the first records: a run refused at its
+    /// first batch (an attr that cannot be cut) leaves no byte on the output.
+    pending: Option<Vec<u8>>,
 }
 
 /// Records of a passed-on stream rewritten so that every perf reads the output.
@@ -40,8 +49,8 @@ struct Fixes {
     /// HEADER_BUILD_ID records padded to a multiple of 8 bytes (perf 6.1's
     /// `inject -b` writes 36 + round_up(len + 1, 64)).
     build_ids: u64,
-    /// perf 6's empty HEADER_FEATURE 32 written as perf 7's end marker.
-    end_markers: u64,
+    /// End-of-features markers left out, by feature ID (see [`is_end_marker`]).
+    end_markers: std::collections::BTreeSet<u64>,
     /// Other records whose size is not a multiple of 8, passed on as they are: what
     /// follows their bytes is not known to be padding, so no repair is lossless.
     unaligned: u64,
@@ -57,7 +66,37 @@ impl<'w> StreamSink<'w> {
             report: SinkReport::default(),
             splices: Vec::new(),
             fixes: Fixes::default(),
+            attrs_for: AttrsFor::Verbatim,
+            attrs_cut: None,
+            pending: None,
         }
+    }
+
+    /// Writes every attr at `to`'s size (`--attrs-for`); refuses an attr whose cut
+    /// bytes are not zero.
+    pub fn set_attrs_for(&mut self, to: AttrsFor) {
+        self.attrs_for = to;
+    }
+
+    /// Checks, before a stream batch writes anything, that every attr seen so far
+    /// can be cut to the `--attrs-for` size.
+    fn check_attrs(&self, engine: &Engine<'_>) -> Result<()> {
+        if self.attrs_for == AttrsFor::Verbatim {
+            return Ok(());
+        }
+        let names = engine
+            .stream_features()
+            .get(&attr_compat::FEAT_EVENT_DESC)
+            .map(|p| attr_compat::parse_event_desc(p, self.e))
+            .unwrap_or_default();
+        for (i, body) in engine.attr_records().iter().enumerate() {
+            let size = attr_compat::own_size(body, self.e).min(body.len());
+            let attr = &body[..size];
+            let event = || attr_compat::describe(i, names.get(i).map(String::as_str), attr, self.e);
+            attr_compat::shrink(attr, self.e, self.attrs_for, &event)
+                .map_err(|e| e.in_file(engine.name()))?;
+        }
+        Ok(())
     }
 
     /// Records of a file input's data section to replace as it is written (sorted).
@@ -66,16 +105,19 @@ impl<'w> StreamSink<'w> {
     }
 
     fn write(&mut self, b: &[u8]) -> Result<()> {
+        if let Some(h) = self.pending.take() {
+            self.w.write_all(&h).map_err(|e| Error::io(&self.out, e))?;
+        }
         self.w.write_all(b).map_err(|e| Error::io(&self.out, e))
     }
 
-    /// Writes whole records of the input stream, repairing the two things perf 7.3
-    /// refuses or warns about in streams older perfs wrote: a HEADER_BUILD_ID record
-    /// whose size is not a multiple of 8 (padded with zeros after its NUL-terminated
-    /// name; the record has no sample-id trailer, so nothing moves) and perf 6's end
-    /// of features (HEADER_FEATURE 32 without payload). Runs of records that need
-    /// nothing are written as they are; a batch that needs nothing costs one walk of
-    /// its headers.
+    /// Writes whole records of the input stream, repairing what one perf refuses or
+    /// warns about in streams another wrote: a HEADER_BUILD_ID record whose size is
+    /// not a multiple of 8 (perf 7.3 aborts; padded with zeros after its
+    /// NUL-terminated name, and the record has no sample-id trailer, so nothing
+    /// moves), and the end-of-features marker (left out, see [`is_end_marker`]). Runs
+    /// of records that need nothing are written as they are; a batch that needs
+    /// nothing costs one walk of its headers.
     fn pass_on(&mut self, bytes: &[u8]) -> Result<()> {
         let e = self.e;
         let mut at = 0usize;
@@ -95,6 +137,16 @@ impl<'w> StreamSink<'w> {
             };
             let rec = &bytes[at..at + size];
             let fixed: Option<Vec<u8>> = match f.header.kind {
+                rt::HEADER_ATTR if self.attrs_for != AttrsFor::Verbatim => {
+                    // check_attrs has named any attr that cannot be cut.
+                    let event = || "a HEADER_ATTR record".to_string();
+                    let cut = attr_compat::shrink_record(rec, e, self.attrs_for, &event)?;
+                    if cut.is_some() {
+                        let own = e.u32(rec, 12).unwrap_or(0) as usize;
+                        self.attrs_cut = self.attrs_cut.max(Some(own));
+                    }
+                    cut
+                }
                 rt::HEADER_BUILD_ID if size % 8 != 0 => {
                     let padded = size.next_multiple_of(8);
                     u16::try_from(padded).ok().map(|p| {
@@ -105,11 +157,11 @@ impl<'w> StreamSink<'w> {
                         v
                     })
                 }
-                rt::HEADER_FEATURE if size == 16 && e.u64(rec, 8) == Some(FEAT_TERMINATOR_6X) => {
-                    let mut v = rec.to_vec();
-                    v[8..16].copy_from_slice(&e.put_u64(FEAT_TERMINATOR));
-                    self.fixes.end_markers += 1;
-                    Some(v)
+                rt::HEADER_FEATURE if is_end_marker(rec, e) => {
+                    self.fixes
+                        .end_markers
+                        .insert(e.u64(rec, 8).unwrap_or_default());
+                    Some(Vec::new())
                 }
                 _ => None,
             };
@@ -158,12 +210,28 @@ impl<'w> StreamSink<'w> {
         // HEADER_ATTR: the attr as the file holds it, then its ids.
         let raw = src.read_at(h.attrs.offset, h.attrs.size)?;
         let attr_len = (h.attr_size - 16) as usize;
+        let names = if self.attrs_for == AttrsFor::Verbatim {
+            Vec::new()
+        } else {
+            input
+                .feature(attr_compat::FEAT_EVENT_DESC)
+                .map(|p| attr_compat::parse_event_desc(&p, e))
+                .unwrap_or_default()
+        };
         for (i, (entry, a)) in raw
             .chunks_exact(h.attr_size as usize)
             .zip(&input.attrs)
             .enumerate()
         {
-            let size = 8 + attr_len + 8 * a.ids.len();
+            let attr = &entry[..attr_len];
+            let event = || attr_compat::describe(i, names.get(i).map(String::as_str), attr, e);
+            let cut = attr_compat::shrink(attr, e, self.attrs_for, &event)
+                .map_err(|err| err.in_file(&input.header_path))?;
+            if cut.is_some() {
+                self.attrs_cut = self.attrs_cut.max(Some(attr_len));
+            }
+            let attr = cut.as_deref().unwrap_or(attr);
+            let size = 8 + attr.len() + 8 * a.ids.len();
             let size = u16::try_from(size).map_err(|_| {
                 Error::unsupported(format!(
                     "event {i} has {} sample ids, more than a HEADER_ATTR record holds",
@@ -172,7 +240,7 @@ impl<'w> StreamSink<'w> {
                 .in_file(&input.header_path)
             })?;
             push_header(&mut recs, e, rt::HEADER_ATTR, size);
-            recs.extend_from_slice(&entry[..attr_len]);
+            recs.extend_from_slice(attr);
             for id in &a.ids {
                 recs.extend_from_slice(&e.put_u64(*id));
             }
@@ -203,8 +271,7 @@ impl<'w> StreamSink<'w> {
                 )),
             }
         }
-        push_header(&mut recs, e, rt::HEADER_FEATURE, 16);
-        recs.extend_from_slice(&e.put_u64(FEAT_TERMINATOR));
+        // No end-of-features marker: see `is_end_marker`.
         if let Some(t) = tracing {
             // perf pads tracing data to 8 bytes and announces the padded size.
             let padded = t.len().next_multiple_of(8);
@@ -257,6 +324,22 @@ fn push_header(out: &mut Vec<u8>, e: Endian, kind: u32, size: u16) {
     out.extend_from_slice(&e.put_u16(size));
 }
 
+/// Whether `rec` (a HEADER_FEATURE record) is an end-of-features marker: a feature
+/// ID from 32 on without payload. perf writes its `HEADER_LAST_FEATURE` there, and
+/// other versions misread it (measured with perf 6.1, 6.12 and 7.3):
+/// * perf 6's marker is 32, which perf 7 reads as an empty CPU_DOMAIN_INFO section
+///   ("Invalid HEADER_CPU_DOMAIN_INFO: section too small (0) for 2 CPUs");
+/// * perf 7's is 35, on which perf 6.1's and 6.12's `perf report` stop ("failed:
+///   wrong feature ID: 35", "failed to process sample": no report at all).
+///
+/// Without a marker all three read the stream, `perf report --header-only`
+/// included; the marker only lets `perf report --header-only` stop early and
+/// `--group` force its leader once the features are in. So pdinject writes none and
+/// leaves the input's out. A feature without payload carries nothing to lose.
+fn is_end_marker(rec: &[u8], e: Endian) -> bool {
+    rec.len() == 16 && e.u64(rec, 8).is_some_and(|id| id >= 32)
+}
+
 /// Appends a HEADER_BUILD_ID record for `name` in the modern form (the same bytes as
 /// a table entry, typed as a record; no sample-id trailer, which perf 6.1 does not
 /// expect). False when the name is too long for a record.
@@ -280,7 +363,8 @@ impl Sink for StreamSink<'_> {
         match begin {
             Begin::Stream { header, endian } => {
                 self.e = *endian;
-                self.write(header)
+                self.pending = Some(header.to_vec());
+                Ok(())
             }
             Begin::File(input) => {
                 let host = if cfg!(target_endian = "big") {
@@ -301,15 +385,17 @@ impl Sink for StreamSink<'_> {
                     .in_file(&input.header_path));
                 }
                 self.e = host;
-                self.write(&encode_pipe_header(host))
+                self.pending = Some(encode_pipe_header(host).to_vec());
+                Ok(())
             }
         }
     }
 
-    fn batch(&mut self, batch: &Batch<'_>, _: &Engine<'_>) -> Result<()> {
+    fn batch(&mut self, batch: &Batch<'_>, engine: &Engine<'_>) -> Result<()> {
         match batch {
             Batch::File { input, new } => self.write_file_input(input, new),
             Batch::Bytes { bytes, new, .. } => {
+                self.check_attrs(engine)?;
                 let recs = self.id_records(new);
                 let at = if recs.is_empty() {
                     bytes.len()
@@ -325,7 +411,15 @@ impl Sink for StreamSink<'_> {
     }
 
     fn finish(&mut self, _: &Engine<'_>) -> Result<SinkReport> {
+        if let Some(h) = self.pending.take() {
+            self.w.write_all(&h).map_err(|e| Error::io(&self.out, e))?;
+        }
         self.w.flush().map_err(|e| Error::io(&self.out, e))?;
+        if let (Some(from), Some(to)) = (self.attrs_cut, self.attrs_for.size()) {
+            self.report
+                .notes
+                .push(attr_compat::note(from, to, self.attrs_for));
+        }
         let f = &self.fixes;
         if f.build_ids > 0 {
             self.report.notes.push(format!(
@@ -333,9 +427,11 @@ impl Sink for StreamSink<'_> {
                 f.build_ids
             ));
         }
-        if f.end_markers > 0 {
+        if !f.end_markers.is_empty() {
+            let ids: Vec<String> = f.end_markers.iter().map(u64::to_string).collect();
             self.report.notes.push(format!(
-                "the input's end of features (perf 6's HEADER_FEATURE {FEAT_TERMINATOR_6X}) written as perf 7's ({FEAT_TERMINATOR})"
+                "the input's end-of-features marker (HEADER_FEATURE {}) left out: each perf but the one that wrote it fails or warns on it",
+                ids.join(", ")
             ));
         }
         if f.unaligned > 0 {

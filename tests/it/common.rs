@@ -424,7 +424,7 @@ pub fn build_lib(src: &str, out: &Path, id: &str) {
     build_lib_with(src, out, id, &[]);
 }
 
-fn build_lib_with(src: &str, out: &Path, id: &str, extra: &[&str]) {
+pub fn build_lib_with(src: &str, out: &Path, id: &str, extra: &[&str]) {
     let src = fixtures_src().join(src);
     let bid = format!("-Wl,--build-id=0x{id}");
     let mut a: Vec<&OsStr> = vec![

@@ -6,6 +6,7 @@
 
 mod common;
 
+mod attrs;
 mod batch;
 mod budget;
 mod cache;
@@ -15,6 +16,7 @@ mod errors;
 mod hostile;
 mod inplace;
 mod large;
+mod matrix;
 mod mmap2;
 mod mutation;
 mod namespace;
@@ -23,4 +25,5 @@ mod pipe;
 mod quipper;
 mod record;
 mod slurm;
+mod stale;
 mod unwind;

@@ -127,9 +127,19 @@ fn perf73_reads_every_stream_pdinject_writes() {
             } else {
                 assert_reads_clean(&p73, reference, &out, &ctx);
             }
-            // The output is still read by perf 6.1 as well as the input is.
+            // The output is still read by perf 6.1 as well as the input is, by
+            // `perf report` too (which stops at perf 7's end-of-features marker).
             let (ok, _, err) = script_stdin(&p61, &out, &[]);
             assert!(ok, "{ctx}: perf 6.1 refuses the output:\n{err}");
+            let o = run(p61
+                .cmd()
+                .args(["report", "--stdio", "-i", "-"])
+                .stdin(fs::File::open(&out).unwrap()));
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert!(
+                o.status.success() && !err.contains("wrong feature ID") && !o.stdout.is_empty(),
+                "{ctx}: perf 6.1 report fails on the output:\n{err}"
+            );
         }
     }
     // The repair is said: the summary names the padded records.
@@ -145,4 +155,76 @@ fn perf73_reads_every_stream_pdinject_writes() {
         err.contains("HEADER_BUILD_ID record(s) of the input padded"),
         "the summary does not say the input's records were repaired:\n{err}"
     );
+}
+
+/// perf 7.3's own recordings, as it makes them by default (build-ID MMAP2 records, no
+/// BUILD_ID table, nothing cached at record time, CPU_DOMAIN_INFO): frame pointers,
+/// `-z`, DWARF stacks, and a `-z` stream. pdinject's table then holds the fixtures'
+/// IDs, perf 7.3 prints the same samples, and every perf that reads the input reads
+/// the output.
+#[test]
+fn perf73_recordings_keep_working() {
+    const T: &str = "perf73_recordings_keep_working";
+    let Some(st) = setup(T) else { return };
+    let Some(p73) = perf73(T) else { return };
+    let dir = &st.dir;
+    let cases: [(&str, &[&str], bool); 4] = [
+        ("fp", &["-g"], false),
+        ("z", &["-g", "-z"], false),
+        ("dwarf", &["--call-graph", "dwarf,8192"], false),
+        ("z-stream", &["-g", "-z"], true),
+    ];
+    for (name, opts, stream) in cases {
+        let input = dir.join(format!("r73-{name}.data"));
+        if stream {
+            let o = run(p73
+                .cmd()
+                .current_dir(dir)
+                .args(["record", "-q", "-o", "-"])
+                .args(opts)
+                .args(["--", "./prog"])
+                .stdout(fs::File::create(&input).unwrap()));
+            assert!(
+                o.status.success(),
+                "perf 7.3 record {name}: {}",
+                tail(&o.stderr)
+            );
+        } else {
+            let mut args = opts.to_vec();
+            args.extend(["--", "./prog"]);
+            record_in(&p73, dir, &input, &args);
+        }
+        let out = dir.join(format!("r73-{name}.out.data"));
+        let (_, report) = pdinject_ok(&input, &out, &["--buildids", "-q"]);
+        let ids = buildid_list(&p73, &out);
+        for (p, id) in [(&st.fx.prog, PROG_ID), (&st.fx.libfix, LIB_ID)] {
+            assert_eq!(
+                ids.get(p.to_str().unwrap()).map(String::as_str),
+                Some(id),
+                "{name}: perf 7.3 buildid-list of pdinject's output: {}\nreport: {}",
+                fmt_map(&ids),
+                report_summary(&report)
+            );
+        }
+        // The IDs came from the recording's own MMAP2 records, not from files.
+        let prog = report_dso(&report, st.fx.prog.to_str().unwrap())
+            .unwrap_or_else(|| panic!("{name}: prog not in the report"));
+        assert_eq!(prog["source"], "mmap2", "{name}: {prog}");
+        let args = ["-F", "comm,tid,time,event,ip,dso", "-G"];
+        let want = if stream {
+            script_stdin(&p73, &input, &args).1
+        } else {
+            perf_script(&p73, &input, &args)
+        };
+        let got = perf_script(&p73, &out, &args);
+        assert!(
+            !want.is_empty(),
+            "{name}: perf 7.3 printed nothing for the input"
+        );
+        assert!(
+            want == got,
+            "{name}: perf 7.3 script differs:\n{}",
+            first_diff(&want, &got)
+        );
+    }
 }
