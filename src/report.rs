@@ -1,6 +1,6 @@
 //! The run summary: a few lines on stderr and, with `--report FILE`, the same as JSON.
 
-use crate::buildid::{Reason, Source};
+use crate::buildid::{Contradiction, Reason, Source, Verdict};
 use crate::model::DsoKind;
 use crate::write::TempOutput;
 use crate::{Error, Result};
@@ -31,6 +31,37 @@ pub struct DsoReport {
     pub cache_entry: Option<String>,
     /// Build-ID cache: why the DSO is not cached.
     pub cache_detail: Option<String>,
+    /// The input's claim of an ID for this DSO was contradicted: what became of it.
+    pub claim: Option<ClaimReport>,
+}
+
+/// A contradicted claim in the report (see [`crate::buildid::Contradiction`]).
+#[derive(Clone, Debug, Serialize)]
+pub struct ClaimReport {
+    /// The ID the input claims, hex.
+    pub build_id: String,
+    /// `confirmed` (kept), `corrected` (the proven ID written instead) or
+    /// `refused` (no ID, reason `conflicting-claim`).
+    pub verdict: Verdict,
+    /// Other DSOs the input claims it for (a few; `others_total` counts them all);
+    /// empty when this boot's kernel or module notes contradict it.
+    pub others: Vec<String>,
+    /// How many other DSOs claim it.
+    pub others_total: usize,
+    /// The input's own build-ID MMAP2 records carry the claim (passed on unchanged).
+    pub in_records: bool,
+}
+
+impl From<&Contradiction> for ClaimReport {
+    fn from(c: &Contradiction) -> Self {
+        ClaimReport {
+            build_id: c.claimed.to_string(),
+            verdict: c.verdict,
+            others: c.others.clone(),
+            others_total: c.others_total,
+            in_records: c.in_records,
+        }
+    }
 }
 
 /// How an `--in-place` run wrote the BUILD_ID section.
@@ -208,6 +239,21 @@ impl Report {
         for n in &self.notes {
             writeln!(w, "  note: {}", escape(n))?;
         }
+        // Contradicted claims that still have an ID: kept by a proof, or replaced by
+        // the proven ID (the refused ones are listed below with their reason).
+        for d in &self.dsos {
+            let word = match d.claim.as_ref().map(|c| c.verdict) {
+                Some(Verdict::Confirmed) if d.build_id.is_some() => "confirmed",
+                Some(Verdict::Corrected) if d.build_id.is_some() => "corrected",
+                _ => continue,
+            };
+            writeln!(
+                w,
+                "  {word:<11} {}: {}",
+                escape(&d.path),
+                escape(d.detail.as_deref().unwrap_or(""))
+            )?;
+        }
         let mut by_reason: Vec<&DsoReport> =
             self.dsos.iter().filter(|d| d.build_id.is_none()).collect();
         by_reason.sort_by_key(|d| (d.reason.map(|r| r as u8), std::cmp::Reverse(d.hits)));
@@ -343,5 +389,6 @@ pub fn reason_word(r: Reason) -> &'static str {
         Reason::Undated => "undated",
         Reason::Deleted => "deleted",
         Reason::Unsupported => "unsupported",
+        Reason::ConflictingClaim => "conflicting-claim",
     }
 }

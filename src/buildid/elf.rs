@@ -34,6 +34,9 @@ pub enum Reason {
     Deleted,
     /// Something pdinject does not handle (said in the detail).
     Unsupported,
+    /// The input claims this DSO's ID for another file too (or this boot's notes
+    /// contradict it), and nothing proves which is right.
+    ConflictingClaim,
 }
 
 /// A failed proof: the reason and a sentence for the user.

@@ -5,6 +5,13 @@
 //! input's own table and HEADER_BUILD_ID records; `--known-build-ids`; the ELF note of
 //! a file proven to be the mapped one; the kernel, module and vdso notes of this host
 //! when the recording is proven to be of this host and boot.
+//!
+//! An ID the input claims (build-ID MMAP2 records, its table, its HEADER_BUILD_ID
+//! records) is taken at its word only while nothing contradicts it: perf 6.17 and
+//! 6.18 wrote the first module's ID into the synthesized MMAP2 record of every
+//! module after it. A claim the input also makes for another file ([`Claims`]), or a
+//! kernel or module claim that this boot's notes contradict, is proven the normal way
+//! or refused ([`Reason::ConflictingClaim`]); see [`Contradiction`].
 
 pub mod archive;
 pub mod cache;
@@ -19,6 +26,7 @@ use crate::model::{DsoId, DsoKind, Model};
 pub use elf::{Reason, RecordingStart, Refusal};
 use host::HostInfo;
 use rayon::prelude::*;
+use std::collections::{BTreeSet, HashMap};
 use std::fs::File;
 use std::path::Path;
 use std::sync::Arc;
@@ -89,6 +97,192 @@ pub struct Outcome {
     /// The file the ID was read from, still open ([`Source::Elf`], [`Source::Symfs`]):
     /// the build-ID cache links or copies this very file, never the path again.
     pub file: Option<Arc<File>>,
+    /// The input's claim for this DSO was contradicted, and what became of it.
+    pub contradiction: Option<Contradiction>,
+}
+
+/// What became of a contradicted claim.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Verdict {
+    /// A proof (the file proven unchanged since the recording, this boot's notes)
+    /// gives the claimed ID: it is kept.
+    Confirmed,
+    /// A proof gives another ID: that one is written, the claim nowhere.
+    Corrected,
+    /// Nothing proves either way: no ID ([`Reason::ConflictingClaim`]).
+    Refused,
+}
+
+/// An ID the input claims for a DSO that the input contradicts (it claims the same
+/// ID for another file) or that this boot's kernel or module notes contradict.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Contradiction {
+    /// The contradicted ID.
+    pub claimed: BuildId,
+    /// Other DSOs the input claims it for, sorted, at most [`NAMED_CLAIMANTS`]
+    /// (empty when this boot's notes contradict it).
+    pub others: Vec<String>,
+    /// How many other DSOs claim it.
+    pub others_total: usize,
+    /// The input's own build-ID MMAP2 records carry it (they are passed on as they
+    /// are: records stay byte for byte).
+    pub in_records: bool,
+    /// What became of the claim.
+    pub verdict: Verdict,
+}
+
+/// Other claimants named in a [`Contradiction`] (the perf 6.17 bug makes every
+/// module claim one ID: a hundred names per module would say nothing more).
+pub const NAMED_CLAIMANTS: usize = 8;
+
+/// What one file is, as far as the input can tell: claims of one file under two
+/// names (a module as `[name]` and by path, hard links, a bind mount) are one claim.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum FileKey {
+    /// A kernel module, by module name.
+    Module(String),
+    /// A user file the recording identifies by device and inode (one per name).
+    Inode(u32, u32, u64),
+    /// Only its name, in kernel (true) or user space.
+    Name(bool, String),
+}
+
+/// The IDs the input claims for more than one file: from build-ID MMAP2 records,
+/// its table and its HEADER_BUILD_ID records, host entries only (a guest is another
+/// machine). The same name in several processes is one DSO, not a conflict.
+#[derive(Clone, Debug, Default)]
+pub struct Claims {
+    /// Each contested ID: its claimants, (space, name) with what file they are.
+    contested: HashMap<BuildId, Vec<(FileKey, bool, String)>>,
+    /// Every claimant of a contested ID: the contested IDs it claims.
+    claimants: HashMap<(bool, String), Vec<BuildId>>,
+}
+
+/// A contested claim of one DSO: the ID and the other DSOs claiming it.
+struct Contest {
+    id: BuildId,
+    others: Vec<String>,
+    total: usize,
+}
+
+impl Claims {
+    /// Gathers the claims of `model`'s build-ID MMAP2 records, `table` and `stream`.
+    pub fn gather(model: &Model, table: &BuildIdTable, stream: &[TableEntry]) -> Claims {
+        let mut by_id: HashMap<BuildId, Vec<(bool, &str)>> = HashMap::new();
+        for d in &model.dsos {
+            if let FileIdent::BuildId(b) = d.ident {
+                by_id
+                    .entry(b)
+                    .or_default()
+                    .push((d.kind.is_kernel_space(), &d.name));
+            }
+        }
+        for e in table.entries.iter().chain(stream) {
+            if !is_guest(e) {
+                by_id
+                    .entry(e.build_id)
+                    .or_default()
+                    .push((e.is_kernel(), &e.filename));
+            }
+        }
+        by_id.retain(|_, v| {
+            v.sort_unstable();
+            v.dedup();
+            v.len() > 1
+        });
+        if by_id.is_empty() {
+            return Claims::default();
+        }
+        // Names claiming an ID some other name claims too: what file each one is.
+        let names: std::collections::HashSet<(bool, &str)> =
+            by_id.values().flatten().copied().collect();
+        // (major, minor, inode) of each name's mappings.
+        type Inode = (u32, u32, u64);
+        let mut inodes: HashMap<(bool, &str), BTreeSet<Inode>> = HashMap::new();
+        for d in &model.dsos {
+            let k = (d.kind.is_kernel_space(), d.name.as_str());
+            if let FileIdent::Inode { maj, min, ino, .. } = d.ident
+                && names.contains(&k)
+            {
+                inodes.entry(k).or_default().insert((maj, min, ino));
+            }
+        }
+        let file_key = |(space, name): (bool, &str)| -> FileKey {
+            if space
+                && !name.starts_with("[kernel.kallsyms]")
+                && let Some(m) = host::module_name(name)
+            {
+                return FileKey::Module(m);
+            }
+            match inodes
+                .get(&(space, name))
+                .filter(|s| s.len() == 1)
+                .and_then(|s| s.first())
+            {
+                Some(&(maj, min, ino)) => FileKey::Inode(maj, min, ino),
+                None => FileKey::Name(space, name.to_string()),
+            }
+        };
+        let mut c = Claims::default();
+        for (id, v) in by_id {
+            let v: Vec<(FileKey, bool, String)> = v
+                .into_iter()
+                .map(|(sp, n)| (file_key((sp, n)), sp, n.to_string()))
+                .collect();
+            let files: BTreeSet<&FileKey> = v.iter().map(|x| &x.0).collect();
+            if files.len() < 2 {
+                continue;
+            }
+            for (_, sp, n) in &v {
+                c.claimants.entry((*sp, n.clone())).or_default().push(id);
+            }
+            c.contested.insert(id, v);
+        }
+        c
+    }
+
+    /// Whether the input claims, for `name` in this space, an ID it also claims for
+    /// another file.
+    pub fn is_contested(&self, kernel_space: bool, name: &str) -> bool {
+        self.claimants
+            .contains_key(&(kernel_space, name.to_string()))
+    }
+
+    /// The first of `ids` (the DSO's own claims, the one taken first) that the input
+    /// also claims for another file, and those files' names.
+    fn contest(&self, kernel_space: bool, name: &str, ids: &[BuildId]) -> Option<Contest> {
+        if self.contested.is_empty() {
+            return None;
+        }
+        ids.iter().find_map(|id| {
+            let v = self.contested.get(id)?;
+            let own: Vec<&FileKey> = v
+                .iter()
+                .filter(|x| x.1 == kernel_space && x.2 == name)
+                .map(|x| &x.0)
+                .collect();
+            let others: BTreeSet<&str> = v
+                .iter()
+                .filter(|x| !own.contains(&&x.0))
+                .map(|x| x.2.as_str())
+                .collect();
+            (!others.is_empty()).then(|| Contest {
+                id: *id,
+                total: others.len(),
+                others: others
+                    .into_iter()
+                    .take(NAMED_CLAIMANTS)
+                    .map(str::to_string)
+                    .collect(),
+            })
+        })
+    }
+}
+
+fn is_guest(e: &TableEntry) -> bool {
+    use crate::format::record::misc;
+    matches!(e.cpumode, misc::GUEST_KERNEL | misc::GUEST_USER)
 }
 
 impl Outcome {
@@ -173,6 +367,8 @@ pub struct Evidence<'a> {
     pub known: &'a [(BuildId, String)],
     /// Host trust.
     pub trust: &'a HostTrust,
+    /// IDs the input claims for more than one file.
+    pub claims: &'a Claims,
     /// When the recording ran.
     pub times: RecordingStart,
     /// `--symfs`: user DSOs are read under this sysroot instead of `/`.
@@ -278,13 +474,16 @@ fn identify_one(
         .enumerate()
         .any(|(i, a)| inodes[i + 1..].iter().any(|b| inode_conflict(a, b)));
     let ambiguous = ids.len() > 1 || inode_clash;
+    // Every ID the input claims for this name, the one taken first at the head.
+    let own = |e: &&TableEntry| e.filename == g.name && same_space(e, g.kind);
+    let table = ev.table.entries.iter().find(own);
+    let streamed = ev.stream.iter().find(own);
+    let mut claimed: Vec<BuildId> = table.iter().map(|e| e.build_id).collect();
+    claimed.extend(&ids);
+    claimed.extend(ev.stream.iter().filter(own).map(|e| e.build_id));
+    let prove = || prove_group(g, &dsos, &inodes, ev, kernel_id, vdso_id);
 
-    if let Some(e) = ev
-        .table
-        .entries
-        .iter()
-        .find(|e| e.filename == g.name && same_space(e, g.kind))
-    {
+    if let Some(e) = table {
         let mut o = Outcome::found(e.build_id, Source::InputTable);
         o.in_input_table = true;
         if ambiguous {
@@ -293,7 +492,7 @@ fn identify_one(
                     .into(),
             );
         }
-        return o;
+        return check_claim(g, o, &claimed, &ids, ambiguous, ev, prove);
     }
     if ambiguous {
         let what = if ids.len() > 1 {
@@ -337,18 +536,196 @@ fn identify_one(
         ));
     }
     if let Some(&id) = ids.first() {
-        return Outcome::found(id, Source::Mmap2);
+        return check_claim(
+            g,
+            Outcome::found(id, Source::Mmap2),
+            &claimed,
+            &ids,
+            false,
+            ev,
+            prove,
+        );
     }
-    if let Some(e) = ev
-        .stream
-        .iter()
-        .find(|e| e.filename == g.name && same_space(e, g.kind))
-    {
-        return Outcome::found(e.build_id, Source::InputTable);
+    if let Some(e) = streamed {
+        let o = Outcome::found(e.build_id, Source::InputTable);
+        return check_claim(g, o, &claimed, &ids, false, ev, prove);
     }
     if let Some((id, _)) = ev.known.iter().find(|(_, p)| *p == g.name) {
         return Outcome::found(*id, Source::Known);
     }
+    prove()
+}
+
+/// A claim `o` of the input (its ID is one of `claimed`, the DSO's claims) checked
+/// against the other claimants and, for the kernel and modules of a recording proven
+/// to be of this boot, against this boot's notes. Not contradicted: `o` as it is,
+/// and no file is opened (a build-ID MMAP2 recording is read without its DSOs).
+/// Contradicted: `prove` (the normal proof of the DSO) decides: the same ID keeps
+/// the claim, another ID replaces it, no proof refuses it.
+fn check_claim(
+    g: &Group,
+    o: Outcome,
+    claimed: &[BuildId],
+    recorded: &[BuildId],
+    ambiguous: bool,
+    ev: &Evidence<'_>,
+    prove: impl FnOnce() -> Outcome,
+) -> Outcome {
+    let Some(id) = o.build_id else { return o };
+    let space = g.kind.is_kernel_space();
+    let Some(c) = ev.claims.contest(space, &g.name, claimed) else {
+        if o.source == Some(Source::InputTable) && !ambiguous && zero_padded(&id) {
+            return check_padded(o, id, prove());
+        }
+        // Nothing else claims it; the kernel's and a module's ID still meet this
+        // boot's notes (perf 6.17/6.18 gave each module after the first the first
+        // one's ID).
+        if !space || ambiguous || ev.trust.kernel.is_err() {
+            return o;
+        }
+        let p = prove();
+        return match p.build_id {
+            Some(n) if n != id => {
+                let how = proof_words(p.source);
+                let mut p = p;
+                p.detail = Some(format!(
+                    "the input claims {id} for it, {how} {n}: the notes are written, the claim nowhere"
+                ));
+                p.contradiction = Some(Contradiction {
+                    claimed: id,
+                    others: Vec::new(),
+                    others_total: 0,
+                    in_records: recorded.contains(&id),
+                    verdict: Verdict::Corrected,
+                });
+                p
+            }
+            _ => o,
+        };
+    };
+    let also = format!(
+        "the input claims {} for it and for {}",
+        c.id,
+        claimant_list(&c.others, c.total)
+    );
+    let contradiction = |verdict| {
+        Some(Contradiction {
+            claimed: c.id,
+            others: c.others.clone(),
+            others_total: c.total,
+            in_records: recorded.contains(&c.id),
+            verdict,
+        })
+    };
+    let refuse = |why: &str| Outcome {
+        contradiction: contradiction(Verdict::Refused),
+        ..Outcome::refused((
+            Reason::ConflictingClaim,
+            format!("{also}, and nothing proves which is right ({why})"),
+        ))
+    };
+    if ambiguous {
+        // No one file to prove: the path was mapped from several.
+        return refuse("this path was mapped from several files during the recording");
+    }
+    let p = prove();
+    match p.build_id {
+        Some(n) if n == id => Outcome {
+            detail: Some(format!("{also}; {} {n}: kept", proof_words(p.source))),
+            contradiction: contradiction(Verdict::Confirmed),
+            file: p.file,
+            ..o
+        },
+        Some(n) => Outcome {
+            detail: Some(format!(
+                "{also}; {} {n}, which is written instead",
+                proof_words(p.source)
+            )),
+            contradiction: contradiction(Verdict::Corrected),
+            ..p
+        },
+        None => refuse(p.detail.as_deref().unwrap_or("no proof")),
+    }
+}
+
+/// A 20-byte ID whose last four bytes are zero: how an entry without
+/// PERF_RECORD_MISC_BUILD_ID_SIZE (perf 6.1's `inject -b` writes them so) carries a
+/// shorter ID (16 bytes for an MD5 or UUID build ID, 8 for lld's fast one) padded
+/// with zeros. perf itself takes the zeros for padding when it compares IDs; its
+/// build-ID cache and debuginfod do not, so the padded form finds nothing there. A
+/// real 20-byte ID ends in four zero bytes once in 2^32.
+fn zero_padded(id: &BuildId) -> bool {
+    let b = id.as_bytes();
+    b.len() == 20 && b[16..].iter().all(|&x| x == 0)
+}
+
+/// An input entry whose ID may be a shorter one padded to 20 bytes
+/// ([`zero_padded`]), against the proof `p` of its file. The proven ID written in
+/// the modern form when the claim is it padded (or when the proof contradicts the
+/// claim outright); the claim as it is when nothing proves the file, as perf reads
+/// it.
+fn check_padded(o: Outcome, id: BuildId, p: Outcome) -> Outcome {
+    let Some(n) = p.build_id else { return o };
+    if n == id {
+        return Outcome { file: p.file, ..o };
+    }
+    let (short, rest) = id.as_bytes().split_at(n.as_bytes().len().min(20));
+    let detail = if short == n.as_bytes() && rest.iter().all(|&x| x == 0) {
+        format!(
+            "the input's entry is {id}, the {}-byte ID padded with zeros to 20 bytes (an entry without its size); {} {n}, which is written with its size",
+            n.as_bytes().len(),
+            proof_words(p.source)
+        )
+    } else {
+        format!(
+            "the input claims {id} for it; {} {n}, which is written instead",
+            proof_words(p.source)
+        )
+    };
+    Outcome {
+        detail: Some(detail),
+        contradiction: Some(Contradiction {
+            claimed: id,
+            others: Vec::new(),
+            others_total: 0,
+            in_records: false,
+            verdict: Verdict::Corrected,
+        }),
+        ..p
+    }
+}
+
+/// "a, b and 3 more".
+fn claimant_list(names: &[String], total: usize) -> String {
+    let mut s = names.join(", ");
+    if total > names.len() {
+        s += &format!(" and {} more", total - names.len());
+    }
+    s
+}
+
+/// How a proof's source says what the ID is, in words.
+fn proof_words(source: Option<Source>) -> &'static str {
+    match source {
+        Some(Source::Elf) => "its file, proven unchanged since the recording, has",
+        Some(Source::Symfs) => "its copy under --symfs has",
+        Some(Source::KernelNotes) => "this boot's /sys/kernel/notes has",
+        Some(Source::ModuleNotes) => "this boot's module notes have",
+        Some(Source::Vdso) => "this boot's vdso has",
+        _ => "the proof gives",
+    }
+}
+
+/// The ID of a group proven from a local file (or `--symfs`), or this host's
+/// kernel, module or vdso notes; else why not.
+fn prove_group(
+    g: &Group,
+    dsos: &[&crate::model::Dso],
+    inodes: &[&FileIdent],
+    ev: &Evidence<'_>,
+    kernel_id: &std::sync::OnceLock<Option<BuildId>>,
+    vdso_id: &std::sync::OnceLock<Option<BuildId>>,
+) -> Outcome {
     match g.kind {
         DsoKind::User => {
             if g.name.ends_with(" (deleted)") {
@@ -358,7 +735,7 @@ fn identify_one(
                 ));
             }
             let mut maps = crate::model::ExecMaps::default();
-            for d in &dsos {
+            for d in dsos {
                 maps.merge(&d.exec_maps);
             }
             maps.maps.sort_unstable();
@@ -424,5 +801,158 @@ fn identify_one(
                 }
             },
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::record::{Mmap, misc};
+    use crate::model::ModelBuilder;
+
+    fn id(n: u8) -> BuildId {
+        BuildId::new(&[n; 20], 20).expect("non-zero")
+    }
+
+    fn inode(ino: u64) -> FileIdent {
+        FileIdent::Inode {
+            maj: 8,
+            min: 1,
+            ino,
+            generation: 0,
+        }
+    }
+
+    /// A model of `(pid, cpumode, name, ident)` mappings.
+    fn model(maps: &[(u32, u16, &str, FileIdent)]) -> Model {
+        let mut b = ModelBuilder::new();
+        for (i, (pid, cpumode, name, ident)) in maps.iter().enumerate() {
+            let m = Mmap {
+                pid: *pid,
+                tid: *pid,
+                start: 0x1000 * (i as u64 + 1),
+                len: 0x1000,
+                pgoff: 0,
+                ident: *ident,
+                prot: 5,
+                flags: 2,
+                filename: name.as_bytes(),
+            };
+            b.mmap((i as u64, i as u64), *cpumode, &m)
+                .expect("within budget");
+        }
+        b.build()
+    }
+
+    fn entry(cpumode: u16, name: &str, id: BuildId) -> TableEntry {
+        TableEntry {
+            cpumode,
+            pid: -1,
+            build_id: id,
+            filename: name.into(),
+        }
+    }
+
+    #[test]
+    fn one_file_under_several_names_or_processes_is_not_a_conflict() {
+        let m = model(&[
+            // One library in two processes.
+            (1, misc::USER, "/lib/a.so", FileIdent::BuildId(id(1))),
+            (2, misc::USER, "/lib/a.so", FileIdent::BuildId(id(1))),
+            // One inode under two names (a hard link, a bind mount).
+            (1, misc::USER, "/usr/lib/b.so", inode(7)),
+            (2, misc::USER, "/lib/b.so", inode(7)),
+        ]);
+        let table = BuildIdTable {
+            entries: vec![
+                entry(misc::USER, "/usr/lib/b.so", id(2)),
+                entry(misc::USER, "/lib/b.so", id(2)),
+                // A module by name and by path.
+                entry(misc::KERNEL, "[nf_tables]", id(3)),
+                entry(misc::KERNEL, "/lib/modules/6.1/nf-tables.ko.xz", id(3)),
+                // A guest is another machine.
+                entry(misc::GUEST_USER, "/lib/a.so", id(2)),
+            ],
+            ..Default::default()
+        };
+        let c = Claims::gather(&m, &table, &[]);
+        assert!(c.contested.is_empty(), "{c:?}");
+    }
+
+    #[test]
+    fn two_files_claiming_one_id_are_contested() {
+        let m = model(&[
+            (1, misc::USER, "/p/plug1.so", FileIdent::BuildId(id(1))),
+            (1, misc::USER, "/p/plug2.so", FileIdent::BuildId(id(1))),
+            (1, misc::USER, "/p/other.so", FileIdent::BuildId(id(9))),
+            // Two inodes, one ID: two files.
+            (1, misc::USER, "/x/c.so", inode(1)),
+            (1, misc::USER, "/y/c.so", inode(2)),
+        ]);
+        let table = BuildIdTable {
+            entries: vec![
+                entry(misc::USER, "/x/c.so", id(4)),
+                entry(misc::USER, "/y/c.so", id(4)),
+            ],
+            ..Default::default()
+        };
+        let stream = [
+            entry(misc::KERNEL, "[mod_a]", id(5)),
+            entry(misc::KERNEL, "[mod_b]", id(5)),
+        ];
+        let c = Claims::gather(&m, &table, &stream);
+        let others = |space, name: &str, i| {
+            c.contest(space, name, &[id(i)])
+                .map(|x| x.others)
+                .unwrap_or_default()
+        };
+        assert_eq!(others(false, "/p/plug2.so", 1), ["/p/plug1.so"]);
+        assert_eq!(others(false, "/p/plug1.so", 1), ["/p/plug2.so"]);
+        assert!(others(false, "/p/other.so", 9).is_empty());
+        assert!(!c.is_contested(false, "/p/other.so"));
+        assert_eq!(others(false, "/x/c.so", 4), ["/y/c.so"]);
+        assert_eq!(others(true, "[mod_b]", 5), ["[mod_a]"]);
+        assert!(c.is_contested(true, "[mod_a]"));
+        // Only the contested one of a DSO's claims counts.
+        let x = c.contest(false, "/p/plug2.so", &[id(8), id(1)]).unwrap();
+        assert_eq!((x.id, x.total), (id(1), 1));
+    }
+
+    #[test]
+    fn a_zero_padded_entry_gives_way_to_its_proven_short_id() {
+        let short = BuildId::from_hex("11223344556677889900aabbccddeeff").expect("hex");
+        let padded = BuildId::from_hex(&format!("{short}00000000")).expect("hex");
+        assert!(zero_padded(&padded) && !zero_padded(&short) && !zero_padded(&id(1)));
+        let claim = Outcome::found(padded, Source::InputTable);
+        // Proven: the short ID, with its size; the input's entry is not passed on.
+        let o = check_padded(claim.clone(), padded, Outcome::found(short, Source::Elf));
+        assert_eq!((o.build_id, o.source), (Some(short), Some(Source::Elf)));
+        let c = o.contradiction.expect("the padded entry is replaced");
+        assert_eq!((c.claimed, c.verdict), (padded, Verdict::Corrected));
+        // Nothing proves the file: the claim as the input makes it.
+        let none = Outcome::refused((Reason::OtherHost, "elsewhere".into()));
+        let o = check_padded(claim.clone(), padded, none);
+        assert_eq!(o.build_id, Some(padded));
+        assert!(o.contradiction.is_none());
+        // A proof of the padded ID itself keeps it.
+        let o = check_padded(claim, padded, Outcome::found(padded, Source::Elf));
+        assert!(o.build_id == Some(padded) && o.contradiction.is_none());
+    }
+
+    #[test]
+    fn a_long_list_of_claimants_is_cut() {
+        let names: Vec<String> = (0..20).map(|i| format!("[mod_{i:02}]")).collect();
+        let stream: Vec<TableEntry> = names
+            .iter()
+            .map(|n| entry(misc::KERNEL, n, id(1)))
+            .collect();
+        let c = Claims::gather(&model(&[]), &BuildIdTable::default(), &stream);
+        let x = c.contest(true, "[mod_00]", &[id(1)]).unwrap();
+        assert_eq!(x.total, 19);
+        assert_eq!(x.others.len(), NAMED_CLAIMANTS);
+        assert_eq!(
+            claimant_list(&x.others, x.total),
+            "[mod_01], [mod_02], [mod_03], [mod_04], [mod_05], [mod_06], [mod_07], [mod_08] and 11 more"
+        );
     }
 }

@@ -28,7 +28,7 @@ use crate::input::DataFile;
 use crate::limits::StreamKept;
 use crate::model::{DsoId, DsoKind, Key, Model, ModelBuilder};
 use crate::options::{Mode, Options, UnwindChoice};
-use crate::report::{DsoReport, Report};
+use crate::report::{ClaimReport, DsoReport, Report};
 use crate::resolve::unwind::{Arch, UnwindConfig, UnwindMode, UnwindTables};
 use crate::resolve::{Hits, Resolver};
 use crate::sink::SinkReport;
@@ -298,6 +298,8 @@ pub struct Engine<'a> {
     /// Batches resolved ahead of the scan and kept; whether they were thrown away.
     ahead_stat: (u64, bool),
     decided: BTreeMap<(bool, String), Decision>,
+    /// IDs the input claims for more than one file, as of the last resolve.
+    claims: buildid::Claims,
     hits: Hits,
     /// A stream's decompressor on the resolve side: compressed data has no clean
     /// point (perf keeps one zstd frame open for the whole recording), so it is
@@ -379,6 +381,7 @@ impl<'a> Engine<'a> {
             prior: None,
             ahead_stat: (0, false),
             decided: BTreeMap::new(),
+            claims: buildid::Claims::default(),
             hits: Hits::default(),
             flat_walker: None,
             mappings: Vec::new(),
@@ -489,6 +492,27 @@ impl<'a> Engine<'a> {
     /// Every decision so far, in table order (address space, then name).
     pub fn decisions(&self) -> impl Iterator<Item = &Decision> {
         self.decided.values()
+    }
+
+    /// Whether an entry of the input's table (or a HEADER_BUILD_ID record of the
+    /// input, written into a table or turned into a record) may be passed on: not
+    /// when its DSO's claim was contradicted and not confirmed (the decided ID, if
+    /// any, is written as a new entry), nor when its ID is one the input claims for
+    /// another file too and no decision proved it (a DSO nothing touched).
+    pub fn passes_on(&self, e: &TableEntry) -> bool {
+        use crate::format::record::misc::{GUEST_KERNEL, GUEST_USER};
+        if matches!(e.cpumode, GUEST_KERNEL | GUEST_USER) {
+            return true;
+        }
+        let key = (e.is_kernel(), e.filename.clone());
+        match self.decided.get(&key) {
+            Some(d) => d
+                .outcome
+                .contradiction
+                .as_ref()
+                .is_none_or(|c| c.verdict == buildid::Verdict::Confirmed),
+            None => !self.claims.is_contested(key.0, &key.1),
+        }
     }
 
     /// The recording's start as far as the records seen so far tell.
@@ -919,10 +943,30 @@ impl<'a> Engine<'a> {
         self.hits.merge(hits);
         // Listed: what samples touched; every DSO mapped as code with --buildid-all or
         // AUX data; and the vdso, which perf always lists.
-        let groups: Vec<Group> = groups
+        let mut groups: Vec<Group> = groups
             .into_values()
             .filter(|g| g.hits > 0 || g.kind == DsoKind::Vdso || (all_hit && g.is_code(&model)))
             .collect();
+        let fresh = groups.len();
+        self.claims = buildid::Claims::gather(&model, &meta.table, &self.scan.stream_build_ids);
+        // A stream's later records can contradict a claim taken in an earlier batch:
+        // that DSO is decided again (its entry in a file output is written at the
+        // end; a stream output gets a record for a proven ID from here on).
+        groups.extend(
+            self.decided
+                .values()
+                .filter(|d| {
+                    d.outcome.contradiction.is_none()
+                        && matches!(
+                            d.outcome.source,
+                            Some(buildid::Source::Mmap2 | buildid::Source::InputTable)
+                        )
+                        && self
+                            .claims
+                            .is_contested(d.group.kind.is_kernel_space(), &d.group.name)
+                })
+                .map(|d| d.group.clone()),
+        );
         if groups.is_empty() {
             return Ok(Vec::new());
         }
@@ -932,12 +976,13 @@ impl<'a> Engine<'a> {
             stream: &self.scan.stream_build_ids,
             known: &self.opts.known,
             trust: &trust,
+            claims: &self.claims,
             times: start,
             symfs: self.opts.symfs.as_deref(),
         };
         // An ID no table entry or record can carry is refused before anything uses
         // it (the cache included).
-        let outcomes: Vec<_> = self
+        let mut outcomes: Vec<_> = self
             .pool
             .install(|| buildid::identify(&groups, &model, &ev))
             .into_iter()
@@ -945,6 +990,11 @@ impl<'a> Engine<'a> {
             .map(|(o, g)| encodable(g, o, self.e))
             .collect();
         self.add_time("identify", t.elapsed());
+        let again: Vec<_> = groups
+            .split_off(fresh)
+            .into_iter()
+            .zip(outcomes.split_off(fresh))
+            .collect();
         // perf's build-ID cache, beside any sink: the very files just proven.
         let t = Instant::now();
         let mut cached = match &self.opts.cache {
@@ -956,7 +1006,19 @@ impl<'a> Engine<'a> {
             None => Vec::new(),
         };
         self.add_time("cache", t.elapsed());
-        let mut new = Vec::with_capacity(groups.len());
+        let mut new = Vec::with_capacity(groups.len() + again.len());
+        for (group, outcome) in again {
+            let key = (group.kind.is_kernel_space(), group.name.clone());
+            if outcome.contradiction.is_some()
+                && let Some(d) = self.decided.get_mut(&key)
+            {
+                d.outcome = buildid::Outcome {
+                    file: None,
+                    ..outcome
+                };
+                new.push(d.clone());
+            }
+        }
         for (group, outcome) in groups.into_iter().zip(outcomes) {
             let space = group.kind.is_kernel_space();
             let cache = cached
@@ -1136,6 +1198,8 @@ impl<'a> Engine<'a> {
         }
         r.notes.extend(sink.notes);
         let ids_lost = sink.ids_lost;
+        // DSOs whose contradicted ID the input's own build-ID MMAP2 records carry.
+        let mut in_records = 0;
         for d in std::mem::take(&mut self.decided).into_values() {
             let o = d.outcome;
             let detail = if d.later_file && o.build_id.is_some() {
@@ -1162,7 +1226,14 @@ impl<'a> Engine<'a> {
                 Some(c) => (Some(c.state), c.entry, c.detail),
                 None => (None, None, None),
             };
+            if o.contradiction
+                .as_ref()
+                .is_some_and(|c| c.verdict != buildid::Verdict::Confirmed && c.in_records)
+            {
+                in_records += 1;
+            }
             r.dsos.push(DsoReport {
+                claim: o.contradiction.as_ref().map(ClaimReport::from),
                 path: d.group.name,
                 kind: d.group.kind,
                 hits,
@@ -1176,6 +1247,13 @@ impl<'a> Engine<'a> {
             });
         }
         r.ids_written = r.ids_written.saturating_sub(ids_lost);
+        if in_records > 0 {
+            // Records pass through byte for byte (samples and mappings as recorded);
+            // what pdinject writes is the table and its own records.
+            r.notes.push(format!(
+                "the input's own build-ID MMAP2 records of {in_records} DSO(s) carry a contradicted ID; they are passed on unchanged (pdinject never rewrites a record in build-ID form); the table entries and build-ID records pdinject writes say what was decided"
+            ));
+        }
         r
     }
 }

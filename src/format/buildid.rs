@@ -140,6 +140,41 @@ pub fn parse_build_id_table(payload: &[u8], e: Endian) -> BuildIdTable {
     t
 }
 
+/// The whole, readable entries of a BUILD_ID payload (modern layout) that `keep`
+/// takes, byte for byte, and how many it left out; a damaged tail is left out too
+/// (see [`BuildIdTable::valid_len`]).
+pub fn retain_entries(
+    payload: &[u8],
+    e: Endian,
+    keep: &dyn Fn(&TableEntry) -> bool,
+) -> (Vec<u8>, usize) {
+    let mut out = Vec::with_capacity(payload.len());
+    let mut dropped = 0;
+    let mut off = 0usize;
+    // The same walk as parse_build_id_table: one entry per header.size.
+    while let Some(rest) = payload.get(off..).filter(|r| !r.is_empty()) {
+        let Some(h) = RecordHeader::parse(rest, e) else {
+            break;
+        };
+        let size = h.size as usize;
+        if size < 36 || size > rest.len() || size - 36 > crate::limits::MAX_DSO_NAME + 1 {
+            break;
+        }
+        let entry = parse_build_id_entry(&h, &rest[..size]).map(|entry| TableEntry {
+            cpumode: entry.cpumode,
+            pid: entry.pid,
+            build_id: entry.build_id,
+            filename: String::from_utf8_lossy(entry.filename).into_owned(),
+        });
+        match entry {
+            Some(t) if !keep(&t) => dropped += 1,
+            _ => out.extend_from_slice(&rest[..size]),
+        }
+        off += size;
+    }
+    (out, dropped)
+}
+
 /// Encodes one table entry in the modern form: misc carries BUILD_ID_SIZE, byte 32
 /// the real length, the filename NUL-terminated and padded so the entry is
 /// `round_up(36 + len + 1, 8)` bytes. Readers use `header.size`; perf 7.3 refuses a
@@ -210,6 +245,27 @@ pub fn parse_build_id_entry<'a>(h: &RecordHeader, rec: &'a [u8]) -> Option<Build
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn retain_entries_keeps_the_bytes_of_what_it_keeps() {
+        let e = Endian::Little;
+        let (a, b) = (
+            BuildId::from_hex("aa").unwrap(),
+            BuildId::from_hex("bbbb").unwrap(),
+        );
+        let mut p = Vec::new();
+        encode_table_entry(&mut p, e, misc::USER, &a, b"/a");
+        let first = p.len();
+        encode_table_entry(&mut p, e, misc::KERNEL, &b, b"[m]");
+        let (kept, n) = retain_entries(&p, e, &|t| t.filename != "/a");
+        assert_eq!((kept.as_slice(), n), (&p[first..], 1));
+        let (kept, n) = retain_entries(&p, e, &|_| true);
+        assert_eq!((kept, n), (p.clone(), 0));
+        // A damaged tail ends the walk.
+        p.extend_from_slice(&[1, 2, 3]);
+        let (kept, n) = retain_entries(&p, e, &|_| true);
+        assert_eq!((kept.len(), n), (p.len() - 3, 0));
+    }
 
     #[test]
     fn entry_round_trip_both_orders() {

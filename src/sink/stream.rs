@@ -9,7 +9,7 @@ use super::{Batch, Begin, Sink, SinkReport};
 use crate::engine::{Decision, Engine};
 use crate::format::Endian;
 use crate::format::attr_compat;
-use crate::format::buildid::{BuildId, encode_table_entry};
+use crate::format::buildid::{BuildId, TableEntry, encode_table_entry, parse_build_id_entry};
 use crate::format::header::{FEAT_BUILD_ID, encode_pipe_header};
 use crate::format::record::rt;
 use crate::format::walk::first_sampleish;
@@ -54,6 +54,9 @@ struct Fixes {
     /// Other records whose size is not a multiple of 8, passed on as they are: what
     /// follows their bytes is not known to be padding, so no repair is lossless.
     unaligned: u64,
+    /// HEADER_BUILD_ID records left out: their claim is contradicted
+    /// ([`Engine::passes_on`]).
+    contradicted: usize,
 }
 
 impl<'w> StreamSink<'w> {
@@ -111,14 +114,16 @@ impl<'w> StreamSink<'w> {
         self.w.write_all(b).map_err(|e| Error::io(&self.out, e))
     }
 
-    /// Writes whole records of the input stream, repairing what one perf refuses or
-    /// warns about in streams another wrote: a HEADER_BUILD_ID record whose size is
-    /// not a multiple of 8 (perf 7.3 aborts; padded with zeros after its
-    /// NUL-terminated name, and the record has no sample-id trailer, so nothing
-    /// moves), and the end-of-features marker (left out, see [`is_end_marker`]). Runs
-    /// of records that need nothing are written as they are; a batch that needs
-    /// nothing costs one walk of its headers.
-    fn pass_on(&mut self, bytes: &[u8]) -> Result<()> {
+    /// Writes whole records of the input stream, leaving out the input's
+    /// HEADER_BUILD_ID records whose claim the input contradicts itself, and
+    /// repairing what one perf refuses or warns about in streams another wrote: a
+    /// HEADER_BUILD_ID record whose size is not a multiple of 8 (perf 7.3 aborts;
+    /// padded with zeros after its NUL-terminated name, and the record has no
+    /// sample-id trailer, so nothing moves), the end-of-features marker (left out,
+    /// see [`is_end_marker`]) and, with `--attrs-for`, HEADER_ATTR records. Runs of
+    /// records that need nothing are written as they are; a batch that needs nothing
+    /// costs one walk of its headers.
+    fn pass_on(&mut self, bytes: &[u8], engine: &Engine<'_>) -> Result<()> {
         let e = self.e;
         let mut at = 0usize;
         let mut clean_from = 0usize;
@@ -136,6 +141,23 @@ impl<'w> StreamSink<'w> {
                 break;
             };
             let rec = &bytes[at..at + size];
+            if f.header.kind == rt::HEADER_BUILD_ID
+                && let Some(b) = parse_build_id_entry(&f.header, rec)
+                && !engine.passes_on(&TableEntry {
+                    cpumode: b.cpumode,
+                    pid: b.pid,
+                    build_id: b.build_id,
+                    filename: String::from_utf8_lossy(b.filename).into_owned(),
+                })
+            {
+                // A contradicted claim is not passed on (the decided ID, if any,
+                // is sent as a record of pdinject's own).
+                self.write(&bytes[clean_from..at])?;
+                clean_from = at + total;
+                self.fixes.contradicted += 1;
+                at += total;
+                continue;
+            }
             let fixed: Option<Vec<u8>> = match f.header.kind {
                 rt::HEADER_ATTR if self.attrs_for != AttrsFor::Verbatim => {
                     // check_attrs has named any attr that cannot be cut.
@@ -202,7 +224,12 @@ impl<'w> StreamSink<'w> {
     }
 
     /// The header of a file-format input as stream records, then its data section.
-    fn write_file_input(&mut self, input: &PerfInput, new: &[Decision]) -> Result<()> {
+    fn write_file_input(
+        &mut self,
+        input: &PerfInput,
+        new: &[Decision],
+        engine: &Engine<'_>,
+    ) -> Result<()> {
         let e = self.e;
         let h = &input.header;
         let src = &input.data_files[0];
@@ -287,7 +314,13 @@ impl<'w> StreamSink<'w> {
             .then(|| input.feature(FEAT_BUILD_ID))
             .flatten()
         {
+            let mut dropped = 0;
             for entry in crate::format::buildid::parse_build_id_table(&table, e).entries {
+                // An entry whose claim is contradicted is not passed on.
+                if !engine.passes_on(&entry) {
+                    dropped += 1;
+                    continue;
+                }
                 build_id_record(
                     &mut recs,
                     e,
@@ -295,6 +328,9 @@ impl<'w> StreamSink<'w> {
                     &entry.build_id,
                     entry.filename.as_bytes(),
                 );
+            }
+            if dropped > 0 {
+                self.report.notes.push(super::table::dropped_note(dropped));
             }
         }
         let ids = self.id_records(new);
@@ -393,7 +429,7 @@ impl Sink for StreamSink<'_> {
 
     fn batch(&mut self, batch: &Batch<'_>, engine: &Engine<'_>) -> Result<()> {
         match batch {
-            Batch::File { input, new } => self.write_file_input(input, new),
+            Batch::File { input, new } => self.write_file_input(input, new, engine),
             Batch::Bytes { bytes, new, .. } => {
                 self.check_attrs(engine)?;
                 let recs = self.id_records(new);
@@ -403,9 +439,9 @@ impl Sink for StreamSink<'_> {
                     first_sampleish(bytes, self.e)
                 };
                 let (head, tail) = bytes.split_at(at);
-                self.pass_on(head)?;
+                self.pass_on(head, engine)?;
                 self.write(&recs)?;
-                self.pass_on(tail)
+                self.pass_on(tail, engine)
             }
         }
     }
@@ -433,6 +469,11 @@ impl Sink for StreamSink<'_> {
                 "the input's end-of-features marker (HEADER_FEATURE {}) left out: each perf but the one that wrote it fails or warns on it",
                 ids.join(", ")
             ));
+        }
+        if f.contradicted > 0 {
+            self.report
+                .notes
+                .push(super::table::dropped_note(f.contradicted));
         }
         if f.unaligned > 0 {
             self.report.notes.push(format!(

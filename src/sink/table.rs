@@ -12,7 +12,7 @@ use super::{Batch, Begin, Sink, SinkReport};
 use crate::engine::source::is_header_record;
 use crate::engine::{Decision, Engine};
 use crate::format::Endian;
-use crate::format::buildid::encode_table_entry;
+use crate::format::buildid::{encode_table_entry, retain_entries};
 use crate::format::header::{FEAT_BUILD_ID, FILE_HEADER_SIZE};
 use crate::format::record::rt;
 use crate::format::walk::frame;
@@ -164,6 +164,12 @@ pub(crate) fn table_plan_where(
         .map(|p| crate::format::buildid::parse_build_id_table(p, input.header.endian));
     let legacy = table.as_ref().is_some_and(|t| t.legacy);
     let damaged = table.as_ref().filter(|t| t.malformed).map(|t| t.valid_len);
+    // The input's entries whose claim is contradicted are not passed on.
+    let passes = |t: &crate::format::buildid::TableEntry| engine.passes_on(t);
+    let dropped = match (&old, legacy) {
+        (Some(p), false) => retain_entries(p, input.header.endian, &passes).1,
+        _ => 0,
+    };
     let mut note = None;
     if !TableSink::can_write_table(input) {
         if added > 0 {
@@ -181,7 +187,7 @@ pub(crate) fn table_plan_where(
         };
     }
     // The BUILD_ID section is rewritten only when it changes or did not exist.
-    let payload = if legacy || (entries.is_empty() && old.is_some()) {
+    let payload = if legacy || (entries.is_empty() && old.is_some() && dropped == 0) {
         if damaged.is_some() {
             note = Some(
                 "the input's build-ID table ends in a damaged entry; it is copied as it is".into(),
@@ -199,6 +205,14 @@ pub(crate) fn table_plan_where(
             ));
             p.truncate(valid);
         }
+        if dropped > 0 {
+            p = retain_entries(&p, input.header.endian, &passes).0;
+            let why = dropped_note(dropped);
+            note = Some(match note {
+                Some(n) => format!("{n}; {why}"),
+                None => why,
+            });
+        }
         p.extend_from_slice(&entries);
         Some(p)
     };
@@ -210,6 +224,14 @@ pub(crate) fn table_plan_where(
         ids_lost: 0,
         note,
     }
+}
+
+/// What the summary says about the input's entries left out.
+pub(crate) fn dropped_note(n: usize) -> String {
+    format!(
+        "{n} build-ID entr{} of the input left out: the input claims the ID for another file too, or this boot's notes contradict it (see conflicting-claim/corrected)",
+        if n == 1 { "y" } else { "ies" }
+    )
 }
 
 impl Sink for TableSink {
@@ -303,7 +325,8 @@ impl Sink for TableSink {
         if let State::Stream(s) = std::mem::replace(&mut self.state, State::Idle) {
             let t = Instant::now();
             let mut s = *s;
-            self.report.ids_new = s.write_header_sections(engine, &self.out)?;
+            self.report.ids_new =
+                s.write_header_sections(engine, &self.out, &mut self.report.notes)?;
             self.report.timings.insert("write-tail", t.elapsed());
         }
         Ok(std::mem::take(&mut self.report))
@@ -363,7 +386,12 @@ impl FromStream {
 
     /// Writes the features, ids and attrs after the data, then the header; returns
     /// how many table entries pdinject added.
-    fn write_header_sections(&mut self, engine: &Engine<'_>, out: &Path) -> Result<usize> {
+    fn write_header_sections(
+        &mut self,
+        engine: &Engine<'_>,
+        out: &Path,
+        notes: &mut Vec<String>,
+    ) -> Result<usize> {
         let e = self.e;
         let io = |err| Error::io(out, err);
         let attrs = engine.attrs();
@@ -384,6 +412,11 @@ impl FromStream {
             r.extend_from_slice(&e.put_u16(8));
             self.w.write_all(&r).map_err(io)?;
             self.data_size = 8;
+        }
+        let (kept, dropped) = retain_entries(&self.entries, e, &|t| engine.passes_on(t));
+        if dropped > 0 {
+            self.entries = kept;
+            notes.push(dropped_note(dropped));
         }
         let mut added = 0;
         for d in engine.decisions() {

@@ -26,4 +26,5 @@ mod quipper;
 mod record;
 mod slurm;
 mod stale;
+mod trust;
 mod unwind;
