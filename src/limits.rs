@@ -69,7 +69,7 @@ pub const MAX_FIT_TAIL: u64 = 64 << 20;
 /// recording; `perf record -a` on a machine starting processes non-stop about 4 MB a
 /// minute). What is kept is estimated, and while a batch's model is built and
 /// resolved real memory is up to 4-5 times that (the builder, its snapshot with
-/// checkpoints, the groups): 32 MiB keeps the worst shapes measured at 190-200 MB of
+/// checkpoints, the groups): 32 MiB keeps the worst shapes measured at 189-194 MB of
 /// peak RSS beside their batch, within the 256 MB the limits policy aims at.
 pub const DEFAULT_STREAM_MEMORY: u64 = 32 << 20;
 /// [`DEFAULT_STREAM_MEMORY`] as `--stream-memory` spells it (its default in `--help`).
