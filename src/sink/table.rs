@@ -61,6 +61,10 @@ struct FromStream {
     tracing: Vec<u8>,
     /// The stream's HEADER_BUILD_ID records, as table entries.
     entries: Vec<u8>,
+    /// HEADER_BUILD_ID records left out of the table: perf reads a table entry's name
+    /// into a PATH_MAX buffer unchecked (perf 6.1 aborts, "stack smashing detected"),
+    /// while a stream's record is read whole.
+    too_long: u64,
 }
 
 impl TableSink {
@@ -299,6 +303,7 @@ impl Sink for TableSink {
                     data_size: 0,
                     tracing: Vec::new(),
                     entries: Vec::new(),
+                    too_long: 0,
                 }));
             }
         }
@@ -364,6 +369,11 @@ impl FromStream {
                 let rec = &bytes[at..next];
                 match kind {
                     rt::HEADER_TRACING_DATA => self.tracing.extend_from_slice(&rec[fr.size()..]),
+                    rt::HEADER_BUILD_ID
+                        if fr.size() < 36 || fr.size() - 36 > crate::limits::PATH_MAX =>
+                    {
+                        self.too_long += 1
+                    }
                     rt::HEADER_BUILD_ID => {
                         // The same bytes as a table entry, whose type field is 0.
                         let start = self.entries.len();
@@ -412,6 +422,12 @@ impl FromStream {
             r.extend_from_slice(&e.put_u16(8));
             self.w.write_all(&r).map_err(io)?;
             self.data_size = 8;
+        }
+        if self.too_long > 0 {
+            notes.push(format!(
+                "{} HEADER_BUILD_ID record(s) of the stream left out of the table: their names are longer than perf reads in a table (PATH_MAX)",
+                self.too_long
+            ));
         }
         let (kept, dropped) = retain_entries(&self.entries, e, &|t| engine.passes_on(t));
         if dropped > 0 {
