@@ -122,6 +122,11 @@ pub struct EngineArgs {
     /// Look user DSOs up under this sysroot (a copy of the recorded machine's files).
     #[arg(long = "symfs", value_name = "DIR")]
     pub symfs: Option<PathBuf>,
+    /// Memory a stream input may keep across its batches: the process model, the
+    /// build-ID records it carries, its events and features (e.g. 512M, 2G; see
+    /// "Limits" in the README). A stream that needs more stops with an error.
+    #[arg(long = "stream-memory", value_name = "SIZE", value_parser = parse_size, default_value = pdinject::limits::DEFAULT_STREAM_MEMORY_ARG)]
+    pub stream_memory: u64,
     /// Write the event attributes at the size this perf reads (an older perf refuses
     /// larger ones); refused when a field that size has no room for is not zero.
     /// Default: the input's attrs as they are.
@@ -146,6 +151,7 @@ impl EngineArgs {
                 "--unwind-max-frames must be at least 1".into(),
             ));
         }
+        pdinject::limits::check_stream_memory(self.stream_memory)?;
         if let Some(root) = &self.symfs
             && !root.is_dir()
         {
@@ -188,9 +194,15 @@ impl EngineArgs {
             attrs_for: self.attrs_for(),
             cache,
             symfs: self.symfs.clone(),
+            stream_memory: self.stream_memory,
             ..Options::default()
         })
     }
+}
+
+/// Parses `512M`, `2G`, `1.5G`, `4096` (a bare number is bytes).
+fn parse_size(s: &str) -> std::result::Result<u64, String> {
+    pdinject::limits::parse_size(s)
 }
 
 /// Parses `500us`, `1ms`, `2s`, `100ns` (a bare number is milliseconds).

@@ -326,6 +326,11 @@ impl ModelBuilder {
             .saturating_add(bytes.saturating_mul(crate::limits::MODEL_BYTES_PER_INPUT_BYTE));
     }
 
+    /// Estimated bytes of model so far (see [`crate::limits::MODEL_EVENT_COST`]).
+    pub fn used(&self) -> u64 {
+        self.used
+    }
+
     fn charge(&mut self, bytes: u64) -> Result<(), Exceeded> {
         self.used = self.used.saturating_add(bytes);
         if self.used > self.budget {
@@ -478,79 +483,92 @@ impl ModelBuilder {
     }
 
     /// The model of the events so far, for a stream that goes on (pipe mode): DSO ids
-    /// stay valid in later snapshots, since DSOs are only ever appended.
-    pub fn snapshot(&self) -> Model {
-        self.clone().build()
+    /// stay valid in later snapshots, since DSOs are only ever appended. The events
+    /// are sorted where they are (the builder's order matters to nothing) rather
+    /// than copied: a stream holds the builder and its batch's model at once, and
+    /// a copy of every event besides was a fifth of its peak memory.
+    pub fn snapshot(&mut self) -> Model {
+        self.events.sort_by_key(|&(pid, ev)| (pid, ev.key));
+        build_sorted(&self.events, self.dsos.clone(), self.kernel_ref.clone())
     }
 
     /// Freezes the model: sorts every process's events by key and builds checkpoints
     /// of each process's own mappings (a fork or exec starts a new layer).
     pub fn build(mut self) -> Model {
         self.events.sort_by_key(|&(pid, ev)| (pid, ev.key));
-        let total = self.events.len();
-        // Checkpoints copy a process's mappings every `max(32, size / 8)` events,
-        // which costs at most ~9 entries per event when an address space only grows;
-        // past this budget the spacing becomes `size` (2 per event), so memory stays
-        // proportional to the input whatever its shape.
-        let cp_budget = 2 * total + 65_536;
-        let mut cp_used = 0usize;
-        let mut procs: HashMap<u32, Proc> = HashMap::new();
-        let mut i = 0;
-        while i < self.events.len() {
-            let pid = self.events[i].0;
-            let n = self.events[i..].partition_point(|(p, _)| *p == pid);
-            let evs = &self.events[i..i + n];
-            i += n;
-            let mut p = Proc {
-                events: Vec::with_capacity(evs.len()),
-                checkpoints: Vec::new(),
-            };
-            let mut state: BTreeMap<u64, MapEntry> = BTreeMap::new();
-            let mut base = Base::Empty;
-            let mut since = 0usize;
-            for &(_, ev) in evs {
-                match ev.kind {
-                    EventKind::Map(m) => overlay(&mut state, m),
-                    EventKind::Exec => {
-                        state.clear();
-                        base = Base::Empty;
-                    }
-                    EventKind::Fork { parent } => {
-                        state.clear();
-                        base = Base::Fork {
-                            parent,
-                            key: ev.key,
-                        };
-                    }
+        build_sorted(&self.events, self.dsos, self.kernel_ref)
+    }
+}
+
+/// The model of `events` sorted by process and key (see [`ModelBuilder::build`]).
+fn build_sorted(
+    events: &[(u32, Event)],
+    dsos: Vec<Dso>,
+    kernel_ref: Option<(String, u64)>,
+) -> Model {
+    let total = events.len();
+    // Checkpoints copy a process's mappings every `max(32, size / 8)` events,
+    // which costs at most ~9 entries per event when an address space only grows;
+    // past this budget the spacing becomes `size` (2 per event), so memory stays
+    // proportional to the input whatever its shape.
+    let cp_budget = 2 * total + 65_536;
+    let mut cp_used = 0usize;
+    let mut procs: HashMap<u32, Proc> = HashMap::new();
+    let mut i = 0;
+    while i < events.len() {
+        let pid = events[i].0;
+        let n = events[i..].partition_point(|(p, _)| *p == pid);
+        let evs = &events[i..i + n];
+        i += n;
+        let mut p = Proc {
+            events: Vec::with_capacity(evs.len()),
+            checkpoints: Vec::new(),
+        };
+        let mut state: BTreeMap<u64, MapEntry> = BTreeMap::new();
+        let mut base = Base::Empty;
+        let mut since = 0usize;
+        for &(_, ev) in evs {
+            match ev.kind {
+                EventKind::Map(m) => overlay(&mut state, m),
+                EventKind::Exec => {
+                    state.clear();
+                    base = Base::Empty;
                 }
-                p.events.push(ev);
-                since += 1;
-                let size = state.len();
-                let spacing = if cp_used < cp_budget { size / 8 } else { size };
-                if since >= 32.max(spacing) {
-                    since = 0;
-                    cp_used += size;
-                    p.checkpoints.push(Checkpoint {
-                        upto: p.events.len(),
-                        base,
-                        maps: state.values().copied().collect(),
-                    });
+                EventKind::Fork { parent } => {
+                    state.clear();
+                    base = Base::Fork {
+                        parent,
+                        key: ev.key,
+                    };
                 }
             }
-            if p.checkpoints.last().map(|c| c.upto) != Some(p.events.len()) {
+            p.events.push(ev);
+            since += 1;
+            let size = state.len();
+            let spacing = if cp_used < cp_budget { size / 8 } else { size };
+            if since >= 32.max(spacing) {
+                since = 0;
+                cp_used += size;
                 p.checkpoints.push(Checkpoint {
                     upto: p.events.len(),
                     base,
                     maps: state.values().copied().collect(),
                 });
             }
-            procs.insert(pid, p);
         }
-        Model {
-            procs,
-            dsos: self.dsos,
-            kernel_ref: self.kernel_ref,
+        if p.checkpoints.last().map(|c| c.upto) != Some(p.events.len()) {
+            p.checkpoints.push(Checkpoint {
+                upto: p.events.len(),
+                base,
+                maps: state.values().copied().collect(),
+            });
         }
+        procs.insert(pid, p);
+    }
+    Model {
+        procs,
+        dsos,
+        kernel_ref,
     }
 }
 

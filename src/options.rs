@@ -124,6 +124,9 @@ pub struct Options {
     /// whole scan, as one batch). Results are the same either way
     /// ([`crate::engine::Engine::ahead_holds`]).
     pub resolve_ahead: Option<u64>,
+    /// Bytes a stream may keep across its batches (`--stream-memory`; see
+    /// [`crate::limits::StreamKept`]).
+    pub stream_memory: u64,
     /// `--attrs-for`: the attr size of the output (default: the input's).
     pub attrs_for: AttrsFor,
 }
@@ -143,6 +146,7 @@ impl Default for Options {
             mmap2: false,
             in_place: false,
             resolve_ahead: Some(DEFAULT_RESOLVE_AHEAD),
+            stream_memory: crate::limits::DEFAULT_STREAM_MEMORY,
             attrs_for: AttrsFor::Verbatim,
         }
     }
@@ -169,6 +173,7 @@ impl std::fmt::Debug for Options {
             .field("mmap2", &self.mmap2)
             .field("in_place", &self.in_place)
             .field("resolve_ahead", &self.resolve_ahead)
+            .field("stream_memory", &self.stream_memory)
             .field("attrs_for", &self.attrs_for)
             .finish_non_exhaustive()
     }

@@ -138,6 +138,9 @@ pub struct Report {
     pub frame_capped_samples: u64,
     /// The per-sample unwinding budget in microseconds, when unwinding ran.
     pub unwind_budget_us: Option<f64>,
+    /// A stream input: the most it kept across its batches, in estimated bytes (the
+    /// `--stream-memory` budget's measure); absent for a file.
+    pub stream_kept_bytes: Option<u64>,
     /// Batches of a file resolved beside its scan and kept (0: none, or they were
     /// resolved again at the end, see `resolved_again`).
     pub resolved_beside_scan: u64,
@@ -207,6 +210,13 @@ impl Report {
                 .map(|(k, v)| format!("{k} {v:.1} ms"))
                 .collect();
             writeln!(w, "  timings ({} threads): {}", self.jobs, t.join(", "))?;
+            if let Some(k) = self.stream_kept_bytes {
+                writeln!(
+                    w,
+                    "  kept across batches: {} at most (--stream-memory)",
+                    crate::limits::format_size(k)
+                )?;
+            }
         }
         let symfs = self
             .dsos

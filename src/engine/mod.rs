@@ -25,6 +25,7 @@ use crate::format::header::{FEAT_ARCH, FEAT_CLOCK_DATA, FEAT_HOSTNAME, FEAT_OSRE
 use crate::format::record::{TrailerLayout, misc, parse_mmap, rt};
 use crate::format::walk::{Chunk, Rec, Walker, Windows};
 use crate::input::DataFile;
+use crate::limits::StreamKept;
 use crate::model::{DsoId, DsoKind, Key, Model, ModelBuilder};
 use crate::options::{Mode, Options, UnwindChoice};
 use crate::report::{ClaimReport, DsoReport, Report};
@@ -310,6 +311,12 @@ pub struct Engine<'a> {
     file: usize,
     notes: Vec<String>,
     timings: BTreeMap<&'static str, Duration>,
+    /// What a stream keeps across its batches (`--stream-memory`), and the most it
+    /// kept; the output's part is the sink's, told through
+    /// [`Engine::check_output_kept`].
+    kept: StreamKept,
+    kept_peak: AtomicU64,
+    output_kept: AtomicU64,
 }
 
 impl<'a> Engine<'a> {
@@ -381,6 +388,9 @@ impl<'a> Engine<'a> {
             file: 0,
             notes: Vec::new(),
             timings: BTreeMap::new(),
+            kept: StreamKept::default(),
+            kept_peak: AtomicU64::new(0),
+            output_kept: AtomicU64::new(0),
         }
     }
 
@@ -412,6 +422,65 @@ impl<'a> Engine<'a> {
     /// The mapping records outside compressed data, in input order.
     pub fn mapping_records(&self) -> &[MappingRecord] {
         &self.mappings
+    }
+
+    /// The mapping records before `offset` are written: a stream forgets them (a
+    /// stream's sinks look only at the records of the batch they write), so what it
+    /// keeps does not grow with its length.
+    pub fn forget_mappings_before(&mut self, offset: u64) {
+        let n = self.mappings.partition_point(|m| m.offset < offset);
+        self.mappings.drain(..n);
+    }
+
+    /// A stream's budget (`--stream-memory`): what it keeps across batches after the
+    /// record at `offset` grew it. Files are held to the model's own rule instead.
+    fn check_kept(&mut self, offset: u64) -> Result<()> {
+        if !self.from_records {
+            return Ok(());
+        }
+        self.kept.model = self.builder.used();
+        self.kept.output = self.output_kept.load(Ordering::Relaxed);
+        self.kept_peak
+            .fetch_max(self.kept.total(), Ordering::Relaxed);
+        self.kept
+            .check(self.opts.stream_memory)
+            .map_err(|over| over.at(offset))
+    }
+
+    /// What a stream keeps across batches, the output's part included.
+    fn kept_total(&self) -> u64 {
+        StreamKept {
+            output: self.output_kept.load(Ordering::Relaxed),
+            ..self.kept
+        }
+        .total()
+    }
+
+    /// Bytes of records a stream may carry to its next batch: its budget less what
+    /// it keeps.
+    pub fn stream_room(&self) -> u64 {
+        self.opts.stream_memory.saturating_sub(self.kept_total())
+    }
+
+    /// A stream carries `bytes` of records to its next batch (the report's figure
+    /// of what it kept counts them).
+    pub fn note_carried(&self, bytes: u64) {
+        self.kept_peak
+            .fetch_max(self.kept_total().saturating_add(bytes), Ordering::Relaxed);
+    }
+
+    /// A sink that keeps `bytes` of a stream's records for the end of its output (a
+    /// file's build-ID table and tracing data) checks them, with everything the
+    /// stream keeps, against its budget; `offset` is the record that grew them.
+    pub fn check_output_kept(&self, bytes: u64, offset: u64) -> Result<()> {
+        self.output_kept.store(bytes, Ordering::Relaxed);
+        let kept = StreamKept {
+            output: bytes,
+            ..self.kept
+        };
+        self.kept_peak.fetch_max(kept.total(), Ordering::Relaxed);
+        kept.check(self.opts.stream_memory)
+            .map_err(|over| over.at(offset).in_file(&self.name))
     }
 
     /// COMPRESSED records seen so far (their inner mapping records are not in
@@ -618,8 +687,12 @@ impl<'a> Engine<'a> {
                 // whichever perf wrote it (32 before perf 7, 35 since; 32 is a feature
                 // in 7.x). See sink::stream for why outputs carry no marker.
                 if r.bytes.len() > 16 && id < 256 {
-                    self.stream_features
-                        .insert(id as u32, r.bytes[16..].to_vec());
+                    let payload = r.bytes[16..].to_vec();
+                    self.kept.features += payload.len() as u64;
+                    if let Some(old) = self.stream_features.insert(id as u32, payload) {
+                        self.kept.features -= old.len() as u64;
+                    }
+                    return self.check_kept(r.offset);
                 }
                 return Ok(());
             }
@@ -641,12 +714,15 @@ impl<'a> Engine<'a> {
                             ),
                         ));
                     }
+                    // The name is held twice: the entry and the set of those seen.
+                    self.kept.build_ids += 2 * name.len() as u64 + crate::limits::STREAM_ID_COST;
                     self.scan.stream_build_ids.push(TableEntry {
                         cpumode: entry.cpumode,
                         pid: entry.pid,
                         build_id: entry.build_id,
                         filename: name,
                     });
+                    return self.check_kept(r.offset);
                 }
                 return Ok(());
             }
@@ -750,7 +826,10 @@ impl<'a> Engine<'a> {
                     .map_err(|l| l.at(r.offset))?;
             }
         }
-        Ok(())
+        if kind == rt::SAMPLE {
+            return Ok(());
+        }
+        self.check_kept(r.offset)
     }
 
     /// A stream's HEADER_ATTR: one event and its sample ids.
@@ -774,9 +853,10 @@ impl<'a> Engine<'a> {
         if self.trailer.is_none() {
             self.trailer = Some(TrailerLayout::new(a.sample_type, a.sample_id_all()));
         }
+        self.kept.attrs += (body.len() + 8 * a.ids.len()) as u64 + crate::limits::STREAM_ATTR_COST;
         self.attrs.push(a);
         self.attr_records.push(body.to_vec());
-        Ok(())
+        self.check_kept(r.offset)
     }
 
     /// Resolves `chunks` of `files` against the model so far (all of it when `last`),
@@ -957,6 +1037,9 @@ impl<'a> Engine<'a> {
                 later_file: false,
                 cache,
             };
+            // The name is held twice: the key and the group.
+            self.kept.decisions +=
+                2 * d.group.name.len() as u64 + crate::limits::STREAM_DECISION_COST;
             self.decided.insert(
                 (d.group.kind.is_kernel_space(), d.group.name.clone()),
                 d.clone(),
@@ -1069,6 +1152,9 @@ impl<'a> Engine<'a> {
             over_budget_samples: self.hits.over_budget,
             frame_capped_samples: self.hits.frame_capped,
             unwind_budget_us: self.unwind.flatten().map(|c| c.budget.as_secs_f64() * 1e6),
+            stream_kept_bytes: self
+                .from_records
+                .then(|| self.kept_peak.load(Ordering::Relaxed)),
             ids_new: sink.ids_new,
             in_place: sink.in_place.clone(),
             jobs,

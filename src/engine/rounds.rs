@@ -43,6 +43,12 @@ impl Rounds {
         }
     }
 
+    /// The newest clean point: where a stream may be resolved up to when it cannot
+    /// wait for the round rule (see [`crate::limits::StreamKept`]).
+    pub fn newest_clean(&self) -> Point {
+        self.clean
+    }
+
     /// Where resolution may end now. `base` is where the unresolved bytes start;
     /// `carried` how many bytes wait there and `limit` how many may wait at most;
     /// `eof` that the stream has ended (everything is safe then). Never before `base`:

@@ -320,7 +320,8 @@ pub struct StreamInput<'r> {
 
 /// Runs a stream (`perf record -o -`) through the engine into `sink`, batch by batch.
 /// Memory holds one batch, what the round rule carries to the next (at most two
-/// batches), and the model.
+/// batches) and the model; what it carries and keeps has a budget
+/// ([`crate::limits::StreamKept`], `--stream-memory`).
 pub fn run_stream(cx: Context<'_>, input: StreamInput<'_>, sink: &mut dyn Sink) -> Result<Report> {
     let StreamInput {
         name,
@@ -472,9 +473,17 @@ fn flush(
     batch: usize,
     total: Option<u64>,
 ) -> Result<()> {
-    let upto = cuts
+    let mut upto = cuts
         .rounds
         .safe_end(cuts.base(), s.bytes.len(), carry_limit(batch), eof);
+    // Limits policy: records carried to the next batch count in the stream's budget
+    // (`--stream-memory`) with what it keeps; past it the round rule gives way, as
+    // past two batches: resolving frees them, where the rest can only grow.
+    let end = s.base + s.bytes.len() as u64;
+    if end.saturating_sub(upto.0) > engine.stream_room() {
+        upto = upto.max(cuts.rounds.newest_clean());
+    }
+    engine.note_carried(end.saturating_sub(upto.0.max(s.base)));
     if upto.0 <= s.base {
         if s.bytes.len() > carry_limit(batch) {
             return Err(Error::format(
@@ -513,6 +522,7 @@ fn flush(
         engine,
     )?;
     s.bytes.drain(..n);
+    engine.forget_mappings_before(upto.0);
     if let Some(total) = total {
         engine.opts.progress("stream", upto.0, total);
     }

@@ -61,6 +61,10 @@ struct FromStream {
     tracing: Vec<u8>,
     /// The stream's HEADER_BUILD_ID records, as table entries.
     entries: Vec<u8>,
+    /// HEADER_BUILD_ID records left out of the table: perf reads a table entry's name
+    /// into a PATH_MAX buffer unchecked (perf 6.1 aborts, "stack smashing detected"),
+    /// while a stream's record is read whole.
+    too_long: u64,
 }
 
 impl TableSink {
@@ -299,6 +303,7 @@ impl Sink for TableSink {
                     data_size: 0,
                     tracing: Vec::new(),
                     entries: Vec::new(),
+                    too_long: 0,
                 }));
             }
         }
@@ -313,7 +318,7 @@ impl Sink for TableSink {
                 let State::Stream(s) = &mut self.state else {
                     return Err(Error::Internal("table sink: bytes without a stream".into()));
                 };
-                s.records(bytes, *offset).map_err(|e| match e {
+                s.records(bytes, *offset, engine).map_err(|e| match e {
                     Error::Io { source, .. } => Error::io(&out, source),
                     other => other,
                 })
@@ -345,8 +350,8 @@ impl Sink for TableSink {
 
 impl FromStream {
     /// Appends a stream's records to the data section, keeping back the records a
-    /// file holds in its header.
-    fn records(&mut self, bytes: &[u8], offset: u64) -> Result<()> {
+    /// file holds in its header (counted in the stream's budget, `--stream-memory`).
+    fn records(&mut self, bytes: &[u8], offset: u64, engine: &Engine<'_>) -> Result<()> {
         let e = self.e;
         let io = |err| Error::io("", err);
         let mut at = 0usize;
@@ -364,6 +369,11 @@ impl FromStream {
                 let rec = &bytes[at..next];
                 match kind {
                     rt::HEADER_TRACING_DATA => self.tracing.extend_from_slice(&rec[fr.size()..]),
+                    rt::HEADER_BUILD_ID
+                        if fr.size() < 36 || fr.size() - 36 > crate::limits::PATH_MAX =>
+                    {
+                        self.too_long += 1
+                    }
                     rt::HEADER_BUILD_ID => {
                         // The same bytes as a table entry, whose type field is 0.
                         let start = self.entries.len();
@@ -371,6 +381,10 @@ impl FromStream {
                         self.entries[start..start + 4].copy_from_slice(&e.put_u32(0));
                     }
                     _ => {}
+                }
+                if matches!(kind, rt::HEADER_TRACING_DATA | rt::HEADER_BUILD_ID) {
+                    let kept = (self.tracing.len() + self.entries.len()) as u64;
+                    engine.check_output_kept(kept, offset + at as u64)?;
                 }
             }
             at = next;
@@ -408,6 +422,12 @@ impl FromStream {
             r.extend_from_slice(&e.put_u16(8));
             self.w.write_all(&r).map_err(io)?;
             self.data_size = 8;
+        }
+        if self.too_long > 0 {
+            notes.push(format!(
+                "{} HEADER_BUILD_ID record(s) of the stream left out of the table: their names are longer than perf reads in a table (PATH_MAX)",
+                self.too_long
+            ));
         }
         let (kept, dropped) = retain_entries(&self.entries, e, &|t| engine.passes_on(t));
         if dropped > 0 {

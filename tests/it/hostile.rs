@@ -842,6 +842,44 @@ fn names_perf_cannot_read_are_refused() {
     }
 }
 
+/// A stream's HEADER_BUILD_ID record with a name longer than PATH_MAX: perf reads a
+/// stream record whole, but a table entry's name into a PATH_MAX buffer (perf 6.1
+/// aborts, "stack smashing detected"), so a file output's table leaves it out.
+#[test]
+fn long_stream_names_stay_out_of_the_table() {
+    const T: &str = "long_stream_names_stay_out_of_the_table";
+    let dir = tempfile::tempdir().unwrap();
+    let pipe = std::fs::read(common::manifest_dir().join("testdata/pipe/demo.pdata")).unwrap();
+    let mut name = b"/tmp/pdi-hostile/".to_vec();
+    name.resize(5000, b'x');
+    let size = (36 + name.len() + 1).next_multiple_of(8);
+    let mut rec = Vec::new();
+    rec.extend_from_slice(&67u32.to_le_bytes());
+    rec.extend_from_slice(&(MISC_USER | (1 << 15)).to_le_bytes());
+    rec.extend_from_slice(&(size as u16).to_le_bytes());
+    rec.extend_from_slice(&(-1i32).to_le_bytes());
+    rec.extend_from_slice(&[0xcd; 20]);
+    rec.extend_from_slice(&[20, 0, 0, 0]);
+    rec.extend_from_slice(&name);
+    rec.resize(size, 0);
+    let mut stream = pipe[..16].to_vec();
+    stream.extend_from_slice(&rec);
+    stream.extend_from_slice(&pipe[16..]);
+    let input = dir.path().join("in.pdata");
+    std::fs::write(&input, &stream).unwrap();
+    let out = dir.path().join("out.data");
+    let o = common::run(common::pdinject().arg(&input).arg(&out));
+    assert!(o.status.success(), "{}", common::tail(&o.stderr));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("left out of the table"),
+        "{}",
+        common::tail(&o.stderr)
+    );
+    if let Some(list) = perf_reads(T, &out) {
+        assert!(!list.contains("cdcdcdcd"), "{list}");
+    }
+}
+
 #[test]
 fn new_ids_after_a_damaged_table_are_seen_by_perf() {
     let dir = tempfile::tempdir().unwrap();

@@ -8,6 +8,7 @@ mod common;
 
 mod attrs;
 mod batch;
+mod budget;
 mod cache;
 mod demo;
 mod docs;
