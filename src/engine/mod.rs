@@ -712,7 +712,7 @@ impl<'a> Engine<'a> {
             {
                 self.user_records.push(r.offset);
             }
-            if r.header.size % 8 != 0
+            if !r.header.size.is_multiple_of(8)
                 && !matches!(
                     kind,
                     rt::HEADER_FEATURE | rt::COMPRESSED | rt::COMPRESSED2 | rt::HEADER_BUILD_ID
