@@ -307,6 +307,15 @@ pub struct Engine<'a> {
     flat_walker: Option<Walker>,
     /// Mapping records outside compressed data, in input order.
     mappings: Vec<MappingRecord>,
+    /// Offsets of a stream's HEADER_ATTR, HEADER_FEATURE and HEADER_BUILD_ID records
+    /// outside compressed data, not yet written: the stream sink repairs or leaves
+    /// out some of them and passes the rest of a batch on without walking it (the
+    /// batch is cold by then; walking every record header cost a twentieth of a
+    /// stream run).
+    user_records: Vec<u64>,
+    /// A stream's records whose size is not a multiple of 8 (perf 7.3 refuses
+    /// them), HEADER_FEATURE and COMPRESSED records aside (perf 7.3 reads those).
+    unaligned: u64,
     /// The data file being scanned.
     file: usize,
     notes: Vec<String>,
@@ -385,6 +394,8 @@ impl<'a> Engine<'a> {
             hits: Hits::default(),
             flat_walker: None,
             mappings: Vec::new(),
+            user_records: Vec::new(),
+            unaligned: 0,
             file: 0,
             notes: Vec::new(),
             timings: BTreeMap::new(),
@@ -430,6 +441,22 @@ impl<'a> Engine<'a> {
     pub fn forget_mappings_before(&mut self, offset: u64) {
         let n = self.mappings.partition_point(|m| m.offset < offset);
         self.mappings.drain(..n);
+        let n = self.user_records.partition_point(|&o| o < offset);
+        self.user_records.drain(..n);
+    }
+
+    /// Offsets in `[from, to)` of a stream's HEADER_ATTR, HEADER_FEATURE and
+    /// HEADER_BUILD_ID records outside compressed data, ascending.
+    pub fn user_records_in(&self, from: u64, to: u64) -> &[u64] {
+        let a = self.user_records.partition_point(|&o| o < from);
+        let b = self.user_records.partition_point(|&o| o < to);
+        &self.user_records[a..b]
+    }
+
+    /// A stream's records whose size is not a multiple of 8, but HEADER_FEATURE and
+    /// COMPRESSED ones (which perf 7.3 reads unaligned).
+    pub fn unaligned_records(&self) -> u64 {
+        self.unaligned
     }
 
     /// A stream's budget (`--stream-memory`): what it keeps across batches after the
@@ -677,6 +704,23 @@ impl<'a> Engine<'a> {
         let e = self.e;
         self.scan.records += 1;
         let kind = r.header.kind;
+        if self.from_records && !r.inner {
+            if matches!(
+                kind,
+                rt::HEADER_ATTR | rt::HEADER_FEATURE | rt::HEADER_BUILD_ID
+            ) && self.user_records.last().is_none_or(|&l| l < r.offset)
+            {
+                self.user_records.push(r.offset);
+            }
+            if !r.header.size.is_multiple_of(8)
+                && !matches!(
+                    kind,
+                    rt::HEADER_FEATURE | rt::COMPRESSED | rt::COMPRESSED2 | rt::HEADER_BUILD_ID
+                )
+            {
+                self.unaligned += 1;
+            }
+        }
         match kind {
             rt::HEADER_ATTR if self.from_records => return self.attr_record(r),
             rt::HEADER_FEATURE if self.from_records => {

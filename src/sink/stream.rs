@@ -123,14 +123,21 @@ impl<'w> StreamSink<'w> {
     /// see [`is_end_marker`]) and, with `--attrs-for`, HEADER_ATTR records. Runs of
     /// records that need nothing are written as they are; a batch that needs nothing
     /// costs one walk of its headers.
-    fn pass_on(&mut self, bytes: &[u8], engine: &Engine<'_>) -> Result<()> {
+    fn pass_on(&mut self, bytes: &[u8], offset: u64, engine: &Engine<'_>) -> Result<()> {
         let e = self.e;
-        let mut at = 0usize;
         let mut clean_from = 0usize;
-        while at < bytes.len() {
+        let end = offset + bytes.len() as u64;
+        // Only the records the engine's scan marked can need anything.
+        for &mark in engine.user_records_in(offset, end) {
+            let Ok(at) = usize::try_from(mark - offset) else {
+                break;
+            };
+            if at < clean_from {
+                continue;
+            }
             // The engine framed these bytes already; a record that does not frame
             // here ends the walk and the rest is written as it is.
-            let Ok(Some(f)) = crate::format::walk::frame(&bytes[at..], e, at as u64) else {
+            let Ok(Some(f)) = crate::format::walk::frame(&bytes[at..], e, mark) else {
                 break;
             };
             let size = f.size();
@@ -155,7 +162,6 @@ impl<'w> StreamSink<'w> {
                 self.write(&bytes[clean_from..at])?;
                 clean_from = at + total;
                 self.fixes.contradicted += 1;
-                at += total;
                 continue;
             }
             let fixed: Option<Vec<u8>> = match f.header.kind {
@@ -194,19 +200,13 @@ impl<'w> StreamSink<'w> {
                     self.write(&bytes[at + size..at + total])?;
                     clean_from = at + total;
                 }
-                // perf 7.3 frames HEADER_FEATURE and COMPRESSED records without the
-                // check (perf 6.1 writes both unaligned, and 7.3 reads its streams).
-                None if size % 8 != 0
-                    && !matches!(
-                        f.header.kind,
-                        rt::HEADER_FEATURE | rt::COMPRESSED | rt::COMPRESSED2
-                    ) =>
-                {
+                // A HEADER_BUILD_ID record too long to pad (the engine counts the
+                // other kinds perf 7.3 checks).
+                None if size % 8 != 0 && f.header.kind == rt::HEADER_BUILD_ID => {
                     self.fixes.unaligned += 1
                 }
                 None => {}
             }
-            at += total;
         }
         self.write(&bytes[clean_from..])
     }
@@ -430,7 +430,7 @@ impl Sink for StreamSink<'_> {
     fn batch(&mut self, batch: &Batch<'_>, engine: &Engine<'_>) -> Result<()> {
         match batch {
             Batch::File { input, new } => self.write_file_input(input, new, engine),
-            Batch::Bytes { bytes, new, .. } => {
+            Batch::Bytes { bytes, new, offset } => {
                 self.check_attrs(engine)?;
                 let recs = self.id_records(new);
                 let at = if recs.is_empty() {
@@ -439,14 +439,14 @@ impl Sink for StreamSink<'_> {
                     first_sampleish(bytes, self.e)
                 };
                 let (head, tail) = bytes.split_at(at);
-                self.pass_on(head, engine)?;
+                self.pass_on(head, *offset, engine)?;
                 self.write(&recs)?;
-                self.pass_on(tail, engine)
+                self.pass_on(tail, offset + at as u64, engine)
             }
         }
     }
 
-    fn finish(&mut self, _: &Engine<'_>) -> Result<SinkReport> {
+    fn finish(&mut self, engine: &Engine<'_>) -> Result<SinkReport> {
         if let Some(h) = self.pending.take() {
             self.w.write_all(&h).map_err(|e| Error::io(&self.out, e))?;
         }
@@ -475,10 +475,10 @@ impl Sink for StreamSink<'_> {
                 .notes
                 .push(super::table::dropped_note(f.contradicted));
         }
-        if f.unaligned > 0 {
+        let unaligned = f.unaligned + engine.unaligned_records();
+        if unaligned > 0 {
             self.report.notes.push(format!(
-                "{} record(s) of the input have a size that is not a multiple of 8 and were passed on as they are (perf 7.3 refuses such streams)",
-                f.unaligned
+                "{unaligned} record(s) of the input have a size that is not a multiple of 8 and were passed on as they are (perf 7.3 refuses such streams)"
             ));
         }
         Ok(std::mem::take(&mut self.report))
