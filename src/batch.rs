@@ -53,7 +53,7 @@ pub enum Dest {
     OutDir(PathBuf),
     /// Beside each input, its name with this suffix appended (`perf.data.bid`).
     Suffix(String),
-    /// The input itself, rewritten in place (crash-safe; see the README's "In place").
+    /// The input itself, rewritten in place (crash-safe; see docs/in-place.md).
     InPlace,
 }
 
@@ -420,7 +420,7 @@ pub struct BatchOptions {
     /// Redo outputs that are up to date.
     pub force: bool,
     /// Inputs smaller than this run side by side, one thread each; larger ones one at
-    /// a time with every thread (see the README for the measurement).
+    /// a time with every thread (see docs/unwinding.md for the measurement).
     pub concurrent_below: u64,
 }
 

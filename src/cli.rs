@@ -124,7 +124,7 @@ pub struct EngineArgs {
     pub symfs: Option<PathBuf>,
     /// Memory a stream input may keep across its batches: the process model, the
     /// build-ID records it carries, its events and features (e.g. 512M, 2G; see
-    /// "Limits" in the README). A stream that needs more stops with an error.
+    /// "Limits" in docs/guarantees.md). A stream that needs more stops with an error.
     #[arg(long = "stream-memory", value_name = "SIZE", value_parser = parse_size, default_value = pdinject::limits::DEFAULT_STREAM_MEMORY_ARG)]
     pub stream_memory: u64,
     /// Write the event attributes at the size this perf reads (an older perf refuses

@@ -406,7 +406,7 @@ impl PerfInput {
                     return Err(Error::format(
                         table_off + i as u64 * 16,
                         format!(
-                            "feature {bit} section [{:#x}, +{:#x}) lies before the end of the feature table ({tail:#x}); perf writes feature sections after it (see \"Limits\" in the README)",
+                            "feature {bit} section [{:#x}, +{:#x}) lies before the end of the feature table ({tail:#x}); perf writes feature sections after it (see \"Limits\" in docs/guarantees.md)",
                             s.offset, s.size
                         ),
                     ));

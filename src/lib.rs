@@ -1,6 +1,6 @@
 //! pdinject: fast, parallel, truthful build-ID injection for Linux `perf.data` files.
 //!
-//! The library mirrors the pipeline described in the README:
+//! The library mirrors the pipeline described in docs/architecture.md:
 //! [`format`](mod@format) (zero-copy, endian-aware views over perf.data bytes and the
 //! one record-framing primitive) → [`engine`] (scan into the [`model`], [`resolve`]
 //! on a rayon pool, [`buildid`] identification with provenance or a reason, over one

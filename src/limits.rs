@@ -1,4 +1,4 @@
-//! The limits policy (README "Limits"): every bound pdinject puts on what an input may
+//! The limits policy (docs/guarantees.md, "Limits"): every bound pdinject puts on what an input may
 //! make it do, in one place, each with the reason for its value. Work and memory stay
 //! proportional to the input; where compression or aliasing could make a small input
 //! stand for a huge one, a ceiling stops the run with an error that names the file,
@@ -173,7 +173,7 @@ impl std::fmt::Display for StreamOver {
             .collect();
         write!(
             f,
-            "the stream keeps {} across batches, over its budget of {} ({}); raise it with --stream-memory SIZE for a recording that needs more (see \"Limits\" in the README)",
+            "the stream keeps {} across batches, over its budget of {} ({}); raise it with --stream-memory SIZE for a recording that needs more (see \"Limits\" in docs/guarantees.md)",
             format_size(self.kept.total()),
             format_size(self.limit),
             terms.join(", ")
@@ -262,7 +262,7 @@ impl std::fmt::Display for Exceeded {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} of {} is over the limit of {} (see \"Limits\" in the README)",
+            "{} of {} is over the limit of {} (see \"Limits\" in docs/guarantees.md)",
             self.what, self.value, self.limit
         )
     }
@@ -323,7 +323,7 @@ pub fn check_disjoint(mut regions: Vec<Region>, identical_ok: bool) -> Result<()
                 return Err(Error::format(
                     *at,
                     format!(
-                        "{what} [{:#x}, +{:#x}) overlaps {} [{:#x}, +{:#x}): sections must not share bytes (see \"Limits\" in the README)",
+                        "{what} [{:#x}, +{:#x}) overlaps {} [{:#x}, +{:#x}): sections must not share bytes (see \"Limits\" in docs/guarantees.md)",
                         s.offset, s.size, regions[j].0, prev.offset, prev.size
                     ),
                 ));

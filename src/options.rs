@@ -85,7 +85,7 @@ impl AttrsFor {
 /// Progress callback: `(stage, done, total)` in bytes.
 pub type ProgressFn = std::sync::Arc<dyn Fn(&str, u64, u64) + Send + Sync>;
 
-/// Default per-sample unwinding budget (see the README for the measurement).
+/// Default per-sample unwinding budget (see docs/unwinding.md for the measurement).
 pub const DEFAULT_UNWIND_BUDGET: Duration = Duration::from_millis(1);
 /// Default frame cap: perf's own PERF_MAX_STACK_DEPTH is 127; deeper DWARF stacks exist.
 pub const DEFAULT_MAX_FRAMES: usize = 512;

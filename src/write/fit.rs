@@ -123,7 +123,7 @@ pub fn fit_tail(input: &PerfInput, build_id: &[u8]) -> Result<std::result::Resul
     let have = input.file_len.saturating_sub(data_end);
     if have > crate::limits::MAX_FIT_TAIL {
         return Ok(Err(NoFit::Layout(format!(
-            "the feature tail is {have} bytes, over the {} rewritten in place (see \"Limits\" in the README)",
+            "the feature tail is {have} bytes, over the {} rewritten in place (see \"Limits\" in docs/guarantees.md)",
             crate::limits::MAX_FIT_TAIL
         ))));
     }

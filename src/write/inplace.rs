@@ -1,6 +1,6 @@
 //! `--in-place`: the input itself is changed, only where it changes, and a kill at any
 //! moment leaves a file that perf reads in the old or the new state, or one that the
-//! next pdinject run restores (README, *In place*).
+//! next pdinject run restores (docs/in-place.md).
 //!
 //! The plan of a run is a list of [`Change`]s: bytes appended past the old end of the
 //! file (a new BUILD_ID payload, feature payloads moved out of the way of a grown
@@ -31,7 +31,7 @@
 //! cut short or fails its checksum was being written when the run died, before the
 //! file was touched: it is removed.
 //!
-//! `PDINJECT_CRASH_AT=N` (a test hook, documented in the README) kills the process
+//! `PDINJECT_CRASH_AT=N` (a test hook, documented in docs/in-place.md) kills the process
 //! with SIGKILL right after its Nth step (a write, fsync, truncate, unlink or time
 //! change of the file, its journal or the directory); it never changes what is
 //! written. The kill-point test walks N from 1 until a run finishes.

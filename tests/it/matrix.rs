@@ -17,7 +17,7 @@
 //!   code IDs as the input's (for a stream input, as the same writer's file recording
 //!   of the same program), the fixtures' among them.
 //!
-//! The test prints the matrix (as the README's table shows it) and fails on any cell
+//! The test prints the matrix (as docs/compatibility.md shows it) and fails on any cell
 //! that is not as expected.
 
 use crate::common::*;
