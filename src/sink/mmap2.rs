@@ -565,7 +565,11 @@ impl Sink for Mmap2Sink<'_> {
                 };
                 match &mut self.inner {
                     Inner::Table(t) => t.batch(&b, engine),
-                    Inner::Stream(s) => s.batch(&b, engine),
+                    Inner::Stream(s) => {
+                        // An MMAP grown into an MMAP2 moves the records after it.
+                        s.set_moved(sp.iter().any(|x| x.new.len() as u64 != x.old_len));
+                        s.batch(&b, engine)
+                    }
                     Inner::File { .. } => Err(Error::Internal(
                         "mmap2 sink: stream bytes for a file input".into(),
                     )),

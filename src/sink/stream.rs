@@ -34,6 +34,10 @@ pub struct StreamSink<'w> {
     splices: Vec<super::mmap2::Splice>,
     /// What [`StreamSink::pass_on`] repaired so far.
     fixes: Fixes,
+    /// The records of the batch being written are not at the offsets the engine's
+    /// scan saw them at (the build-ID MMAP2 sink grew MMAP records into MMAP2s before
+    /// them): [`StreamSink::pass_on`] finds them by a walk instead.
+    moved: bool,
     /// `--attrs-for`: the size HEADER_ATTR records' attrs are cut to.
     attrs_for: AttrsFor,
     /// The largest attr size cut (for the summary).
@@ -69,6 +73,7 @@ impl<'w> StreamSink<'w> {
             report: SinkReport::default(),
             splices: Vec::new(),
             fixes: Fixes::default(),
+            moved: false,
             attrs_for: AttrsFor::Verbatim,
             attrs_cut: None,
             pending: None,
@@ -102,6 +107,12 @@ impl<'w> StreamSink<'w> {
         Ok(())
     }
 
+    /// Whether the records of the next batches moved from where the engine's scan saw
+    /// them (see [`StreamSink::pass_on`]).
+    pub fn set_moved(&mut self, moved: bool) {
+        self.moved = moved;
+    }
+
     /// Records of a file input's data section to replace as it is written (sorted).
     pub fn set_splices(&mut self, splices: Vec<super::mmap2::Splice>) {
         self.splices = splices;
@@ -127,14 +138,22 @@ impl<'w> StreamSink<'w> {
         let e = self.e;
         let mut clean_from = 0usize;
         let end = offset + bytes.len() as u64;
-        // Only the records the engine's scan marked can need anything.
-        for &mark in engine.user_records_in(offset, end) {
-            let Ok(at) = usize::try_from(mark - offset) else {
-                break;
-            };
-            if at < clean_from {
+        // Only the records the engine's scan marked can need anything; where records
+        // moved (MMAP grown into MMAP2 before them), they are found by a walk.
+        let positions: Vec<usize> = if self.moved {
+            user_record_positions(bytes, e)
+        } else {
+            engine
+                .user_records_in(offset, end)
+                .iter()
+                .filter_map(|&m| usize::try_from(m - offset).ok())
+                .collect()
+        };
+        for at in positions {
+            if at < clean_from || at >= bytes.len() {
                 continue;
             }
+            let mark = offset + at as u64;
             // The engine framed these bytes already; a record that does not frame
             // here ends the walk and the rest is written as it is.
             let Ok(Some(f)) = crate::format::walk::frame(&bytes[at..], e, mark) else {
@@ -358,6 +377,29 @@ fn push_header(out: &mut Vec<u8>, e: Endian, kind: u32, size: u16) {
     out.extend_from_slice(&e.put_u32(kind));
     out.extend_from_slice(&e.put_u16(0));
     out.extend_from_slice(&e.put_u16(size));
+}
+
+/// Where the HEADER_ATTR, HEADER_FEATURE and HEADER_BUILD_ID records of `bytes` (whole
+/// records) start: a walk of every record header, for a batch whose records moved.
+fn user_record_positions(bytes: &[u8], e: Endian) -> Vec<usize> {
+    let mut out = Vec::new();
+    let mut at = 0usize;
+    while at < bytes.len() {
+        let Ok(Some(f)) = crate::format::walk::frame(&bytes[at..], e, at as u64) else {
+            break;
+        };
+        if matches!(
+            f.header.kind,
+            rt::HEADER_ATTR | rt::HEADER_FEATURE | rt::HEADER_BUILD_ID
+        ) {
+            out.push(at);
+        }
+        match usize::try_from(f.total()) {
+            Ok(t) if t > 0 => at += t,
+            _ => break,
+        }
+    }
+    out
 }
 
 /// Whether `rec` (a HEADER_FEATURE record) is an end-of-features marker: a feature

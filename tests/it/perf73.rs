@@ -228,3 +228,80 @@ fn perf73_recordings_keep_working() {
         );
     }
 }
+
+/// A stream whose user mappings are MMAP records (perfs without `attr.mmap2`) and
+/// whose HEADER_BUILD_ID records come after them, through `--mmap2-buildid-all` to a
+/// stream: each MMAP grows into an MMAP2 (32 bytes), so the records after it are no
+/// longer where the scan saw them, and the repairs (padding perf 6.1's 100-byte
+/// HEADER_BUILD_ID records) must still find them.
+#[test]
+fn repairs_find_records_behind_grown_mappings() {
+    const T: &str = "repairs_find_records_behind_grown_mappings";
+    let Some(p61) = perf(T) else { return };
+    let Some(p73) = perf73(T) else { return };
+    let d = tempfile::tempdir().unwrap();
+    let pipe = manifest_dir().join("testdata/pipe/demo.pdata");
+    let inj = d.path().join("inject61.pdata");
+    let o = run(p61
+        .cmd()
+        .args(["inject", "-b", "-i", "-", "-o", "-"])
+        .stdin(fs::File::open(&pipe).unwrap())
+        .stdout(fs::File::create(&inj).unwrap()));
+    assert!(
+        o.status.success(),
+        "perf inject -b failed: {}",
+        tail(&o.stderr)
+    );
+    // User MMAP2 records (classic form) become MMAP records: pid, tid, start, len,
+    // pgoff, then the name and the sample-id trailer (device, inode, prot and flags
+    // dropped).
+    let b = fs::read(&inj).unwrap();
+    let mut out = b[..16].to_vec();
+    let (mut at, mut converted, mut ids_after) = (16, 0, 0);
+    while at + 8 <= b.len() {
+        let kind = u32::from_le_bytes(b[at..at + 4].try_into().unwrap());
+        let misc = u16::from_le_bytes([b[at + 4], b[at + 5]]);
+        let size = u16::from_le_bytes([b[at + 6], b[at + 7]]) as usize;
+        let rec = &b[at..at + size];
+        if kind == 10 && misc & 0x4000 == 0 && misc & 7 == 2 {
+            out.extend_from_slice(&1u32.to_le_bytes());
+            out.extend_from_slice(&misc.to_le_bytes());
+            out.extend_from_slice(&((size - 32) as u16).to_le_bytes());
+            out.extend_from_slice(&rec[8..40]);
+            out.extend_from_slice(&rec[72..]);
+            converted += 1;
+        } else {
+            ids_after += usize::from(kind == 67 && converted > 0);
+            out.extend_from_slice(rec);
+        }
+        at += size;
+    }
+    assert!(
+        converted > 0 && ids_after > 0,
+        "{converted} MMAPs, {ids_after} IDs after"
+    );
+    let input = d.path().join("mmap.pdata");
+    fs::write(&input, &out).unwrap();
+    let output = d.path().join("out.pdata");
+    let o = run(pdinject()
+        .args(["--mmap2-buildid-all", "-q"])
+        .arg(&input)
+        .arg("-")
+        .stdout(fs::File::create(&output).unwrap()));
+    assert!(o.status.success(), "{}", tail(&o.stderr));
+    let (ok, got, err) = script_stdin(&p73, &output, &["-F", "comm,tid,time,ip,dso", "-G"]);
+    assert!(
+        ok && !COMPLAINTS.iter().any(|c| err.contains(c)),
+        "perf 7.3: {err}"
+    );
+    let (ok, want, err) = script_stdin(&p61, &input, &["-F", "comm,tid,time,ip,dso", "-G"]);
+    assert!(ok, "perf 6.1 on the input: {err}");
+    let (ok, got61, err) = script_stdin(&p61, &output, &["-F", "comm,tid,time,ip,dso", "-G"]);
+    assert!(ok, "perf 6.1 on the output: {err}");
+    assert!(want == got61, "perf 6.1:\n{}", first_diff(&want, &got61));
+    assert_eq!(
+        got.lines().count(),
+        want.lines().count(),
+        "perf 7.3 sees other samples"
+    );
+}
