@@ -132,8 +132,9 @@ impl<'w> StreamSink<'w> {
     /// padded with zeros after its NUL-terminated name, and the record has no
     /// sample-id trailer, so nothing moves), the end-of-features marker (left out,
     /// see [`is_end_marker`]) and, with `--attrs-for`, HEADER_ATTR records. Runs of
-    /// records that need nothing are written as they are; a batch that needs nothing
-    /// costs one walk of its headers.
+    /// records that need nothing are written as they are; only the records the
+    /// engine's scan marked are looked at (all record headers only when records
+    /// moved, see [`StreamSink::set_moved`]).
     fn pass_on(&mut self, bytes: &[u8], offset: u64, engine: &Engine<'_>) -> Result<()> {
         let e = self.e;
         let mut clean_from = 0usize;
