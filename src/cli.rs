@@ -125,7 +125,7 @@ pub struct EngineArgs {
     /// Memory a stream input may keep across its batches: the process model, the
     /// build-ID records it carries, its events and features (e.g. 512M, 2G; see
     /// "Limits" in docs/guarantees.md). A stream that needs more stops with an error.
-    #[arg(long = "stream-memory", value_name = "SIZE", value_parser = parse_size, default_value = pdinject::limits::DEFAULT_STREAM_MEMORY_ARG)]
+    #[arg(long = "stream-memory", value_name = "SIZE", value_parser = pdinject::limits::parse_size, default_value = pdinject::limits::DEFAULT_STREAM_MEMORY_ARG)]
     pub stream_memory: u64,
     /// Write the event attributes at the size this perf reads (an older perf refuses
     /// larger ones); refused when a field that size has no room for is not zero.
@@ -198,11 +198,6 @@ impl EngineArgs {
             ..Options::default()
         })
     }
-}
-
-/// Parses `512M`, `2G`, `1.5G`, `4096` (a bare number is bytes).
-fn parse_size(s: &str) -> std::result::Result<u64, String> {
-    pdinject::limits::parse_size(s)
 }
 
 /// Parses `500us`, `1ms`, `2s`, `100ns` (a bare number is milliseconds).

@@ -567,7 +567,7 @@ impl Sink for Mmap2Sink<'_> {
                     Inner::Table(t) => t.batch(&b, engine),
                     Inner::Stream(s) => {
                         // An MMAP grown into an MMAP2 moves the records after it.
-                        s.set_moved(sp.iter().any(|x| x.new.len() as u64 != x.old_len));
+                        s.set_moved(sp.iter().any(|x| x.grows() > 0));
                         s.batch(&b, engine)
                     }
                     Inner::File { .. } => Err(Error::Internal(

@@ -125,18 +125,22 @@ pub fn perf(test: &str) -> Option<Perf> {
     p
 }
 
-/// perf 6.12 unpacked at /tmp/p612 by ../shared/tools/perf612.sh (optional).
-pub fn perf612(test: &str) -> Option<Perf> {
-    static P: OnceLock<Option<Perf>> = OnceLock::new();
-    let p = P
+/// A perf unpacked beside the system one by a script of ../shared/tools: `bin` (and
+/// its libraries, `lib`) under `root`, or under the root the variable `var` names.
+/// `None` (with a SKIP, a failure under PDINJECT_TEST_STRICT) when it does not run.
+fn side_perf(
+    test: &str,
+    found: &OnceLock<Option<Perf>>,
+    (var, root, bin, lib): (&str, &str, &str, Option<&str>),
+    (name, script): (&'static str, &str),
+) -> Option<Perf> {
+    let p = found
         .get_or_init(|| {
-            let root = PathBuf::from(
-                std::env::var_os("PDINJECT_TEST_PERF612").unwrap_or_else(|| "/tmp/p612".into()),
-            );
+            let root = PathBuf::from(std::env::var_os(var).unwrap_or_else(|| root.into()));
             let p = Perf {
-                bin: root.join("usr/bin/perf"),
-                ld_library_path: Some(root.join("usr/lib/x86_64-linux-gnu")),
-                name: "perf 6.12",
+                bin: root.join(bin),
+                ld_library_path: lib.map(|l| root.join(l)),
+                name,
             };
             (p.bin.exists() && p.works()).then_some(p)
         })
@@ -144,36 +148,57 @@ pub fn perf612(test: &str) -> Option<Perf> {
     if p.is_none() {
         skip(
             test,
-            "perf 6.12 not found at /tmp/p612 (bash ../shared/tools/perf612.sh) - 6.12 checks skipped",
+            &format!(
+                "{name} not found at {root} (bash ../shared/tools/{script}) - its checks skipped"
+            ),
         );
     }
     p
 }
 
+/// perf 6.12 unpacked at /tmp/p612 by ../shared/tools/perf612.sh;
+/// `PDINJECT_TEST_PERF612` names another root.
+pub fn perf612(test: &str) -> Option<Perf> {
+    static P: OnceLock<Option<Perf>> = OnceLock::new();
+    side_perf(
+        test,
+        &P,
+        (
+            "PDINJECT_TEST_PERF612",
+            "/tmp/p612",
+            "usr/bin/perf",
+            Some("usr/lib/x86_64-linux-gnu"),
+        ),
+        ("perf 6.12", "perf612.sh"),
+    )
+}
+
 /// perf 7.3 unpacked at /tmp/p73 by ../shared/tools/perf73.sh (run through its own
-/// loader by the `/tmp/p73/perf` wrapper). `PDINJECT_TEST_PERF73` names another root.
+/// loader by the `/tmp/p73/perf` wrapper); `PDINJECT_TEST_PERF73` names another root.
 pub fn perf73(test: &str) -> Option<Perf> {
     static P: OnceLock<Option<Perf>> = OnceLock::new();
-    let p = P
-        .get_or_init(|| {
-            let root = PathBuf::from(
-                std::env::var_os("PDINJECT_TEST_PERF73").unwrap_or_else(|| "/tmp/p73".into()),
-            );
-            let p = Perf {
-                bin: root.join("perf"),
-                ld_library_path: None,
-                name: "perf 7.3",
-            };
-            (p.bin.exists() && p.works()).then_some(p)
-        })
-        .clone();
-    if p.is_none() {
-        skip(
-            test,
-            "perf 7.3 not found at /tmp/p73 (bash ../shared/tools/perf73.sh) - 7.3 checks skipped",
-        );
-    }
-    p
+    side_perf(
+        test,
+        &P,
+        ("PDINJECT_TEST_PERF73", "/tmp/p73", "perf", None),
+        ("perf 7.3", "perf73.sh"),
+    )
+}
+
+/// `perf inject -b -i - -o -` of the stream `input` into `out`, as `perf` makes it.
+pub fn inject_stream(perf: &Perf, input: &Path, out: &Path) {
+    let o = run(perf
+        .cmd()
+        .args(["inject", "-b", "-i", "-", "-o", "-"])
+        .stdin(fs::File::open(input).unwrap())
+        .stdout(fs::File::create(out).unwrap()));
+    assert!(
+        o.status.success(),
+        "{} inject -b of {} failed: {}",
+        perf.name,
+        input.display(),
+        tail(&o.stderr)
+    );
 }
 
 /// This test's own HOME: an empty directory made for the test's thread (the test

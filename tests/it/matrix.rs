@@ -389,16 +389,7 @@ fn compatibility_matrix() {
             tail(&o.stderr)
         );
         let inj = dir.join(format!("inj{tag}.pdata"));
-        let o = run(perf
-            .cmd()
-            .args(["inject", "-b", "-i", "-", "-o", "-"])
-            .stdin(fs::File::open(&stream).unwrap())
-            .stdout(fs::File::create(&inj).unwrap()));
-        assert!(
-            o.status.success(),
-            "perf {w} inject -b failed: {}",
-            tail(&o.stderr)
-        );
+        inject_stream(perf, &stream, &inj);
         for (form, path) in [
             (Form::File, &file),
             (Form::Stream, &stream),

@@ -73,16 +73,7 @@ fn perf73_reads_every_stream_pdinject_writes() {
     let pipe = manifest_dir().join("testdata/pipe/demo.pdata");
     // perf 6.1's inject -b stream: what a fleet's older post-processing left behind.
     let inj = d.path().join("inject61.pdata");
-    let o = run(p61
-        .cmd()
-        .args(["inject", "-b", "-i", "-", "-o", "-"])
-        .stdin(fs::File::open(&pipe).unwrap())
-        .stdout(fs::File::create(&inj).unwrap()));
-    assert!(
-        o.status.success(),
-        "perf inject -b failed: {}",
-        tail(&o.stderr)
-    );
+    inject_stream(&p61, &pipe, &inj);
     let (ok, _, err) = script_stdin(&p73, &inj, &[]);
     assert!(
         !ok || err.contains("not 8-byte aligned"),
@@ -242,16 +233,7 @@ fn repairs_find_records_behind_grown_mappings() {
     let d = tempfile::tempdir().unwrap();
     let pipe = manifest_dir().join("testdata/pipe/demo.pdata");
     let inj = d.path().join("inject61.pdata");
-    let o = run(p61
-        .cmd()
-        .args(["inject", "-b", "-i", "-", "-o", "-"])
-        .stdin(fs::File::open(&pipe).unwrap())
-        .stdout(fs::File::create(&inj).unwrap()));
-    assert!(
-        o.status.success(),
-        "perf inject -b failed: {}",
-        tail(&o.stderr)
-    );
+    inject_stream(&p61, &pipe, &inj);
     // User MMAP2 records (classic form) become MMAP records: pid, tid, start, len,
     // pgoff, then the name and the sample-id trailer (device, inode, prot and flags
     // dropped).
