@@ -42,6 +42,8 @@ pub struct StreamSink<'w> {
     attrs_for: AttrsFor,
     /// The largest attr size cut (for the summary).
     attrs_cut: Option<usize>,
+    /// The stream's attrs [`StreamSink::check_attrs`] has checked (each once).
+    attrs_checked: usize,
     /// The stream header, written with the first records: a run refused at its
     /// first batch (an attr that cannot be cut) leaves no byte on the output.
     pending: Option<Vec<u8>>,
@@ -76,6 +78,7 @@ impl<'w> StreamSink<'w> {
             moved: false,
             attrs_for: AttrsFor::Verbatim,
             attrs_cut: None,
+            attrs_checked: 0,
             pending: None,
         }
     }
@@ -87,9 +90,10 @@ impl<'w> StreamSink<'w> {
     }
 
     /// Checks, before a stream batch writes anything, that every attr seen so far
-    /// can be cut to the `--attrs-for` size.
-    fn check_attrs(&self, engine: &Engine<'_>) -> Result<()> {
-        if self.attrs_for == AttrsFor::Verbatim {
+    /// can be cut to the `--attrs-for` size (each attr once).
+    fn check_attrs(&mut self, engine: &Engine<'_>) -> Result<()> {
+        let bodies = engine.attr_records();
+        if self.attrs_for == AttrsFor::Verbatim || bodies.len() <= self.attrs_checked {
             return Ok(());
         }
         let names = engine
@@ -97,13 +101,14 @@ impl<'w> StreamSink<'w> {
             .get(&attr_compat::FEAT_EVENT_DESC)
             .map(|p| attr_compat::parse_event_desc(p, self.e))
             .unwrap_or_default();
-        for (i, body) in engine.attr_records().iter().enumerate() {
+        for (i, body) in bodies.iter().enumerate().skip(self.attrs_checked) {
             let size = attr_compat::own_size(body, self.e).min(body.len());
             let attr = &body[..size];
             let event = || attr_compat::describe(i, names.get(i).map(String::as_str), attr, self.e);
             attr_compat::shrink(attr, self.e, self.attrs_for, &event)
                 .map_err(|e| e.in_file(engine.name()))?;
         }
+        self.attrs_checked = bodies.len();
         Ok(())
     }
 
