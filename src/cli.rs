@@ -345,7 +345,7 @@ fn execute_with(args: &Args, input: &PathBuf, output: Option<&PathBuf>) -> Resul
     };
     let result = match output {
         Some(output) => {
-            pdinject::run::run_staged(input, output, &opts, args.report.as_deref(), &mut finish)
+            pdinject::driver::run_staged(input, output, &opts, args.report.as_deref(), &mut finish)
         }
         // In place, the file itself is the output, already in its new state: the
         // report follows it.
@@ -353,7 +353,7 @@ fn execute_with(args: &Args, input: &PathBuf, output: Option<&PathBuf>) -> Resul
             if let Some(r) = &args.report {
                 pdinject::report::check_report_path(r, input, input)?;
             }
-            let mut report = pdinject::run::run_in_place(input, &opts)?;
+            let mut report = pdinject::driver::run_in_place(input, &opts)?;
             finish(&mut report)?;
             if let Some(r) = &args.report {
                 pdinject::report::stage_json(&report, r)?.commit()?;

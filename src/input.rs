@@ -11,6 +11,9 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+/// Window of a data file mapped at once by the scan.
+pub const WINDOW_BYTES: u64 = 64 << 20;
+
 /// Where a data stream's bytes live.
 #[derive(Debug)]
 pub enum Backing {

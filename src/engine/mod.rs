@@ -6,12 +6,13 @@
 //! Everything that decides an ID lives here once: the scan of records into the model,
 //! dating the recording, whether this host may speak for it, the unwind
 //! configuration, grouping DSOs into table entries, and the counts of the report.
-//! [`source`] holds the two ways batches arrive: a file, or a stream read in batches.
+//! The two ways batches arrive (a file, or a stream read in batches) are the
+//! driver's ([`crate::driver`]), which calls the engine and hands the sinks what it
+//! decided. The engine imports no sink and nothing of the driver.
 
 pub mod dating;
 mod flat;
 pub mod rounds;
-pub mod source;
 
 use crate::buildid::{self, Evidence, Group, HostTrust, Outcome, Reason, host::HostInfo};
 use crate::format::Endian;
@@ -28,10 +29,10 @@ use crate::input::DataFile;
 use crate::limits::StreamKept;
 use crate::model::{DsoId, DsoKind, Key, Model, ModelBuilder};
 use crate::options::{Mode, Options, UnwindChoice};
+use crate::report::SinkReport;
 use crate::report::{ClaimReport, DsoReport, Report};
 use crate::resolve::unwind::{Arch, UnwindConfig, UnwindMode, UnwindTables};
 use crate::resolve::{Hits, Resolver};
-use crate::sink::SinkReport;
 use crate::{Error, Result};
 use dating::{Dating, RecordingStart, Span};
 use rounds::{Point, Rounds};
@@ -445,12 +446,10 @@ impl<'a> Engine<'a> {
         self.user_records.drain(..n);
     }
 
-    /// Offsets in `[from, to)` of a stream's HEADER_ATTR, HEADER_FEATURE and
-    /// HEADER_BUILD_ID records outside compressed data, ascending.
-    pub fn user_records_in(&self, from: u64, to: u64) -> &[u64] {
-        let a = self.user_records.partition_point(|&o| o < from);
-        let b = self.user_records.partition_point(|&o| o < to);
-        &self.user_records[a..b]
+    /// Offsets of a stream's HEADER_ATTR, HEADER_FEATURE and HEADER_BUILD_ID records
+    /// outside compressed data not yet written, ascending.
+    pub fn user_records(&self) -> &[u64] {
+        &self.user_records
     }
 
     /// A stream's records whose size is not a multiple of 8, but HEADER_FEATURE and
@@ -519,6 +518,21 @@ impl<'a> Engine<'a> {
     /// Every decision so far, in table order (address space, then name).
     pub fn decisions(&self) -> impl Iterator<Item = &Decision> {
         self.decided.values()
+    }
+
+    /// Every decision so far, by address space (kernel or not) and name.
+    pub fn decided(&self) -> &BTreeMap<(bool, String), Decision> {
+        &self.decided
+    }
+
+    /// The number the scan gives the next record.
+    pub fn next_seq(&self) -> u64 {
+        self.walker.seq
+    }
+
+    /// What the run is asked to do.
+    pub fn opts(&self) -> &Options {
+        self.opts
     }
 
     /// Whether an entry of the input's table (or a HEADER_BUILD_ID record of the

@@ -1,12 +1,22 @@
-//! One run from an input path to an output path: the input is classified once, the
-//! sink chosen by the output (`-` is a stream, anything else a file-format
-//! perf.data), and the engine driven by the input's kind. Any input reaches any sink.
+//! The driver: one run from an input path to an output path. The input is
+//! classified once, the sink chosen by the output (`-` is a stream, anything else a
+//! file-format perf.data), and the engine driven by the input's kind ([`file`]: one
+//! batch; [`stream`]: many), each batch's final bytes handed to the sink with the
+//! engine's [`Facts`]. Any input reaches any sink.
+//!
+//! The driver sits above the engine and the sinks and is the only room that calls
+//! both: it may import `engine`, `sink`, `input`, `format`, `write`, `report`,
+//! `options`, `signals`; nothing below imports it (but `batch`, which runs it per
+//! input).
+
+pub mod file;
+pub mod stream;
+
+pub use file::run_file;
+pub use stream::{BATCH_BYTES, StreamInput, date_saved_stream, is_stream_header, run_stream};
 
 use crate::engine::dating::{Dating, wall_ns};
-use crate::engine::source::{
-    BATCH_BYTES, StreamInput, date_saved_stream, is_stream_header, run_file, run_stream,
-};
-use crate::engine::{Context, Host, dating::RecordingStart};
+use crate::engine::{Context, Engine, Host, dating::RecordingStart};
 use crate::format::header::PIPE_HEADER_SIZE;
 use crate::input::PerfInput;
 use crate::options::Options;
@@ -15,12 +25,13 @@ use crate::sink::inplace::InplaceSink;
 use crate::sink::mmap2::Mmap2Sink;
 use crate::sink::stream::StreamSink;
 use crate::sink::table::TableSink;
-use crate::sink::{NullSink, Sink};
+use crate::sink::{Facts, NullSink, Sink};
 use crate::write::TempOutput;
 use crate::{Error, Result};
 use std::fs::File;
 use std::io::{BufWriter, IsTerminal, Read, Seek};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// What the input path names.
 pub enum Input {
@@ -399,4 +410,46 @@ pub fn stream(
     let mut report = run_stream(cx, input, &mut sink)?;
     report.pipe = true;
     Ok(report)
+}
+
+/// The report of a run whose batches ended in `r`. On an error, work beside the
+/// stages is stopped; when it failed first (a full disk), its error explains why the
+/// stages stopped.
+fn conclude(
+    engine: Engine<'_>,
+    r: Result<crate::report::SinkReport>,
+    sink: &mut dyn Sink,
+    stop: &AtomicBool,
+    cx: Context<'_>,
+) -> Result<Report> {
+    match r {
+        Ok(sr) => Ok(engine.finish(sr, cx.pool.current_num_threads())),
+        Err(err) => {
+            stop.store(true, Ordering::Relaxed);
+            match (sink.abort(), err) {
+                (Some(first), Error::Stopped) => Err(first),
+                (_, err) => Err(err),
+            }
+        }
+    }
+}
+
+/// Calls `f` with what the engine has read and decided, as the sinks take it.
+fn with_facts<R>(engine: &Engine<'_>, f: impl FnOnce(&Facts<'_>) -> R) -> R {
+    let passes_on = |t: &crate::format::buildid::TableEntry| engine.passes_on(t);
+    let output_kept = |bytes, offset| engine.check_output_kept(bytes, offset);
+    f(&Facts {
+        name: engine.name(),
+        endian: engine.endian(),
+        attrs: engine.attrs(),
+        attr_records: engine.attr_records(),
+        stream_features: engine.stream_features(),
+        decided: engine.decided(),
+        mapping_records: engine.mapping_records(),
+        user_records: engine.user_records(),
+        compressed_records: engine.compressed_records(),
+        unaligned_records: engine.unaligned_records(),
+        passes_on: &passes_on,
+        output_kept: &output_kept,
+    })
 }
