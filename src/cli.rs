@@ -225,7 +225,7 @@ pub fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
 
 /// Runs the binary; returns the exit code.
 pub fn main() -> i32 {
-    pdinject::write::interrupt::install();
+    pdinject::signals::install();
     if std::env::args_os().nth(1).is_some_and(|a| a == "batch") {
         return batch::main(std::env::args_os().skip(1));
     }

@@ -335,7 +335,7 @@ impl PerfInput {
             Some(fmeta.mtime() as i128 * 1_000_000_000 + fmeta.mtime_nsec() as i128)
         };
         // A truncation while mapped raises SIGBUS: its handler names this input.
-        crate::write::interrupt::input_opened(path);
+        crate::signals::input_opened(path);
         let mut input = Self::from_backing(path, &header_path, Backing::File(file), fmeta.len())
             .map_err(|e| e.in_file(&header_path))?;
         input.is_dir = is_dir;

@@ -23,6 +23,7 @@ pub mod model;
 pub mod options;
 pub mod report;
 pub mod resolve;
+pub mod signals;
 pub mod sink;
 pub mod write;
 

@@ -66,7 +66,7 @@ impl Input {
         }
         if meta.is_file() {
             // A truncation while mapped (SIGBUS) names this input.
-            crate::write::interrupt::input_opened(path);
+            crate::signals::input_opened(path);
             let mut f = File::open(path).map_err(|e| Error::io(path, e))?;
             let mut head = [0u8; PIPE_HEADER_SIZE as usize];
             if f.read_exact(&mut head).is_ok() && is_stream_header(&head) {
