@@ -544,7 +544,7 @@ pub fn fingerprint(o: &Options) -> String {
         o.unwind_budget.as_nanos(),
         o.max_frames,
         o.symfs,
-        o.mmap2
+        o.form == crate::options::Form::Mmap2
     )
 }
 

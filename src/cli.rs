@@ -190,7 +190,11 @@ impl EngineArgs {
             },
             unwind_budget: self.unwind_budget,
             max_frames: self.unwind_max_frames,
-            mmap2: self.mmap2_buildid_all || self.mmap2_buildids,
+            form: if self.mmap2_buildid_all || self.mmap2_buildids {
+                pdinject::options::Form::Mmap2
+            } else {
+                pdinject::options::Form::Table
+            },
             attrs_for: self.attrs_for(),
             cache,
             symfs: self.symfs.clone(),
@@ -315,7 +319,6 @@ fn execute_with(args: &Args, input: &PathBuf, output: Option<&PathBuf>) -> Resul
     let opts = Options {
         jobs: args.jobs,
         progress,
-        in_place: output.is_none(),
         ..args.engine.options(args.debuginfod.as_deref())?
     };
     // One proof per DSO file: the unwind tables and the identify stage both prove the

@@ -18,6 +18,7 @@ use super::table::{table_plan, table_plan_where};
 use super::{Batch, Begin, Facts, Sink, SinkReport};
 use crate::format::header::{FEAT_BUILD_ID, Section};
 use crate::input::PerfInput;
+use crate::options::Form;
 use crate::report::{InPlaceReport, TableWrite};
 use crate::write::fit::fit_tail;
 use crate::write::inplace::{Change, Plan, apply};
@@ -29,15 +30,16 @@ use std::time::Instant;
 
 /// Rewrites a file-format input in place.
 pub struct InplaceSink {
-    mmap2: bool,
+    form: Form,
     report: SinkReport,
 }
 
 impl InplaceSink {
-    /// `mmap2`: mapping records are written in build-ID form too.
-    pub fn new(mmap2: bool) -> Self {
+    /// The IDs are written in `form` ([`Form::Mmap2`]: mapping records in build-ID
+    /// form too).
+    pub fn new(form: Form) -> Self {
         InplaceSink {
-            mmap2,
+            form,
             report: SinkReport::default(),
         }
     }
@@ -211,7 +213,7 @@ impl Sink for InplaceSink {
         // mmap2 modes: which decisions still need a table entry (no record carries
         // their ID).
         let mut need: Option<Vec<bool>> = None;
-        if self.mmap2 {
+        if self.form == Form::Mmap2 {
             let splices: Vec<Splice> =
                 mmap2_plan(facts, facts.mapping_records, true, false, &mut |f, o| {
                     read_record(input, f, o)

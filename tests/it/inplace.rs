@@ -602,8 +602,7 @@ fn in_place_fit_mutants_never_panic() {
     }
     let opts = pdinject::Options {
         mode: pdinject::options::Mode::All,
-        mmap2: true,
-        in_place: true,
+        form: pdinject::options::Form::Mmap2,
         jobs: Some(1),
         ..Default::default()
     };
