@@ -9,6 +9,9 @@
 //! The two ways batches arrive (a file, or a stream read in batches) are the
 //! driver's ([`crate::driver`]), which calls the engine and hands the sinks what it
 //! decided. The engine imports no sink and nothing of the driver.
+//!
+//! Imports: `resolve`, `buildid`, `model`, `input`, `format`, `limits`, `options`,
+//! `report`.
 
 pub mod dating;
 mod flat;
