@@ -134,7 +134,7 @@ pub struct Options {
     /// A file is resolved while it is scanned, a batch each time the scan has gone
     /// this many bytes further and the previous batch is done (`None`: after the
     /// whole scan, as one batch). Results are the same either way
-    /// ([`crate::engine::Engine::ahead_holds`]).
+    /// ([`crate::engine::Beside`]).
     pub resolve_ahead: Option<u64>,
     /// Bytes a stream may keep across its batches (`--stream-memory`; see
     /// [`crate::limits::StreamKept`]).

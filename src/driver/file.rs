@@ -3,18 +3,16 @@
 //! resolved at once at the end, while the sink copies the file beside the stages.
 
 use super::{conclude, with_facts};
+use crate::Result;
 use crate::engine::dating::{Dating, RecordingStart};
-use crate::engine::{Ahead, Context, Counter, Cuts, Engine, Metadata};
+use crate::engine::{Beside, Context, Counter, Cuts, Engine, Metadata};
 use crate::format::header::FEAT_BUILD_ID;
 use crate::format::walk::Chunk;
 use crate::input::{DataFile, PerfInput, WINDOW_BYTES};
 use crate::report::Report;
-use crate::resolve::Hits;
-use crate::resolve::unwind::UnwindTables;
 use crate::sink::{Batch, Begin, Sink};
-use crate::{Error, Result};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 
 /// A data section up to this size (less what the sink maps beside the stages, see
 /// [`Sink::mapped_beside`]) is scanned in one window, kept mapped for the resolve
@@ -75,28 +73,9 @@ pub fn run_file(cx: Context<'_>, input: &PerfInput, sink: &mut dyn Sink) -> Resu
     conclude(engine, r, sink, &stop, cx)
 }
 
-/// A batch resolved ahead of the scan: its settings, its chunks, and what resolving
-/// them gave (with the unwind tables, handed from batch to batch).
-struct AheadDone {
-    ahead: Ahead,
-    chunks: Vec<Chunk>,
-    hits: Result<Hits>,
-    /// The newest sample time the batch met.
-    newest: Option<u64>,
-    took: std::time::Duration,
-    /// Handed to the next batch, then to the last resolve.
-    tables: Option<UnwindTables>,
-}
-
-/// Scans a file into the engine and returns the chunks left to resolve.
-///
-/// The scan is one thread's work, so the pool resolves behind it (with one data file
-/// and [`Options::resolve_ahead`](crate::options::Options::resolve_ahead)): each time the scan has gone that far and the
-/// pool is free, the records perf's round rule says are complete (those before the
-/// second-to-last FINISHED_ROUND) are resolved against the model so far, as a stream
-/// would be. Once the scan has ended, [`Engine::ahead_holds`] checks the rule held
-/// and the settings were the whole recording's; if not, everything is resolved again
-/// at the end, so the result never depends on it.
+/// Scans a file into the engine and returns the chunks left to resolve, resolving
+/// batches beside the scan as [`Beside`] says (a file of one data file, with
+/// [`Options::resolve_ahead`](crate::options::Options::resolve_ahead)).
 ///
 /// A single data file of at most `keep_max` bytes is scanned as one window that stays
 /// mapped for the resolve (see [`KEEP_BYTES`]); the caller releases it.
@@ -109,18 +88,10 @@ fn scan_file(
     keep_max: u64,
 ) -> Result<Vec<Chunk>> {
     let opts = cx.opts;
-    let ahead_every = match (opts.resolve_ahead, input.data_files.len()) {
-        (Some(n), 1) => Some(n.max(1)),
-        _ => None,
-    };
     let mut chunks = Vec::new();
     let mut done = 0;
-    let busy = AtomicBool::new(false);
-    let finished: std::sync::Mutex<Vec<AheadDone>> = std::sync::Mutex::new(Vec::new());
-    let mut tables = Some(UnwindTables::default());
-    let attrs = engine.attrs().to_vec();
-    let e = engine.endian();
     let files = &input.data_files;
+    let beside = Beside::new(engine, files, opts.resolve_ahead, stop);
     let scanned = cx.pool.in_place_scope(|scope| -> Result<()> {
         for (fi, df) in files.iter().enumerate() {
             let (start, end) = (df.range.offset, df.range.offset + df.range.size);
@@ -132,17 +103,13 @@ fn scan_file(
             let keep = files.len() == 1 && size <= keep_max;
             let spread = crate::input::Spread {
                 file: df,
-                pool: ahead_every.is_none_or(|n| size <= n).then_some(cx.pool),
+                pool: (!beside.in_batches(size)).then_some(cx.pool),
                 keep,
             };
             let window = if keep { size } else { WINDOW_BYTES };
             let mut from = start;
-            let mut last_ahead = start;
             loop {
-                let pause = |at: u64| {
-                    ahead_every.is_some_and(|n| at - last_ahead >= n)
-                        && !busy.load(Ordering::Acquire)
-                };
+                let last = from;
                 let paused = engine.scan_until(
                     &spread,
                     from..end,
@@ -150,93 +117,16 @@ fn scan_file(
                     &mut cuts,
                     stop,
                     &|at| opts.progress("scan", done + at - start, total),
-                    &pause,
+                    &|at| beside.due(at, last),
                 )?;
                 let Some(at) = paused else { break };
                 from = at.0;
-                last_ahead = at.0;
-                // The round rule, with no limit on what waits: a file holds it all.
-                let upto = cuts.rounds.safe_end(cuts.base(), 0, usize::MAX, false);
-                if upto.0 <= cuts.base().0 {
-                    continue;
-                }
-                let Some(ahead) = engine.ahead() else {
-                    continue;
-                };
-                // The previous batch is done (pause waits for it): its tables come back.
-                let mut t = match tables.take() {
-                    Some(t) => t,
-                    None => match finished
-                        .lock()
-                        .ok()
-                        .and_then(|mut f| f.last_mut()?.tables.take())
-                    {
-                        Some(t) => t,
-                        None => continue,
-                    },
-                };
-                let batch = cuts.take(upto);
-                t.grow(&ahead.model);
-                t.set_proof(ahead.allow_local, ahead.start.clone());
-                busy.store(true, Ordering::Release);
-                let (attrs, finished, busy) = (&attrs, &finished, &busy);
-                scope.spawn(move |_| {
-                    let t0 = std::time::Instant::now();
-                    let mut resolver =
-                        crate::resolve::Resolver::new(&ahead.model, attrs, ahead.time_mode, e);
-                    if let Some(cfg) = ahead.unwind {
-                        resolver = resolver.with_unwinding(cfg, &t);
-                    }
-                    let hits = resolver.run(files, &batch, &|_| {}, stop);
-                    drop(resolver);
-                    if let Ok(mut f) = finished.lock() {
-                        f.push(AheadDone {
-                            newest: hits.as_ref().ok().and_then(|h| h.max_time),
-                            ahead,
-                            chunks: batch,
-                            hits,
-                            took: t0.elapsed(),
-                            tables: Some(t),
-                        });
-                    }
-                    busy.store(false, Ordering::Release);
-                });
+                beside.spawn(scope, engine, &mut cuts);
             }
             chunks.extend(cuts.take((end, engine.next_seq())));
             done += end - start;
         }
         Ok(())
     });
-    let mut finished = finished
-        .into_inner()
-        .map_err(|_| Error::Internal("a batch resolved ahead panicked".into()))?;
-    scanned?;
-    if finished.is_empty() {
-        return Ok(chunks);
-    }
-    // The first error of a batch, in file order, is the run's (as when resolved at the end).
-    let mut hits = Hits::default();
-    for f in &mut finished {
-        match std::mem::replace(&mut f.hits, Ok(Default::default())) {
-            Ok(h) => hits.merge(h),
-            Err(err) => return Err(err),
-        }
-    }
-    let tables = finished.iter_mut().rev().find_map(|f| f.tables.take());
-    let done: Vec<_> = finished.iter().map(|f| (&f.ahead, f.newest)).collect();
-    let took: std::time::Duration = finished.iter().map(|f| f.took).sum();
-    engine.add_time("resolve (beside the scan)", took);
-    match tables {
-        Some(t) if engine.ahead_holds(&done, &t) => {
-            engine.add_prior(hits, t, done.len() as u64);
-            Ok(chunks)
-        }
-        _ => {
-            engine.ahead_redone();
-            // Resolved again whole, with tables proven under the final settings.
-            let mut all: Vec<_> = finished.into_iter().flat_map(|f| f.chunks).collect();
-            all.extend(chunks);
-            Ok(all)
-        }
-    }
+    beside.conclude(engine, scanned, chunks)
 }

@@ -1,7 +1,7 @@
 //! The one engine: scan → model → resolve → identify, over a sequence of batches.
 //!
 //! A mapped file is one batch that ends at its end; a stream is many. The engine does
-//! not know which sink the bytes go to: after each batch it hands the sink the bytes
+//! not know which sink the bytes go to: after each batch the driver hands the sink the bytes
 //! that are final and the DSOs whose IDs those bytes need first ([`crate::sink`]).
 //! Everything that decides an ID lives here once: the scan of records into the model,
 //! dating the recording, whether this host may speak for it, the unwind
@@ -13,9 +13,12 @@
 //! Imports: `resolve`, `buildid`, `model`, `input`, `format`, `limits`, `options`,
 //! `report`.
 
+mod ahead;
 pub mod dating;
 mod flat;
 pub mod rounds;
+
+pub use ahead::{Ahead, Beside};
 
 use crate::buildid::{self, Evidence, Group, HostTrust, Outcome, Reason, host::HostInfo};
 use crate::format::Endian;
@@ -30,7 +33,7 @@ use crate::format::record::{TrailerLayout, misc, parse_mmap, rt};
 use crate::format::walk::{Chunk, Rec, Walker, Windows};
 use crate::input::DataFile;
 use crate::limits::StreamKept;
-use crate::model::{DsoId, DsoKind, Key, Model, ModelBuilder};
+use crate::model::{DsoId, DsoKind, Key, ModelBuilder};
 use crate::options::{Mode, Options, UnwindChoice};
 use crate::report::SinkReport;
 use crate::report::{ClaimReport, DsoReport, Report};
@@ -249,25 +252,6 @@ impl Cuts {
     }
 }
 
-/// A batch of a file resolved while its scan goes on: the model as far as the scan
-/// has gone and the settings as far as it can tell ([`Engine::ahead`]). perf's round
-/// rule (see [`rounds`]) says which records such a model already serves;
-/// [`Engine::ahead_holds`] checks, once the scan has ended, that it did.
-pub struct Ahead {
-    /// The model of the records scanned.
-    pub model: Model,
-    /// Samples are keyed by time.
-    pub time_mode: bool,
-    /// How stacks are walked.
-    pub unwind: Option<UnwindConfig>,
-    /// Local files may be read (the host, as far as the scan has seen).
-    pub allow_local: bool,
-    /// The recording's start as far as the scan has seen: never before the real one.
-    pub start: RecordingStart,
-    /// The `seq` of the first record not in the model.
-    pub upto_seq: u64,
-}
-
 /// The engine's state over one input.
 pub struct Engine<'a> {
     opts: &'a Options,
@@ -297,7 +281,7 @@ pub struct Engine<'a> {
     trust: Option<HostTrust>,
     unwind: Option<Option<UnwindConfig>>,
     tables: Option<UnwindTables>,
-    /// Hits of batches resolved ahead of the scan (see [`Engine::ahead`]).
+    /// Hits of batches resolved ahead of the scan (see [`Beside`]).
     prior: Option<Hits>,
     /// Batches resolved ahead of the scan and kept; whether they were thrown away.
     ahead_stat: (u64, bool),
@@ -649,71 +633,6 @@ impl<'a> Engine<'a> {
             (Err(Error::Stopped), Some(p)) => Ok(Some(p)),
             (r, _) => r.map(|_| None).map_err(|e| e.in_file(&self.name)),
         }
-    }
-
-    /// What resolving the records scanned so far needs, taken now: the model so far
-    /// and the proof as far as the scan can tell (see [`Ahead`]). `None` when this
-    /// input is not resolved ahead of its scan: compressed data (resolved in order
-    /// by one decompressor) or records before any attr.
-    pub fn ahead(&mut self) -> Option<Ahead> {
-        if self.attrs.is_empty() || self.scan.compressed > 0 || self.time_mode.is_none() {
-            return None;
-        }
-        let model = self.builder.snapshot();
-        let meta = self.metadata();
-        let start = self.start();
-        let trust = batch_trust(self.decide_trust(&meta, model.kernel_ref.as_ref()), &start);
-        Some(Ahead {
-            unwind: self.unwind_config(&meta),
-            time_mode: self.time_mode.unwrap_or(false),
-            allow_local: trust.local.is_ok(),
-            start,
-            upto_seq: self.walker.seq,
-            model,
-        })
-    }
-
-    /// Whether what batches resolved ahead of the scan found is what resolving them
-    /// now would find: the scan has ended (call before the last [`Engine::resolve`])
-    /// and `done` lists each batch's settings and the newest sample time it met.
-    /// Samples see the mappings made before them, in time: a batch is right when no
-    /// mapping, fork or exec scanned after it is older than its newest sample (perf's
-    /// round rule promises that; a file that breaks it is resolved again whole), and
-    /// when it trusted local files and walked stacks as the whole recording says
-    /// (its start, its kernel, the executable offsets of each DSO).
-    pub fn ahead_holds(&mut self, done: &[(&Ahead, Option<u64>)], tables: &UnwindTables) -> bool {
-        if self.scan.compressed > 0 || done.is_empty() {
-            return done.is_empty();
-        }
-        let meta = self.metadata();
-        let start = self.start();
-        let kernel_ref = self.builder.kernel_ref.clone();
-        let trust = self.effective_trust(&meta, kernel_ref.as_ref(), &start);
-        let unwind = self.unwind_config(&meta);
-        let time_mode = self.time_mode.unwrap_or(false);
-        done.iter().all(|(a, newest)| {
-            let in_order = !time_mode
-                || match (newest, self.builder.oldest_event_from(a.upto_seq)) {
-                    (Some(s), Some(e)) => e >= *s,
-                    _ => true,
-                };
-            in_order
-                && a.time_mode == time_mode
-                && a.allow_local == trust.local.is_ok()
-                && a.unwind.map(|c| c.mode) == unwind.map(|c| c.mode)
-        }) && tables.still_proven(self.builder.dsos(), &start)
-    }
-
-    /// Hits of `batches` resolved ahead of the scan, merged into the next resolve's.
-    pub fn add_prior(&mut self, hits: Hits, tables: UnwindTables, batches: u64) {
-        self.prior = Some(hits);
-        self.tables = Some(tables);
-        self.ahead_stat = (batches, false);
-    }
-
-    /// Batches resolved ahead of the scan were thrown away (to be resolved again).
-    pub fn ahead_redone(&mut self) {
-        self.ahead_stat = (0, true);
     }
 
     /// One record of the scan.
