@@ -15,29 +15,29 @@
 
 mod ahead;
 pub mod dating;
+mod decide;
 mod flat;
+mod header;
 pub mod rounds;
 
 pub use ahead::{Ahead, Beside};
+use decide::batch_trust;
+pub use header::Metadata;
 
 use crate::buildid::{self, Evidence, Group, HostTrust, Outcome, Reason, host::HostInfo};
 use crate::format::Endian;
 use crate::format::attr::{Attr, st};
 use crate::format::buildid::parse_build_id_entry;
-use crate::format::buildid::{
-    BuildId, BuildIdTable, TableEntry, encode_table_entry, parse_build_id_table,
-};
-use crate::format::feature::{ClockData, parse_clock_data, parse_string};
-use crate::format::header::{FEAT_ARCH, FEAT_CLOCK_DATA, FEAT_HOSTNAME, FEAT_OSRELEASE};
+use crate::format::buildid::{BuildId, TableEntry, encode_table_entry};
 use crate::format::record::{TrailerLayout, misc, parse_mmap, rt};
 use crate::format::walk::{Chunk, Rec, Walker, Windows};
 use crate::input::DataFile;
 use crate::limits::StreamKept;
 use crate::model::{DsoId, DsoKind, Key, ModelBuilder};
-use crate::options::{Mode, Options, UnwindChoice};
+use crate::options::{Mode, Options};
 use crate::report::SinkReport;
 use crate::report::{ClaimReport, DsoReport, Report};
-use crate::resolve::unwind::{Arch, UnwindConfig, UnwindMode, UnwindTables};
+use crate::resolve::unwind::{UnwindConfig, UnwindTables};
 use crate::resolve::{Hits, Resolver};
 use crate::{Error, Result};
 use dating::{Dating, RecordingStart, Span};
@@ -77,37 +77,6 @@ pub struct Context<'a> {
     pub pool: &'a rayon::ThreadPool,
     /// Whether the host may speak for recordings.
     pub host: Host,
-}
-
-/// What the recording says about itself, read once for either input format.
-#[derive(Clone, Debug, Default)]
-pub struct Metadata {
-    /// HOSTNAME feature.
-    pub hostname: Option<String>,
-    /// OSRELEASE feature.
-    pub release: Option<String>,
-    /// ARCH feature.
-    pub arch: Option<String>,
-    /// CLOCK_DATA feature.
-    pub clock: Option<ClockData>,
-    /// The input's BUILD_ID table (file format only; a stream carries records).
-    pub table: BuildIdTable,
-}
-
-impl Metadata {
-    /// Reads the features through `feature` (payload by feature bit).
-    pub fn read(e: Endian, feature: impl Fn(u32) -> Option<Vec<u8>>, table: Option<&[u8]>) -> Self {
-        let s = |bit| feature(bit).and_then(|p| parse_string(&p, e));
-        Metadata {
-            hostname: s(FEAT_HOSTNAME),
-            release: s(FEAT_OSRELEASE),
-            arch: s(FEAT_ARCH),
-            clock: feature(FEAT_CLOCK_DATA).and_then(|p| parse_clock_data(&p, e)),
-            table: table
-                .map(|t| parse_build_id_table(t, e))
-                .unwrap_or_default(),
-        }
-    }
 }
 
 /// What the scan counts and collects besides the model.
@@ -541,18 +510,6 @@ impl<'a> Engine<'a> {
                 .is_none_or(|c| c.verdict == buildid::Verdict::Confirmed),
             None => !self.claims.is_contested(key.0, &key.1),
         }
-    }
-
-    /// The recording's start as far as the records seen so far tell.
-    pub fn start(&self) -> RecordingStart {
-        let clock = match &self.meta {
-            Some(m) => m.clock,
-            None => self
-                .stream_features
-                .get(&FEAT_CLOCK_DATA)
-                .and_then(|p| parse_clock_data(p, self.e)),
-        };
-        self.dating.start(self.span, clock.as_ref())
     }
 
     /// Adds `d` to the time of `stage` in the report.
@@ -1029,92 +986,6 @@ impl<'a> Engine<'a> {
         Ok(new)
     }
 
-    /// The metadata: a file's from its header; a stream's from its HEADER_FEATURE
-    /// records, fixed at the first batch that needs them (perf sends them first).
-    fn metadata(&mut self) -> Metadata {
-        let (e, f) = (self.e, &self.stream_features);
-        self.meta
-            .get_or_insert_with(|| Metadata::read(e, |bit| f.get(&bit).cloned(), None))
-            .clone()
-    }
-
-    /// Host trust for this batch: decided once from the metadata and the kernel map;
-    /// local files are refused, with their own reason, while the recording cannot be
-    /// dated.
-    fn effective_trust(
-        &mut self,
-        meta: &Metadata,
-        kernel_ref: Option<&(String, u64)>,
-        start: &RecordingStart,
-    ) -> HostTrust {
-        let trust = match &self.trust {
-            Some(t) => t.clone(),
-            None => self
-                .trust
-                .insert(self.decide_trust(meta, kernel_ref))
-                .clone(),
-        };
-        batch_trust(trust, start)
-    }
-
-    /// Host trust from the metadata and the kernel reference map.
-    fn decide_trust(&self, meta: &Metadata, kernel_ref: Option<&(String, u64)>) -> HostTrust {
-        match self.host {
-            Host::Closed => {
-                let no = || Err((Reason::OtherHost, "the host was not consulted".to_string()));
-                HostTrust {
-                    local: no(),
-                    kernel: no(),
-                }
-            }
-            Host::Consult => HostTrust::decide(
-                meta.hostname.as_deref(),
-                meta.release.as_deref(),
-                kernel_ref.map(|(s, a)| (s.as_str(), *a)),
-                &HostInfo::detect(),
-            ),
-        }
-    }
-
-    /// How user stacks are walked, decided once from `--unwind`, the events and ARCH.
-    fn unwind_config(&mut self, meta: &Metadata) -> Option<UnwindConfig> {
-        if let Some(c) = self.unwind {
-            return c;
-        }
-        let has_stacks = self
-            .attrs
-            .iter()
-            .any(|a| a.sample_type & st::STACK_USER != 0 && a.sample_type & st::REGS_USER != 0);
-        let choice = match (self.opts.unwind, has_stacks) {
-            (UnwindChoice::None, _) | (UnwindChoice::Auto, false) => None,
-            (choice, _) => Some(choice),
-        };
-        let arch = meta.arch.as_deref();
-        let cfg = choice.and_then(|choice| match arch.and_then(Arch::from_perf) {
-            Some(arch) => Some(UnwindConfig {
-                mode: if choice == UnwindChoice::Fp {
-                    UnwindMode::Fp
-                } else {
-                    UnwindMode::Dwarf
-                },
-                arch,
-                budget: self.opts.unwind_budget,
-                max_frames: self.opts.max_frames,
-            }),
-            None => {
-                if has_stacks {
-                    self.notes.push(format!(
-                        "user stacks are not unwound: architecture {} is not supported (x86_64, aarch64)",
-                        arch.unwrap_or("unknown")
-                    ));
-                }
-                None
-            }
-        });
-        self.unwind = Some(cfg);
-        cfg
-    }
-
     /// The report: counts, notes and one line per decided DSO. `sink` says how many
     /// entries the output gained and what the user should know about it.
     pub fn finish(mut self, sink: SinkReport, jobs: usize) -> Report {
@@ -1235,19 +1106,6 @@ impl<'a> Engine<'a> {
             ));
         }
         r
-    }
-}
-
-/// Host trust for one batch: while the recording cannot be dated, local files are
-/// refused as `undated`; every other refusal (another host, another boot) keeps its
-/// own reason.
-fn batch_trust(trust: HostTrust, start: &RecordingStart) -> HostTrust {
-    match start {
-        RecordingStart::Unknown(why) if trust.local.is_ok() => HostTrust {
-            local: Err((Reason::Undated, why.clone())),
-            ..trust
-        },
-        _ => trust,
     }
 }
 
