@@ -740,7 +740,7 @@ fn one_parser_for_single_runs_and_batches() {
     expect(&["--", "batch", "out.data"], 1, "pdinject: batch:");
     // `help` is not a command: a single run missing its output.
     expect(&["help"], 2, "give an input and an output");
-    expect(&["--help"], 0, "batch");
+    expect(&["--help"], 0, "Commands:\n  batch");
     expect(&["batch", "--version"], 0, "pdinject batch ");
     // --jobs is checked the same way in both (a batch took any count before).
     for j in ["0", "100000"] {
