@@ -19,40 +19,19 @@ pub mod debuginfod;
 pub mod elf;
 pub mod host;
 pub mod memo;
+pub mod proof;
 
 use crate::format::buildid::{BuildId, BuildIdTable, TableEntry};
 use crate::format::record::FileIdent;
 use crate::model::{DsoId, DsoKind, Model};
-pub use elf::{Reason, RecordingStart, Refusal};
 use host::HostInfo;
+pub use proof::{
+    Contradiction, FileTimes, NAMED_CLAIMANTS, Outcome, Place, Proven, Reason, RecordingStart,
+    Refusal, Source, Verdict,
+};
 use rayon::prelude::*;
 use std::collections::{BTreeSet, HashMap};
-use std::fs::File;
 use std::path::Path;
-use std::sync::Arc;
-
-/// Where an ID came from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Source {
-    /// A build-ID MMAP2 record of the recording.
-    Mmap2,
-    /// The input's BUILD_ID table or its HEADER_BUILD_ID records.
-    InputTable,
-    /// `--known-build-ids`.
-    Known,
-    /// The ELF note of the file, proven to be the recorded one.
-    Elf,
-    /// `/sys/kernel/notes` of this host, proven to be the recorded kernel.
-    KernelNotes,
-    /// `/sys/module/NAME/notes` of this host.
-    ModuleNotes,
-    /// This host's vdso image.
-    Vdso,
-    /// The ELF note of a file under `--symfs`, not modified since the recording
-    /// started (no device/inode proof applies to a sysroot copy).
-    Symfs,
-}
 
 /// The DSOs of one build-ID table entry: one name in one address space.
 #[derive(Clone, Debug)]
@@ -80,61 +59,6 @@ impl Group {
             })
     }
 }
-
-/// The answer for one group.
-#[derive(Clone, Debug, Default)]
-pub struct Outcome {
-    /// The ID, if one is known for certain.
-    pub build_id: Option<BuildId>,
-    /// Where it came from.
-    pub source: Option<Source>,
-    /// Why there is none.
-    pub reason: Option<Reason>,
-    /// Words for the user.
-    pub detail: Option<String>,
-    /// The input's table already lists this name (its entry is kept verbatim).
-    pub in_input_table: bool,
-    /// The file the ID was read from, still open ([`Source::Elf`], [`Source::Symfs`]):
-    /// the build-ID cache links or copies this very file, never the path again.
-    pub file: Option<Arc<File>>,
-    /// The input's claim for this DSO was contradicted, and what became of it.
-    pub contradiction: Option<Contradiction>,
-}
-
-/// What became of a contradicted claim.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Verdict {
-    /// A proof (the file proven unchanged since the recording, this boot's notes)
-    /// gives the claimed ID: it is kept.
-    Confirmed,
-    /// A proof gives another ID: that one is written, the claim nowhere.
-    Corrected,
-    /// Nothing proves either way: no ID ([`Reason::ConflictingClaim`]).
-    Refused,
-}
-
-/// An ID the input claims for a DSO that the input contradicts (it claims the same
-/// ID for another file) or that this boot's kernel or module notes contradict.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Contradiction {
-    /// The contradicted ID.
-    pub claimed: BuildId,
-    /// Other DSOs the input claims it for, sorted, at most [`NAMED_CLAIMANTS`]
-    /// (empty when this boot's notes contradict it).
-    pub others: Vec<String>,
-    /// How many other DSOs claim it.
-    pub others_total: usize,
-    /// The input's own build-ID MMAP2 records carry it (they are passed on as they
-    /// are: records stay byte for byte).
-    pub in_records: bool,
-    /// What became of the claim.
-    pub verdict: Verdict,
-}
-
-/// Other claimants named in a [`Contradiction`] (the perf 6.17 bug makes every
-/// module claim one ID: a hundred names per module would say nothing more).
-pub const NAMED_CLAIMANTS: usize = 8;
 
 /// What one file is, as far as the input can tell: claims of one file under two
 /// names (a module as `[name]` and by path, hard links, a bind mount) are one claim.
