@@ -9,7 +9,7 @@
 //! [`run`] processes them and calls back once per input with a [`FileResult`] (the
 //! single-file [`Report`] plus status, error and skip reason: one JSON line each).
 
-use crate::buildid::memo::{self, Memo, MemoStats};
+use crate::buildid::memo::{Memo, MemoStats};
 use crate::options::Options;
 use crate::report::Report;
 use crate::{Error, Result};
@@ -841,7 +841,14 @@ pub fn run(inputs: &[Input], opts: &BatchOptions, done: &(dyn Fn(&FileResult) + 
         }
     };
     let memo = Arc::new(Memo::new());
-    let _installed = memo::install(memo.clone());
+    // Every input's run proves through the one memo.
+    let opts = &BatchOptions {
+        engine: Options {
+            memo: Some(memo.clone()),
+            ..opts.engine.clone()
+        },
+        ..opts.clone()
+    };
     let bad = conflicts(inputs, &opts.dest);
     let summary = std::sync::Mutex::new(Summary {
         inputs: inputs.len(),

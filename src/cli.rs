@@ -316,12 +316,12 @@ fn execute_with(args: &Args, input: &PathBuf, output: Option<&PathBuf>) -> Resul
         jobs: args.jobs,
         progress,
         in_place: output.is_none(),
+        // One proof per DSO file: the unwind tables and the identify stage both prove
+        // the files they read, and the memo (exact: keyed by what the file is now and
+        // what the recording says of it) answers the second from the first.
+        memo: Some(Arc::new(pdinject::buildid::memo::Memo::new())),
         ..args.engine.options(args.debuginfod.as_deref())?
     };
-    // One proof per DSO file: the unwind tables and the identify stage both prove the
-    // files they read, and the memo (exact: keyed by what the file is now and what
-    // the recording says of it) answers the second from the first.
-    let _memo = pdinject::buildid::memo::install(Arc::new(pdinject::buildid::memo::Memo::new()));
     // Cache totals and the archive go into the report before it is written: the
     // report is committed together with the output (one run, one outcome).
     let cache_dir = opts.cache.as_ref().map(|c| c.dir.clone());

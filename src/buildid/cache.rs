@@ -253,7 +253,7 @@ pub fn fill(
         .par_iter()
         .zip(outcomes.par_iter())
         .filter_map(|(g, o)| {
-            let id = o.build_id?;
+            let id = o.build_id()?;
             let r = add(cache, g, o, id, trust);
             let (state, entry, detail) = match r {
                 Ok((state, entry)) => (state, Some(entry), None),
@@ -332,7 +332,7 @@ fn add(
             if g.name != "[kernel.kallsyms]" {
                 return Err(format!("{} is not this host's kernel image", g.name));
             }
-            let this_boot = o.source == Some(Source::KernelNotes)
+            let this_boot = o.source() == Some(Source::KernelNotes)
                 || (trust.kernel.is_ok() && host::kernel_build_id() == Some(id));
             if !this_boot {
                 return Err(
@@ -357,7 +357,7 @@ fn add(
             if g.name != "[vdso]" {
                 return Err(format!("{} images are not cached", g.name));
             }
-            let this_boot = o.source == Some(Source::Vdso)
+            let this_boot = o.source() == Some(Source::Vdso)
                 || (trust.kernel.is_ok() && host::vdso_build_id() == Some(id));
             if !this_boot {
                 return Err(
@@ -451,7 +451,7 @@ fn find_file(
     o: &Outcome,
     id: BuildId,
 ) -> Result<Arc<File>, String> {
-    if let Some(f) = &o.file {
+    if let Some(f) = o.file() {
         return Ok(f.clone());
     }
     let path = match &cache.symfs {

@@ -474,9 +474,10 @@ pub fn prove_and_read(
     ident: &FileIdent,
     exec_maps: &ExecMaps,
     start: &RecordingStart,
+    memo: Option<&super::memo::Memo>,
 ) -> Result<Proven, Refusal> {
-    // A batch proves each file once (the memo re-checks the file is the same).
-    if let Some(r) = super::memo::lookup(path, ident, exec_maps, start) {
+    // A run (a batch) proves each file once (the memo re-checks the file is the same).
+    if let Some(r) = memo.and_then(|m| super::memo::lookup(m, path, ident, exec_maps, start)) {
         return r;
     }
     prove(path, Some(ident), exec_maps, start)
@@ -805,6 +806,7 @@ mod proof_tests {
             &FileIdent::None,
             &ExecMaps::default(),
             &unknown,
+            None,
         );
         assert_eq!(r.err().map(|e| e.0), Some(Reason::Undated));
         let r = prove_and_read(
@@ -812,6 +814,7 @@ mod proof_tests {
             &FileIdent::None,
             &ExecMaps::default(),
             &RecordingStart::Known(0),
+            None,
         );
         assert_eq!(r.err().map(|e| e.0), Some(Reason::Missing));
     }

@@ -80,24 +80,163 @@ pub enum Source {
     Symfs,
 }
 
-/// The answer for one group.
-#[derive(Clone, Debug, Default)]
-pub struct Outcome {
-    /// The ID, if one is known for certain.
-    pub build_id: Option<BuildId>,
+/// Whether local files may be opened for a proof at all (the recording is of this
+/// host, and dated).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LocalFiles {
+    /// They may: each is still proven to be the recorded one.
+    Trusted,
+    /// None is opened.
+    Refused,
+}
+
+impl LocalFiles {
+    /// From host trust's verdict on local files.
+    pub fn of<E>(local: &Result<(), E>) -> LocalFiles {
+        match local {
+            Ok(()) => LocalFiles::Trusted,
+            Err(_) => LocalFiles::Refused,
+        }
+    }
+}
+
+/// The answer for one group: an ID with its provenance, or the reason there is none.
+#[derive(Clone, Debug)]
+pub enum Outcome {
+    /// An ID known for certain.
+    Found(Found),
+    /// No ID, and why.
+    Refused(Refused),
+}
+
+/// An ID known for certain, and where it came from.
+#[derive(Clone, Debug)]
+pub struct Found {
+    /// The ID.
+    pub build_id: BuildId,
     /// Where it came from.
-    pub source: Option<Source>,
-    /// Why there is none.
-    pub reason: Option<Reason>,
-    /// Words for the user.
+    pub source: Source,
+    /// Words for the user, when there is more to say than the source.
     pub detail: Option<String>,
-    /// The input's table already lists this name (its entry is kept verbatim).
-    pub in_input_table: bool,
+    /// Whether the input's table already lists this name.
+    pub table: InTable,
     /// The file the ID was read from, still open ([`Source::Elf`], [`Source::Symfs`]):
     /// the build-ID cache links or copies this very file, never the path again.
     pub file: Option<Arc<File>>,
     /// The input's claim for this DSO was contradicted, and what became of it.
     pub contradiction: Option<Contradiction>,
+}
+
+impl Found {
+    /// `id` from `source`, nothing more to say.
+    pub fn of(build_id: BuildId, source: Source) -> Found {
+        Found {
+            build_id,
+            source,
+            detail: None,
+            table: InTable::Absent,
+            file: None,
+            contradiction: None,
+        }
+    }
+}
+
+/// Whether the input's table lists a found ID's name already.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum InTable {
+    /// Its entry is kept verbatim; none is added.
+    Listed,
+    /// Not listed: an entry is added.
+    #[default]
+    Absent,
+}
+
+/// No ID, and why.
+#[derive(Clone, Debug)]
+pub struct Refused {
+    /// Why there is none.
+    pub reason: Reason,
+    /// Words for the user.
+    pub detail: String,
+    /// The input's claim for this DSO was contradicted, and refused.
+    pub contradiction: Option<Contradiction>,
+}
+
+impl Outcome {
+    /// `id` from `source`, nothing more to say.
+    pub fn found(build_id: BuildId, source: Source) -> Self {
+        Outcome::Found(Found::of(build_id, source))
+    }
+
+    /// No ID, for `reason`.
+    pub fn refused((reason, detail): Refusal) -> Self {
+        Outcome::Refused(Refused {
+            reason,
+            detail,
+            contradiction: None,
+        })
+    }
+
+    /// The ID, if one is known for certain.
+    pub fn build_id(&self) -> Option<BuildId> {
+        match self {
+            Outcome::Found(f) => Some(f.build_id),
+            Outcome::Refused(_) => None,
+        }
+    }
+
+    /// Where the ID came from.
+    pub fn source(&self) -> Option<Source> {
+        match self {
+            Outcome::Found(f) => Some(f.source),
+            Outcome::Refused(_) => None,
+        }
+    }
+
+    /// Why there is no ID.
+    pub fn reason(&self) -> Option<Reason> {
+        match self {
+            Outcome::Found(_) => None,
+            Outcome::Refused(r) => Some(r.reason),
+        }
+    }
+
+    /// Words for the user.
+    pub fn detail(&self) -> Option<&str> {
+        match self {
+            Outcome::Found(f) => f.detail.as_deref(),
+            Outcome::Refused(r) => Some(&r.detail),
+        }
+    }
+
+    /// The input's table already lists this name (its entry is kept verbatim).
+    pub fn in_input_table(&self) -> bool {
+        matches!(self, Outcome::Found(f) if f.table == InTable::Listed)
+    }
+
+    /// The open file the ID was read from.
+    pub fn file(&self) -> Option<&Arc<File>> {
+        match self {
+            Outcome::Found(f) => f.file.as_ref(),
+            Outcome::Refused(_) => None,
+        }
+    }
+
+    /// The input's contradicted claim for this DSO, and what became of it.
+    pub fn contradiction(&self) -> Option<&Contradiction> {
+        match self {
+            Outcome::Found(f) => f.contradiction.as_ref(),
+            Outcome::Refused(r) => r.contradiction.as_ref(),
+        }
+    }
+
+    /// The same answer with its file closed (a descriptor must not outlive the batch).
+    pub fn without_file(self) -> Self {
+        match self {
+            Outcome::Found(f) => Outcome::Found(Found { file: None, ..f }),
+            r => r,
+        }
+    }
 }
 
 /// What became of a contradicted claim.

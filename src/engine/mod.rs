@@ -147,8 +147,8 @@ pub struct Decision {
 impl Decision {
     /// The ID a table entry must be added for: any ID the input's own table lacks.
     pub fn id_for_table(&self) -> Option<BuildId> {
-        (!self.outcome.in_input_table)
-            .then_some(self.outcome.build_id)
+        (!self.outcome.in_input_table())
+            .then_some(self.outcome.build_id())
             .flatten()
     }
 
@@ -156,7 +156,7 @@ impl Decision {
     /// itself (its table, its build-ID MMAP2 records, its HEADER_BUILD_ID records).
     pub fn id_for_stream(&self) -> Option<BuildId> {
         use buildid::Source::{InputTable, Mmap2};
-        if matches!(self.outcome.source, Some(InputTable | Mmap2)) {
+        if matches!(self.outcome.source(), Some(InputTable | Mmap2)) {
             return None;
         }
         self.id_for_table()
@@ -164,7 +164,7 @@ impl Decision {
 
     /// The ID came from the input itself (its table or records): not new.
     pub fn from_input(&self) -> bool {
-        self.outcome.in_input_table || self.outcome.source == Some(buildid::Source::InputTable)
+        self.outcome.in_input_table() || self.outcome.source() == Some(buildid::Source::InputTable)
     }
 
     /// The cpumode of its table entry or record.
@@ -257,7 +257,7 @@ pub struct Ahead {
     /// How stacks are walked.
     pub unwind: Option<UnwindConfig>,
     /// Local files may be read (the host, as far as the scan has seen).
-    pub allow_local: bool,
+    pub allow_local: buildid::LocalFiles,
     /// The recording's start as far as the scan has seen: never before the real one.
     pub start: RecordingStart,
     /// The `seq` of the first record not in the model.
@@ -535,8 +535,7 @@ impl<'a> Engine<'a> {
         match self.decided.get(&key) {
             Some(d) => d
                 .outcome
-                .contradiction
-                .as_ref()
+                .contradiction()
                 .is_none_or(|c| c.verdict == buildid::Verdict::Confirmed),
             None => !self.claims.is_contested(key.0, &key.1),
         }
@@ -649,7 +648,7 @@ impl<'a> Engine<'a> {
         Some(Ahead {
             unwind: self.unwind_config(&meta),
             time_mode: self.time_mode.unwrap_or(false),
-            allow_local: trust.local.is_ok(),
+            allow_local: buildid::LocalFiles::of(&trust.local),
             start,
             upto_seq: self.walker.seq,
             model,
@@ -682,7 +681,7 @@ impl<'a> Engine<'a> {
                 };
             in_order
                 && a.time_mode == time_mode
-                && a.allow_local == trust.local.is_ok()
+                && a.allow_local == buildid::LocalFiles::of(&trust.local)
                 && a.unwind.map(|c| c.mode) == unwind.map(|c| c.mode)
         }) && tables.still_proven(self.builder.dsos(), &start)
     }
@@ -796,7 +795,7 @@ impl<'a> Engine<'a> {
             self.attrs.iter().all(|a| a.sample_type & st::TIME != 0)
                 && self.attrs[0].sample_id_all()
         });
-        let key = |t: Option<u64>| -> Key { (if time_mode { t.unwrap_or(0) } else { 0 }, r.seq) };
+        let key = |t: Option<u64>| Key::new(if time_mode { t.unwrap_or(0) } else { 0 }, r.seq);
         match kind {
             rt::SAMPLE => {
                 self.scan.samples += 1;
@@ -930,10 +929,13 @@ impl<'a> Engine<'a> {
         let time_mode = self.time_mode.unwrap_or(false);
 
         let t = Instant::now();
-        let tables = self.tables.get_or_insert_with(UnwindTables::default);
+        let memo = &self.opts.memo;
+        let tables = self
+            .tables
+            .get_or_insert_with(|| UnwindTables::new(memo.clone()));
         tables.grow(&model);
         // Unwind tables obey the proof the IDs obey, batch by batch.
-        tables.set_proof(trust.local.is_ok(), start.clone());
+        tables.set_proof(buildid::LocalFiles::of(&trust.local), start.clone());
         let mut resolver = Resolver::new(&model, &self.attrs, time_mode, self.e);
         if let Some(cfg) = unwind {
             resolver = resolver.with_unwinding(cfg, &*tables);
@@ -1000,9 +1002,9 @@ impl<'a> Engine<'a> {
             self.decided
                 .values()
                 .filter(|d| {
-                    d.outcome.contradiction.is_none()
+                    d.outcome.contradiction().is_none()
                         && matches!(
-                            d.outcome.source,
+                            d.outcome.source(),
                             Some(buildid::Source::Mmap2 | buildid::Source::InputTable)
                         )
                         && self
@@ -1023,6 +1025,7 @@ impl<'a> Engine<'a> {
             claims: &self.claims,
             times: start,
             symfs: self.opts.symfs.as_deref(),
+            memo: self.opts.memo.as_deref(),
         };
         // An ID no table entry or record can carry is refused before anything uses
         // it (the cache included).
@@ -1053,13 +1056,10 @@ impl<'a> Engine<'a> {
         let mut new = Vec::with_capacity(groups.len() + again.len());
         for (group, outcome) in again {
             let key = (group.kind.is_kernel_space(), group.name.clone());
-            if outcome.contradiction.is_some()
+            if outcome.contradiction().is_some()
                 && let Some(d) = self.decided.get_mut(&key)
             {
-                d.outcome = buildid::Outcome {
-                    file: None,
-                    ..outcome
-                };
+                d.outcome = outcome.without_file();
                 new.push(d.clone());
             }
         }
@@ -1071,10 +1071,7 @@ impl<'a> Engine<'a> {
                 .map(|i| cached.swap_remove(i));
             // The proven file was needed for the cache only: no descriptor outlives
             // the batch.
-            let outcome = buildid::Outcome {
-                file: None,
-                ..outcome
-            };
+            let outcome = outcome.without_file();
             let d = Decision {
                 outcome,
                 group,
@@ -1246,13 +1243,13 @@ impl<'a> Engine<'a> {
         let mut in_records = 0;
         for d in std::mem::take(&mut self.decided).into_values() {
             let o = d.outcome;
-            let detail = if d.later_file && o.build_id.is_some() {
+            let detail = if d.later_file && o.build_id().is_some() {
                 Some(
                     "mapped from another file later in the stream: the ID names the first one; the later file's samples have none"
                         .into(),
                 )
             } else {
-                o.detail
+                o.detail().map(str::to_string)
             };
             let hits = d
                 .group
@@ -1261,7 +1258,7 @@ impl<'a> Engine<'a> {
                 .map(|&i| self.hits.per_dso.get(i as usize).copied().unwrap_or(0))
                 .sum();
             r.dsos_hit += 1;
-            if o.build_id.is_some() {
+            if o.build_id().is_some() {
                 r.ids_written += 1;
             } else {
                 r.ids_missing += 1;
@@ -1270,20 +1267,19 @@ impl<'a> Engine<'a> {
                 Some(c) => (Some(c.state), c.entry, c.detail),
                 None => (None, None, None),
             };
-            if o.contradiction
-                .as_ref()
+            if o.contradiction()
                 .is_some_and(|c| c.verdict != buildid::Verdict::Confirmed && c.in_records)
             {
                 in_records += 1;
             }
             r.dsos.push(DsoReport {
-                claim: o.contradiction.as_ref().map(ClaimReport::from),
+                claim: o.contradiction().map(ClaimReport::from),
                 path: d.group.name,
                 kind: d.group.kind,
                 hits,
-                build_id: o.build_id.map(|b| b.to_string()),
-                source: o.source,
-                reason: o.reason,
+                build_id: o.build_id().map(|b| b.to_string()),
+                source: o.source(),
+                reason: o.reason(),
                 detail,
                 cached,
                 cache_entry,
@@ -1318,7 +1314,7 @@ fn batch_trust(trust: HostTrust, start: &RecordingStart) -> HostTrust {
 /// An outcome whose ID cannot be written as a table entry or record (a name longer
 /// than a record can hold) becomes a refusal: what perf cannot read is never written.
 fn encodable(g: &Group, o: Outcome, e: Endian) -> Outcome {
-    let Some(id) = o.build_id else { return o };
+    let Some(id) = o.build_id() else { return o };
     if encode_table_entry(
         &mut Vec::new(),
         e,
@@ -1328,15 +1324,14 @@ fn encodable(g: &Group, o: Outcome, e: Endian) -> Outcome {
     ) {
         return o;
     }
-    Outcome {
-        reason: Some(Reason::Unsupported),
-        detail: Some(format!(
+    Outcome::refused((
+        Reason::Unsupported,
+        format!(
             "the name is {} bytes; perf reads at most {} (PATH_MAX) and would crash on it",
             g.name.len(),
             crate::limits::MAX_DSO_NAME
-        )),
-        ..Outcome::default()
-    }
+        ),
+    ))
 }
 
 /// A sample's time: after IDENTIFIER, IP and TID in perf's fixed sample layout.

@@ -16,8 +16,9 @@
 //! fault the process.
 
 use super::cfi::{self, EhFrameRules};
-use crate::buildid::RecordingStart;
 use crate::buildid::elf::{FileTimes, Place, Segment, judge, prove_and_read};
+use crate::buildid::memo::Memo;
+use crate::buildid::{LocalFiles, RecordingStart};
 use crate::format::Endian;
 use crate::model::{Dso, DsoId, DsoKind, Key, MapEntry, Model, lay_over};
 use framehop::aarch64::{CacheAarch64, UnwindRegsAarch64, UnwinderAarch64};
@@ -107,8 +108,10 @@ pub struct UnwindTables {
     by_file: Mutex<HashMap<(u64, u64), Arc<DsoUnwind>>>,
     /// Local files may be read (the recording is of this host) and when it started:
     /// the proof the IDs obey, set for each batch.
-    allow_local: bool,
+    local: LocalFiles,
     start: RecordingStart,
+    /// The run's memo of file proofs, if it keeps one.
+    memo: Option<Arc<Memo>>,
     /// Workers between two runs over these tables: their images and rule caches stay
     /// right (image addresses depend on the DSO only), so a later batch starts warm.
     idle: Mutex<Vec<Worker>>,
@@ -120,14 +123,23 @@ impl Default for UnwindTables {
         UnwindTables {
             per_dso: Vec::new(),
             by_file: Mutex::new(HashMap::new()),
-            allow_local: false,
+            local: LocalFiles::Refused,
             start: RecordingStart::Unknown("not dated yet".into()),
+            memo: None,
             idle: Mutex::new(Vec::new()),
         }
     }
 }
 
 impl UnwindTables {
+    /// No tables yet, proving files through `memo` (the run's, if it keeps one).
+    pub fn new(memo: Option<Arc<Memo>>) -> Self {
+        UnwindTables {
+            memo,
+            ..UnwindTables::default()
+        }
+    }
+
     /// A worker for `arch` for a run sharing `shared`: one parked by an earlier run
     /// over these tables, or a new one.
     pub fn worker(&self, arch: Arch, shared: &Arc<Shared>) -> Worker {
@@ -163,8 +175,8 @@ impl UnwindTables {
     /// Sets the proof for the DSOs loaded from now on: whether local files may be
     /// read at all, and the recording's start (an unknown start loads nothing, as it
     /// gives no ID). Tables loaded before keep the proof they were loaded under.
-    pub fn set_proof(&mut self, allow_local: bool, start: RecordingStart) {
-        self.allow_local = allow_local;
+    pub fn set_proof(&mut self, local: LocalFiles, start: RecordingStart) {
+        self.local = local;
         self.start = start;
     }
 
@@ -204,7 +216,7 @@ impl UnwindTables {
 
     fn load(&self, model: &Model, d: DsoId) -> Option<Arc<DsoUnwind>> {
         let dso = model.dsos.get(d as usize)?;
-        if !self.allow_local || dso.kind != DsoKind::User {
+        if self.local == LocalFiles::Refused || dso.kind != DsoKind::User {
             return None;
         }
         // Unwind only with a file proven to be the one mapped: wrong CFI would walk
@@ -214,6 +226,7 @@ impl UnwindTables {
             &dso.ident,
             &dso.exec_maps,
             &self.start,
+            self.memo.as_deref(),
         )
         .ok()?;
         if let Some(t) = self.by_file.lock().ok()?.get(&proven.key) {
@@ -1372,7 +1385,7 @@ mod tests {
                 .collect();
             let s = SampleStack {
                 pid: 1,
-                key: (0, 0),
+                key: Key::default(),
                 regs_mask: mask,
                 regs: &regs,
                 stack: &[0; 16],

@@ -69,10 +69,10 @@ impl Splice {
 /// The ID a DSO's mapping records may carry: decided, for every mapping of the path
 /// (no ambiguity note, no later file), and file-backed.
 fn record_id(d: &Decision) -> Option<BuildId> {
-    if d.outcome.detail.is_some() || d.later_file || d.group.kind == DsoKind::Vdso {
+    if d.outcome.detail().is_some() || d.later_file || d.group.kind == DsoKind::Vdso {
         return None;
     }
-    d.outcome.build_id
+    d.outcome.build_id()
 }
 
 /// Decides which mapping records become build-ID MMAP2 records. `read(file, offset)`
