@@ -330,9 +330,9 @@ fn execute_with(args: &Args, input: &PathBuf, output: Option<&PathBuf>) -> Resul
         let Some(dir) = &cache_dir else {
             return Ok(());
         };
-        pdinject::buildid::cache::totals(report, dir);
+        report.add_cache_totals(dir);
         if let Some(a) = &args.archive {
-            let sum = pdinject::buildid::archive::write(report, dir, a)?;
+            let sum = pdinject::buildid::archive::write(report.cache_entries(), dir, a)?;
             report.notes.push(format!(
                 "archive {}: {} cache entries, {} bytes (unpack with: tar xf {} -C ~/.debug)",
                 a.display(),
