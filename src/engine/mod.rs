@@ -22,7 +22,9 @@ use crate::format::buildid::{
 };
 use crate::format::feature::{ClockData, parse_clock_data, parse_string};
 use crate::format::header::{FEAT_ARCH, FEAT_CLOCK_DATA, FEAT_HOSTNAME, FEAT_OSRELEASE};
-use crate::format::record::{TrailerLayout, misc, parse_mmap, rt};
+use crate::format::record::{
+    Comm, FeatureRecord, Fork, TrailerLayout, misc, mmap_fixed, parse_mmap, rt,
+};
 use crate::format::walk::{Chunk, Rec, Walker, Windows};
 use crate::input::DataFile;
 use crate::limits::StreamKept;
@@ -723,14 +725,14 @@ impl<'a> Engine<'a> {
         match kind {
             rt::HEADER_ATTR if self.from_records => return self.attr_record(r),
             rt::HEADER_FEATURE if self.from_records => {
-                let id = e
-                    .u64(r.bytes, 8)
+                let f = FeatureRecord::parse(r.bytes, e)
                     .ok_or_else(|| Error::format(r.offset, "HEADER_FEATURE record is truncated"))?;
+                let id = f.id;
                 // A feature is kept by its payload: the end-of-features marker has none,
                 // whichever perf wrote it (32 before perf 7, 35 since; 32 is a feature
                 // in 7.x). See sink::stream for why outputs carry no marker.
-                if r.bytes.len() > 16 && id < 256 {
-                    let payload = r.bytes[16..].to_vec();
+                if !f.payload.is_empty() && id < 256 {
+                    let payload = f.payload.to_vec();
                     self.kept.features += payload.len() as u64;
                     if let Some(old) = self.stream_features.insert(id as u32, payload) {
                         self.kept.features -= old.len() as u64;
@@ -804,7 +806,7 @@ impl<'a> Engine<'a> {
                 }
             }
             rt::MMAP | rt::MMAP2 => {
-                let fixed = if kind == rt::MMAP { 40 } else { 72 };
+                let fixed = mmap_fixed(kind);
                 let body_end = r
                     .bytes
                     .len()
@@ -847,9 +849,9 @@ impl<'a> Engine<'a> {
                     if let Some(t) = sid.time {
                         self.span.note(t);
                     }
-                    let pid = e
-                        .u32(r.bytes, 8)
-                        .ok_or_else(|| Error::format(r.offset, "COMM record is truncated"))?;
+                    let pid = Comm::parse(r.bytes, e)
+                        .ok_or_else(|| Error::format(r.offset, "COMM record is truncated"))?
+                        .pid;
                     self.builder
                         .exec(key(sid.time), pid)
                         .map_err(|l| l.at(r.offset))?;
@@ -857,10 +859,13 @@ impl<'a> Engine<'a> {
             }
             _ => {
                 // FORK: pid, ppid, tid, ptid, time.
-                let (Some(pid), Some(ppid)) = (e.u32(r.bytes, 8), e.u32(r.bytes, 12)) else {
+                let Some(Fork {
+                    pid, ppid, time, ..
+                }) = Fork::parse(r.bytes, e)
+                else {
                     return Err(Error::format(r.offset, "FORK record is truncated"));
                 };
-                let t = trailer.read(r.bytes, e).time.or(e.u64(r.bytes, 24));
+                let t = trailer.read(r.bytes, e).time.or(time);
                 if let Some(t) = t {
                     self.span.note(t);
                 }
