@@ -38,7 +38,7 @@ pub struct Ahead {
     /// How stacks are walked.
     pub unwind: Option<UnwindConfig>,
     /// Local files may be read (the host, as far as the scan has seen).
-    pub allow_local: bool,
+    pub allow_local: crate::buildid::LocalFiles,
     /// The recording's start as far as the scan has seen: never before the real one.
     pub start: RecordingStart,
     /// The `seq` of the first record not in the model.
@@ -88,7 +88,7 @@ impl<'f> Beside<'f> {
             attrs: engine.attrs().to_vec(),
             e: engine.endian(),
             busy: AtomicBool::new(false),
-            first_tables: Mutex::new(Some(UnwindTables::default())),
+            first_tables: Mutex::new(Some(UnwindTables::new(engine.opts().memo.clone()))),
             finished: Mutex::new(Vec::new()),
         }
     }
@@ -215,7 +215,7 @@ impl Engine<'_> {
         Some(Ahead {
             unwind: self.unwind_config(&meta),
             time_mode: self.time_mode.unwrap_or(false),
-            allow_local: trust.local.is_ok(),
+            allow_local: crate::buildid::LocalFiles::of(&trust.local),
             start,
             upto_seq: self.walker.seq,
             model,
@@ -248,7 +248,7 @@ impl Engine<'_> {
                 };
             in_order
                 && a.time_mode == time_mode
-                && a.allow_local == trust.local.is_ok()
+                && a.allow_local == crate::buildid::LocalFiles::of(&trust.local)
                 && a.unwind.map(|c| c.mode) == unwind.map(|c| c.mode)
         }) && tables.still_proven(self.builder.dsos(), &start)
     }
