@@ -5,7 +5,7 @@
 use super::{conclude, with_facts};
 use crate::Result;
 use crate::engine::dating::{Dating, RecordingStart};
-use crate::engine::{Beside, Context, Counter, Cuts, Engine, Metadata};
+use crate::engine::{Beside, Context, Counter, Cuts, Ending, Engine, Metadata, Point};
 use crate::format::header::FEAT_BUILD_ID;
 use crate::format::walk::Chunk;
 use crate::input::{DataFile, PerfInput, WINDOW_BYTES};
@@ -47,7 +47,9 @@ pub fn run_file(cx: Context<'_>, input: &PerfInput, sink: &mut dyn Sink) -> Resu
         let keep = KEEP_BYTES.saturating_sub(sink.mapped_beside());
         let chunks = scan_file(cx, input, &mut engine, &stop, total, keep)?;
         let counter = Counter::new(opts, "resolve", total);
-        let new = engine.resolve(&input.data_files, &chunks, true, &stop, &|n| counter.add(n));
+        let new = engine.resolve(&input.data_files, &chunks, Ending::Ended, &stop, &|n| {
+            counter.add(n)
+        });
         // Unmapping a kept window is the kernel clearing a page-table entry per page
         // (1.3 ms for dwarf-med's 127 MB): done beside the sink's writes and syncs.
         let kept: Vec<_> = input
@@ -95,7 +97,7 @@ fn scan_file(
     let scanned = cx.pool.in_place_scope(|scope| -> Result<()> {
         for (fi, df) in files.iter().enumerate() {
             let (start, end) = (df.range.offset, df.range.offset + df.range.size);
-            let mut cuts = Cuts::new(fi, (start, engine.next_seq()));
+            let mut cuts = Cuts::new(fi, Point::new(start, engine.next_seq()));
             // The pool maps the scan's windows only when it has nothing else to do:
             // behind a batch resolved ahead, the scan would wait for it (a file shorter
             // than the distance between batches has none).
@@ -120,10 +122,10 @@ fn scan_file(
                     &|at| beside.due(at, last),
                 )?;
                 let Some(at) = paused else { break };
-                from = at.0;
+                from = at.offset;
                 beside.spawn(scope, engine, &mut cuts);
             }
-            chunks.extend(cuts.take((end, engine.next_seq())));
+            chunks.extend(cuts.take(Point::new(end, engine.next_seq())));
             done += end - start;
         }
         Ok(())

@@ -5,7 +5,8 @@
 
 use super::{conclude, with_facts};
 use crate::engine::dating::{Dating, RecordingStart};
-use crate::engine::{Context, Cuts, Engine, Host};
+use crate::engine::rounds::Follows;
+use crate::engine::{Context, Cuts, Ending, Engine, Host, Point};
 use crate::format::Endian;
 use crate::format::header::{PIPE_HEADER_SIZE, Section, pipe_header};
 use crate::format::record::RecordHeader;
@@ -101,7 +102,7 @@ pub fn run_stream(cx: Context<'_>, input: StreamInput<'_>, sink: &mut dyn Sink) 
         scanned: 0,
         parsed: 0,
     };
-    let mut cuts = Cuts::new(0, (PIPE_HEADER_SIZE, 0));
+    let mut cuts = Cuts::new(0, Point::new(PIPE_HEADER_SIZE, 0));
     let r = (|| {
         loop {
             let eof = fill(&mut s, reader, batch, e, &name)?;
@@ -115,7 +116,8 @@ pub fn run_stream(cx: Context<'_>, input: StreamInput<'_>, sink: &mut dyn Sink) 
             s.scanned = s.parsed;
             if eof {
                 // The end of the stream ends every record: all of it is safe.
-                cuts.rounds.clean((end, engine.next_seq()), false);
+                cuts.rounds
+                    .clean(Point::new(end, engine.next_seq()), Follows::Record);
             }
             flush(&mut engine, &mut s, &mut cuts, sink, eof, batch, total)?;
             if eof {
@@ -225,18 +227,23 @@ fn flush(
     batch: usize,
     total: Option<u64>,
 ) -> Result<()> {
+    let ending = if eof {
+        Ending::Ended
+    } else {
+        Ending::MoreToCome
+    };
     let mut upto = cuts
         .rounds
-        .safe_end(cuts.base(), s.bytes.len(), carry_limit(batch), eof);
+        .safe_end(cuts.base(), s.bytes.len(), carry_limit(batch), ending);
     // Limits policy: records carried to the next batch count in the stream's budget
     // (`--stream-memory`) with what it keeps; past it the round rule gives way, as
     // past two batches: resolving frees them, where the rest can only grow.
     let end = s.base + s.bytes.len() as u64;
-    if end.saturating_sub(upto.0) > engine.stream_room() {
+    if end.saturating_sub(upto.offset) > engine.stream_room() {
         upto = upto.max(cuts.rounds.newest_clean());
     }
-    engine.note_carried(end.saturating_sub(upto.0.max(s.base)));
-    if upto.0 <= s.base {
+    engine.note_carried(end.saturating_sub(upto.offset.max(s.base)));
+    if upto.offset <= s.base {
         if s.bytes.len() > carry_limit(batch) {
             return Err(Error::format(
                 s.base,
@@ -250,7 +257,7 @@ fn flush(
         return Ok(());
     }
     let chunks = cuts.take(upto);
-    let n = (upto.0 - s.base) as usize;
+    let n = (upto.offset - s.base) as usize;
     // The resolve workers share the batch through an Arc; it comes back after.
     let data = Arc::new(std::mem::take(&mut s.bytes));
     let files = [DataFile::new(
@@ -261,7 +268,7 @@ fn flush(
             size: data.len() as u64,
         },
     )];
-    let new = engine.resolve(&files, &chunks, eof, &AtomicBool::new(false), &|_| {});
+    let new = engine.resolve(&files, &chunks, ending, &AtomicBool::new(false), &|_| {});
     drop(files);
     s.bytes = Arc::try_unwrap(data).unwrap_or_else(|a| a.as_ref().clone());
     let new = new?;
@@ -272,11 +279,11 @@ fn flush(
     };
     with_facts(engine, |facts| sink.batch(&batch, facts))?;
     s.bytes.drain(..n);
-    engine.forget_mappings_before(upto.0);
+    engine.forget_mappings_before(upto.offset);
     if let Some(total) = total {
-        engine.opts().progress("stream", upto.0, total);
+        engine.opts().progress("stream", upto.offset, total);
     }
-    s.base = upto.0;
+    s.base = upto.offset;
     s.scanned -= n;
     s.parsed -= n;
     Ok(())
@@ -316,7 +323,7 @@ pub fn date_saved_stream(
             size: len - start,
         },
     );
-    let mut cuts = Cuts::new(0, (start, 0));
+    let mut cuts = Cuts::new(0, Point::new(start, 0));
     engine.scan(
         &df,
         start..len,

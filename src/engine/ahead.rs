@@ -13,7 +13,7 @@
 //! the end, so the result never depends on it.
 
 use super::dating::RecordingStart;
-use super::{Cuts, Engine, batch_trust};
+use super::{Cuts, Ending, Engine, batch_trust};
 use crate::format::Endian;
 use crate::format::attr::Attr;
 use crate::format::walk::Chunk;
@@ -111,8 +111,10 @@ impl<'f> Beside<'f> {
         'f: 's,
     {
         // The round rule, with no limit on what waits: a file holds it all.
-        let upto = cuts.rounds.safe_end(cuts.base(), 0, usize::MAX, false);
-        if upto.0 <= cuts.base().0 {
+        let upto = cuts
+            .rounds
+            .safe_end(cuts.base(), 0, usize::MAX, Ending::MoreToCome);
+        if upto.offset <= cuts.base().offset {
             return;
         }
         let Some(ahead) = engine.ahead() else {

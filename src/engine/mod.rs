@@ -35,7 +35,7 @@ use crate::format::record::{
 use crate::format::walk::{Chunk, Rec, Walker, Windows};
 use crate::input::DataFile;
 use crate::limits::StreamKept;
-use crate::model::{DsoId, DsoKind, Key, ModelBuilder};
+use crate::model::{DsoId, DsoKind, Key, Model, ModelBuilder};
 use crate::options::{Mode, Options};
 use crate::report::SinkReport;
 use crate::report::{ClaimReport, DsoReport, Report};
@@ -43,7 +43,9 @@ use crate::resolve::unwind::{UnwindConfig, UnwindTables};
 use crate::resolve::{Hits, Resolver};
 use crate::{Error, Result};
 use dating::{Dating, RecordingStart, Span};
-use rounds::{Point, Rounds};
+pub use rounds::Ending;
+pub use rounds::Point;
+use rounds::{Follows, Rounds};
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -179,17 +181,17 @@ impl Cuts {
         self.base
     }
 
-    /// A record ended at `next`; `clean` when a chunk may start there, `round` when
-    /// the record was a FINISHED_ROUND. True when a chunk boundary was placed.
+    /// A record ended at `next`; `b` says whether a chunk may start there and what
+    /// the record was. True when a chunk boundary was placed.
     /// Every record boundary may end a batch (compressed data is resolved through one
     /// decompressor that goes on across batches); only clean ones start chunks.
-    fn after(&mut self, next: Point, clean: bool, round: bool) -> bool {
-        self.rounds.clean(next, round);
-        if !clean {
+    fn after(&mut self, next: Point, b: Boundary) -> bool {
+        self.rounds.clean(next, b.follows);
+        if b.start == ChunkStart::Never {
             return false;
         }
-        let last = self.points.last().map_or(self.base.0, |p| p.0);
-        if next.0 - last >= CHUNK_BYTES {
+        let last = self.points.last().map_or(self.base.offset, |p| p.offset);
+        if next.offset - last >= CHUNK_BYTES {
             self.points.push(next);
             return true;
         }
@@ -199,16 +201,16 @@ impl Cuts {
     /// The chunks from the base up to `upto` (a clean point); the base moves there.
     pub fn take(&mut self, upto: Point) -> Vec<Chunk> {
         let mut chunks = Vec::new();
-        if upto.0 <= self.base.0 {
+        if upto.offset <= self.base.offset {
             return chunks;
         }
         let mut from = self.base;
-        for &p in self.points.iter().filter(|p| p.0 < upto.0) {
+        for &p in self.points.iter().filter(|p| p.offset < upto.offset) {
             chunks.push(self.chunk(from, p));
             from = p;
         }
         chunks.push(self.chunk(from, upto));
-        self.points.retain(|p| p.0 > upto.0);
+        self.points.retain(|p| p.offset > upto.offset);
         self.base = upto;
         chunks
     }
@@ -216,11 +218,29 @@ impl Cuts {
     fn chunk(&self, from: Point, to: Point) -> Chunk {
         Chunk {
             file: self.file,
-            start: from.0,
-            end: to.0,
-            first_seq: from.1,
+            start: from.offset,
+            end: to.offset,
+            first_seq: from.seq,
         }
     }
+}
+
+/// What the scan tells [`Cuts::after`] of a record boundary.
+#[derive(Clone, Copy, Debug)]
+struct Boundary {
+    /// Whether a chunk may start there.
+    start: ChunkStart,
+    /// What the record that ends there was.
+    follows: Follows,
+}
+
+/// Whether a chunk may start at a record boundary.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ChunkStart {
+    /// A clean point: no compressed frame or inner record is half-way.
+    May,
+    /// Inside compressed data.
+    Never,
 }
 
 /// The engine's state over one input.
@@ -556,14 +576,18 @@ impl<'a> Engine<'a> {
         self.builder
             .account_input(range.end.saturating_sub(range.start));
         let mut walker = std::mem::replace(&mut self.walker, Walker::new(self.e, 0));
-        let round = std::cell::Cell::new(false);
+        let follows = std::cell::Cell::new(Follows::Record);
         let r = walker.walk(
             src,
             range.start,
             range.end,
             window,
             &mut |r| {
-                round.set(r.header.kind == rt::FINISHED_ROUND && !r.inner);
+                follows.set(if r.header.kind == rt::FINISHED_ROUND && !r.inner {
+                    Follows::Round
+                } else {
+                    Follows::Record
+                });
                 self.on_record(r).map_err(|err| match err {
                     Error::Format {
                         file: None, what, ..
@@ -572,13 +596,21 @@ impl<'a> Engine<'a> {
                 })
             },
             &mut |w, next| {
-                if cuts.after((next, w.seq), w.is_clean(), round.get()) {
+                let b = Boundary {
+                    start: if w.is_clean() {
+                        ChunkStart::May
+                    } else {
+                        ChunkStart::Never
+                    },
+                    follows: follows.get(),
+                };
+                if cuts.after(Point::new(next, w.seq), b) {
                     progress(next);
                     if stop.load(Ordering::Relaxed) {
                         return Err(Error::Stopped);
                     }
                     if next < range.end && pause(next) {
-                        paused.set(Some((next, w.seq)));
+                        paused.set(Some(Point::new(next, w.seq)));
                         return Err(Error::Stopped);
                     }
                 }
@@ -595,75 +627,15 @@ impl<'a> Engine<'a> {
 
     /// One record of the scan.
     fn on_record(&mut self, r: &Rec<'_>) -> Result<()> {
-        let e = self.e;
         self.scan.records += 1;
         let kind = r.header.kind;
         if self.from_records && !r.inner {
-            if matches!(
-                kind,
-                rt::HEADER_ATTR | rt::HEADER_FEATURE | rt::HEADER_BUILD_ID
-            ) && self.user_records.last().is_none_or(|&l| l < r.offset)
-            {
-                self.user_records.push(r.offset);
-            }
-            if !r.header.size.is_multiple_of(8)
-                && !matches!(
-                    kind,
-                    rt::HEADER_FEATURE | rt::COMPRESSED | rt::COMPRESSED2 | rt::HEADER_BUILD_ID
-                )
-            {
-                self.unaligned += 1;
-            }
+            self.note_stream_record(r);
         }
         match kind {
             rt::HEADER_ATTR if self.from_records => return self.attr_record(r),
-            rt::HEADER_FEATURE if self.from_records => {
-                let f = FeatureRecord::parse(r.bytes, e)
-                    .ok_or_else(|| Error::format(r.offset, "HEADER_FEATURE record is truncated"))?;
-                let id = f.id;
-                // A feature is kept by its payload: the end-of-features marker has none,
-                // whichever perf wrote it (32 before perf 7, 35 since; 32 is a feature
-                // in 7.x). See sink::stream for why outputs carry no marker.
-                if !f.payload.is_empty() && id < 256 {
-                    let payload = f.payload.to_vec();
-                    self.kept.features += payload.len() as u64;
-                    if let Some(old) = self.stream_features.insert(id as u32, payload) {
-                        self.kept.features -= old.len() as u64;
-                    }
-                    return self.check_kept(r.offset);
-                }
-                return Ok(());
-            }
-            rt::HEADER_BUILD_ID => {
-                if let Some(entry) = parse_build_id_entry(&r.header, r.bytes) {
-                    // perf keeps the first ID it is told for a name; repeats add nothing.
-                    let name = String::from_utf8_lossy(entry.filename).into_owned();
-                    if !self
-                        .seen_ids
-                        .insert((entry.cpumode, entry.build_id, name.clone()))
-                    {
-                        return Ok(());
-                    }
-                    if self.scan.stream_build_ids.len() >= MAX_STREAM_BUILD_IDS {
-                        return Err(Error::format(
-                            r.offset,
-                            format!(
-                                "more than {MAX_STREAM_BUILD_IDS} distinct HEADER_BUILD_ID records"
-                            ),
-                        ));
-                    }
-                    // The name is held twice: the entry and the set of those seen.
-                    self.kept.build_ids += 2 * name.len() as u64 + crate::limits::STREAM_ID_COST;
-                    self.scan.stream_build_ids.push(TableEntry {
-                        cpumode: entry.cpumode,
-                        pid: entry.pid,
-                        build_id: entry.build_id,
-                        filename: name,
-                    });
-                    return self.check_kept(r.offset);
-                }
-                return Ok(());
-            }
+            rt::HEADER_FEATURE if self.from_records => return self.feature_record(r),
+            rt::HEADER_BUILD_ID => return self.build_id_record(r),
             rt::AUX | rt::AUXTRACE | rt::AUXTRACE_INFO => self.scan.has_aux = true,
             rt::COMPRESSED | rt::COMPRESSED2 => {
                 self.scan.compressed += 1;
@@ -679,6 +651,82 @@ impl<'a> Engine<'a> {
         {
             return Ok(());
         }
+        self.model_record(r)
+    }
+
+    /// A stream's record outside compressed data: where the stream sink finds the
+    /// records it repairs, and the count of those perf 7.3 refuses.
+    fn note_stream_record(&mut self, r: &Rec<'_>) {
+        let kind = r.header.kind;
+        if matches!(
+            kind,
+            rt::HEADER_ATTR | rt::HEADER_FEATURE | rt::HEADER_BUILD_ID
+        ) && self.user_records.last().is_none_or(|&l| l < r.offset)
+        {
+            self.user_records.push(r.offset);
+        }
+        if !r.header.size.is_multiple_of(8)
+            && !matches!(
+                kind,
+                rt::HEADER_FEATURE | rt::COMPRESSED | rt::COMPRESSED2 | rt::HEADER_BUILD_ID
+            )
+        {
+            self.unaligned += 1;
+        }
+    }
+
+    /// A stream's HEADER_FEATURE: one feature's payload.
+    fn feature_record(&mut self, r: &Rec<'_>) -> Result<()> {
+        let f = FeatureRecord::parse(r.bytes, self.e)
+            .ok_or_else(|| Error::format(r.offset, "HEADER_FEATURE record is truncated"))?;
+        let id = f.id;
+        // A feature is kept by its payload: the end-of-features marker has none,
+        // whichever perf wrote it (32 before perf 7, 35 since; 32 is a feature
+        // in 7.x). See sink::stream for why outputs carry no marker.
+        if !f.payload.is_empty() && id < 256 {
+            let payload = f.payload.to_vec();
+            self.kept.features += payload.len() as u64;
+            if let Some(old) = self.stream_features.insert(id as u32, payload) {
+                self.kept.features -= old.len() as u64;
+            }
+            return self.check_kept(r.offset);
+        }
+        Ok(())
+    }
+
+    /// A HEADER_BUILD_ID record (a stream's, or an earlier injection's): a claim.
+    fn build_id_record(&mut self, r: &Rec<'_>) -> Result<()> {
+        let Some(entry) = parse_build_id_entry(&r.header, r.bytes) else {
+            return Ok(());
+        };
+        // perf keeps the first ID it is told for a name; repeats add nothing.
+        let name = String::from_utf8_lossy(entry.filename).into_owned();
+        if !self
+            .seen_ids
+            .insert((entry.cpumode, entry.build_id, name.clone()))
+        {
+            return Ok(());
+        }
+        if self.scan.stream_build_ids.len() >= MAX_STREAM_BUILD_IDS {
+            return Err(Error::format(
+                r.offset,
+                format!("more than {MAX_STREAM_BUILD_IDS} distinct HEADER_BUILD_ID records"),
+            ));
+        }
+        // The name is held twice: the entry and the set of those seen.
+        self.kept.build_ids += 2 * name.len() as u64 + crate::limits::STREAM_ID_COST;
+        self.scan.stream_build_ids.push(TableEntry {
+            cpumode: entry.cpumode,
+            pid: entry.pid,
+            build_id: entry.build_id,
+            filename: name,
+        });
+        self.check_kept(r.offset)
+    }
+
+    /// A SAMPLE, MMAP, MMAP2, COMM or FORK record: the model and the span of times.
+    fn model_record(&mut self, r: &Rec<'_>) -> Result<()> {
+        let kind = r.header.kind;
         let (Some(trailer), Some(first)) = (self.trailer, self.attrs.first()) else {
             return Err(Error::format(
                 r.offset,
@@ -690,87 +738,102 @@ impl<'a> Engine<'a> {
             self.attrs.iter().all(|a| a.sample_type & st::TIME != 0)
                 && self.attrs[0].sample_id_all()
         });
-        let key = |t: Option<u64>| Key::new(if time_mode { t.unwrap_or(0) } else { 0 }, r.seq);
+        let at = Stamp {
+            time_mode,
+            seq: r.seq,
+        };
         match kind {
             rt::SAMPLE => {
                 self.scan.samples += 1;
-                if let Some(t) = sample_time(r.bytes, e, sample_type) {
+                if let Some(t) = sample_time(r.bytes, self.e, sample_type) {
                     self.span.note(t);
                 }
+                return Ok(());
             }
-            rt::MMAP | rt::MMAP2 => {
-                let fixed = mmap_fixed(kind);
-                let body_end = r
-                    .bytes
-                    .len()
-                    .checked_sub(trailer.size)
-                    .filter(|&b| b >= fixed)
-                    .ok_or_else(|| {
-                        Error::format(
-                            r.offset,
-                            format!(
-                                "{} record of size {} is shorter than its header says",
-                                if kind == rt::MMAP { "MMAP" } else { "MMAP2" },
-                                r.bytes.len()
-                            ),
-                        )
-                    })?;
-                let sid = trailer.read(r.bytes, e);
-                if let Some(t) = sid.time {
-                    self.span.note(t);
-                }
-                let dso = match parse_mmap(&r.header, r.bytes, body_end, e) {
-                    Some(m) => self
-                        .builder
-                        .mmap(key(sid.time), r.header.cpumode(), &m)
-                        .map_err(|l| l.at(r.offset))?,
-                    None => None,
-                };
-                if let Some(dso) = dso
-                    && !r.inner
-                {
-                    self.mappings.push(MappingRecord {
-                        file: self.file,
-                        offset: r.offset,
-                        dso,
-                    });
-                }
-            }
-            rt::COMM => {
-                if r.header.misc & misc::COMM_EXEC != 0 {
-                    let sid = trailer.read(r.bytes, e);
-                    if let Some(t) = sid.time {
-                        self.span.note(t);
-                    }
-                    let pid = Comm::parse(r.bytes, e)
-                        .ok_or_else(|| Error::format(r.offset, "COMM record is truncated"))?
-                        .pid;
-                    self.builder
-                        .exec(key(sid.time), pid)
-                        .map_err(|l| l.at(r.offset))?;
-                }
-            }
-            _ => {
-                // FORK: pid, ppid, tid, ptid, time.
-                let Some(Fork {
-                    pid, ppid, time, ..
-                }) = Fork::parse(r.bytes, e)
-                else {
-                    return Err(Error::format(r.offset, "FORK record is truncated"));
-                };
-                let t = trailer.read(r.bytes, e).time.or(time);
-                if let Some(t) = t {
-                    self.span.note(t);
-                }
-                self.builder
-                    .fork(key(t), pid, ppid)
-                    .map_err(|l| l.at(r.offset))?;
-            }
-        }
-        if kind == rt::SAMPLE {
-            return Ok(());
+            rt::MMAP | rt::MMAP2 => self.mmap_record(r, trailer, at)?,
+            rt::COMM => self.comm_record(r, trailer, at)?,
+            _ => self.fork_record(r, trailer, at)?,
         }
         self.check_kept(r.offset)
+    }
+
+    /// An MMAP or MMAP2 record: a mapping of the model, and where it is.
+    fn mmap_record(&mut self, r: &Rec<'_>, trailer: TrailerLayout, at: Stamp) -> Result<()> {
+        let (e, kind) = (self.e, r.header.kind);
+        let fixed = mmap_fixed(kind);
+        let body_end = r
+            .bytes
+            .len()
+            .checked_sub(trailer.size)
+            .filter(|&b| b >= fixed)
+            .ok_or_else(|| {
+                Error::format(
+                    r.offset,
+                    format!(
+                        "{} record of size {} is shorter than its header says",
+                        if kind == rt::MMAP { "MMAP" } else { "MMAP2" },
+                        r.bytes.len()
+                    ),
+                )
+            })?;
+        let sid = trailer.read(r.bytes, e);
+        if let Some(t) = sid.time {
+            self.span.note(t);
+        }
+        let dso = match parse_mmap(&r.header, r.bytes, body_end, e) {
+            Some(m) => self
+                .builder
+                .mmap(at.key(sid.time), r.header.cpumode(), &m)
+                .map_err(|l| l.at(r.offset))?,
+            None => None,
+        };
+        if let Some(dso) = dso
+            && !r.inner
+        {
+            self.mappings.push(MappingRecord {
+                file: self.file,
+                offset: r.offset,
+                dso,
+            });
+        }
+        Ok(())
+    }
+
+    /// A COMM record: an exec starts a new address space.
+    fn comm_record(&mut self, r: &Rec<'_>, trailer: TrailerLayout, at: Stamp) -> Result<()> {
+        if r.header.misc & misc::COMM_EXEC == 0 {
+            return Ok(());
+        }
+        let e = self.e;
+        let sid = trailer.read(r.bytes, e);
+        if let Some(t) = sid.time {
+            self.span.note(t);
+        }
+        let pid = Comm::parse(r.bytes, e)
+            .ok_or_else(|| Error::format(r.offset, "COMM record is truncated"))?
+            .pid;
+        self.builder
+            .exec(at.key(sid.time), pid)
+            .map_err(|l| l.at(r.offset))
+    }
+
+    /// A FORK record: the child shares or copies its parent's address space.
+    fn fork_record(&mut self, r: &Rec<'_>, trailer: TrailerLayout, at: Stamp) -> Result<()> {
+        let e = self.e;
+        // FORK: pid, ppid, tid, ptid, time.
+        let Some(Fork {
+            pid, ppid, time, ..
+        }) = Fork::parse(r.bytes, e)
+        else {
+            return Err(Error::format(r.offset, "FORK record is truncated"));
+        };
+        let t = trailer.read(r.bytes, e).time.or(time);
+        if let Some(t) = t {
+            self.span.note(t);
+        }
+        self.builder
+            .fork(at.key(t), pid, ppid)
+            .map_err(|l| l.at(r.offset))
     }
 
     /// A stream's HEADER_ATTR: one event and its sample ids.
@@ -800,14 +863,14 @@ impl<'a> Engine<'a> {
         self.check_kept(r.offset)
     }
 
-    /// Resolves `chunks` of `files` against the model so far (all of it when `last`),
-    /// then identifies the DSOs decided for the first time; returns those decisions,
-    /// which the sink must make known before the resolved bytes.
+    /// Resolves `chunks` of `files` against the model so far (all of it when the
+    /// input has ended), then identifies the DSOs decided for the first time; returns
+    /// those decisions, which the sink must make known before the resolved bytes.
     pub fn resolve(
         &mut self,
         files: &[DataFile],
         chunks: &[Chunk],
-        last: bool,
+        ending: Ending,
         stop: &AtomicBool,
         progress: &(dyn Fn(u64) + Sync),
     ) -> Result<Vec<Decision>> {
@@ -815,26 +878,55 @@ impl<'a> Engine<'a> {
             // Nothing can have been sampled or mapped without an event.
             return Ok(Vec::new());
         }
-        let model = if last {
-            std::mem::take(&mut self.builder).build()
-        } else {
-            self.builder.snapshot()
+        let model = match ending {
+            Ending::Ended => std::mem::take(&mut self.builder).build(),
+            Ending::MoreToCome => self.builder.snapshot(),
         };
         let meta = self.metadata();
         let start = self.start();
         let trust = self.effective_trust(&meta, model.kernel_ref.as_ref(), &start);
-        let unwind = self.unwind_config(&meta);
-        let time_mode = self.time_mode.unwrap_or(false);
+        let batch = BatchInputs {
+            model: &model,
+            meta: &meta,
+            trust: &trust,
+            start: &start,
+        };
+        let hits = self.resolve_hits(&batch, files, chunks, stop, progress)?;
+        let (groups, fresh) = self.undecided_groups(&model, hits);
+        self.claims = buildid::Claims::gather(&model, &meta.table, &self.scan.stream_build_ids);
+        let groups = self.with_contested(groups);
+        if groups.is_empty() {
+            return Ok(Vec::new());
+        }
+        let outcomes = self.identify(&batch, &groups);
+        Ok(self.decide(&trust, groups, outcomes, fresh))
+    }
 
+    /// Walks the samples of `chunks` (and their user stacks when unwinding) against
+    /// the batch's model: the hits per DSO, those of batches resolved ahead included.
+    fn resolve_hits(
+        &mut self,
+        batch: &BatchInputs<'_>,
+        files: &[DataFile],
+        chunks: &[Chunk],
+        stop: &AtomicBool,
+        progress: &(dyn Fn(u64) + Sync),
+    ) -> Result<Hits> {
+        let model = batch.model;
+        let unwind = self.unwind_config(batch.meta);
+        let time_mode = self.time_mode.unwrap_or(false);
         let t = Instant::now();
         let memo = &self.opts.memo;
         let tables = self
             .tables
             .get_or_insert_with(|| UnwindTables::new(memo.clone()));
-        tables.grow(&model);
+        tables.grow(model);
         // Unwind tables obey the proof the IDs obey, batch by batch.
-        tables.set_proof(buildid::LocalFiles::of(&trust.local), start.clone());
-        let mut resolver = Resolver::new(&model, &self.attrs, time_mode, self.e);
+        tables.set_proof(
+            buildid::LocalFiles::of(&batch.trust.local),
+            batch.start.clone(),
+        );
+        let mut resolver = Resolver::new(model, &self.attrs, time_mode, self.e);
         if let Some(cfg) = unwind {
             resolver = resolver.with_unwinding(cfg, &*tables);
         }
@@ -856,8 +948,14 @@ impl<'a> Engine<'a> {
         if let Some(prior) = self.prior.take() {
             hits.merge(prior);
         }
+        Ok(hits)
+    }
 
-        // Group the DSOs not decided yet by (address space, name): one entry each.
+    /// The DSOs of `model` not decided yet, grouped by (address space, name) into one
+    /// table entry each, those listed only (see below); a decided name gains the
+    /// batch's new DSOs of that name. The hits count into the report. Returns the
+    /// groups and how many there are.
+    fn undecided_groups(&mut self, model: &Model, hits: Hits) -> (Vec<Group>, usize) {
         let all_hit = self.opts.mode == Mode::All || self.scan.has_aux;
         let mut groups: BTreeMap<(bool, String), Group> = BTreeMap::new();
         for (i, d) in model.dsos.iter().enumerate() {
@@ -887,12 +985,16 @@ impl<'a> Engine<'a> {
         self.hits.merge(hits);
         // Listed: what samples touched; every DSO mapped as code with --buildid-all or
         // AUX data; and the vdso, which perf always lists.
-        let mut groups: Vec<Group> = groups
+        let groups: Vec<Group> = groups
             .into_values()
-            .filter(|g| g.hits > 0 || g.kind == DsoKind::Vdso || (all_hit && g.is_code(&model)))
+            .filter(|g| g.hits > 0 || g.kind == DsoKind::Vdso || (all_hit && g.is_code(model)))
             .collect();
         let fresh = groups.len();
-        self.claims = buildid::Claims::gather(&model, &meta.table, &self.scan.stream_build_ids);
+        (groups, fresh)
+    }
+
+    /// `groups` and, after them, the decided DSOs whose claim is contested now.
+    fn with_contested(&self, mut groups: Vec<Group>) -> Vec<Group> {
         // A stream's later records can contradict a claim taken in an earlier batch:
         // that DSO is decided again (its entry in a file output is written at the
         // end; a stream output gets a record for a proven ID from here on).
@@ -911,30 +1013,45 @@ impl<'a> Engine<'a> {
                 })
                 .map(|d| d.group.clone()),
         );
-        if groups.is_empty() {
-            return Ok(Vec::new());
-        }
+        groups
+    }
+
+    /// The answer for each of `groups`, by the evidence of the batch.
+    fn identify(&mut self, batch: &BatchInputs<'_>, groups: &[Group]) -> Vec<Outcome> {
         let t = Instant::now();
         let ev = Evidence {
-            table: &meta.table,
+            table: &batch.meta.table,
             stream: &self.scan.stream_build_ids,
             known: &self.opts.known,
-            trust: &trust,
+            trust: batch.trust,
             claims: &self.claims,
-            times: start,
+            times: batch.start.clone(),
             symfs: self.opts.symfs.as_deref(),
             memo: self.opts.memo.as_deref(),
         };
         // An ID no table entry or record can carry is refused before anything uses
         // it (the cache included).
-        let mut outcomes: Vec<_> = self
+        let outcomes: Vec<_> = self
             .pool
-            .install(|| buildid::identify(&groups, &model, &ev))
+            .install(|| buildid::identify(groups, batch.model, &ev))
             .into_iter()
-            .zip(&groups)
+            .zip(groups)
             .map(|(o, g)| encodable(g, o, self.e))
             .collect();
         self.add_time("identify", t.elapsed());
+        outcomes
+    }
+
+    /// Records the answers: the first `fresh` of `groups` are new decisions (their
+    /// files go into the build-ID cache), the rest decided again when contradicted.
+    /// Returns the decisions the sink must make known.
+    fn decide(
+        &mut self,
+        trust: &HostTrust,
+        mut groups: Vec<Group>,
+        mut outcomes: Vec<Outcome>,
+        fresh: usize,
+    ) -> Vec<Decision> {
         let again: Vec<_> = groups
             .split_off(fresh)
             .into_iter()
@@ -945,7 +1062,7 @@ impl<'a> Engine<'a> {
         let mut cached = match &self.opts.cache {
             Some(c) => {
                 self.pool
-                    .install(|| buildid::cache::fill(c, &groups, &outcomes, &trust))
+                    .install(|| buildid::cache::fill(c, &groups, &outcomes, trust))
                     .results
             }
             None => Vec::new(),
@@ -985,13 +1102,40 @@ impl<'a> Engine<'a> {
             );
             new.push(d);
         }
-        Ok(new)
+        new
     }
 
     /// The report: counts, notes and one line per decided DSO. `sink` says how many
     /// entries the output gained and what the user should know about it.
     pub fn finish(mut self, sink: SinkReport, jobs: usize) -> Report {
-        let mut r = Report {
+        let mut r = self.counts(&sink, jobs);
+        r.notes.append(&mut self.notes);
+        let meta = self.meta.take().unwrap_or_default();
+        if meta.table.legacy {
+            r.notes.push(
+                "the input's build-ID table uses the pre-2010 layout; no entries are added to it"
+                    .into(),
+            );
+        }
+        if let Some(note) = self.trust_note() {
+            r.notes.push(note);
+        }
+        r.notes.extend(sink.notes);
+        let in_records = self.dso_lines(&mut r);
+        r.ids_written = r.ids_written.saturating_sub(sink.ids_lost);
+        if in_records > 0 {
+            // Records pass through byte for byte (samples and mappings as recorded);
+            // what pdinject writes is the table and its own records.
+            r.notes.push(format!(
+                "the input's own build-ID MMAP2 records of {in_records} DSO(s) carry a contradicted ID; they are passed on unchanged (pdinject never rewrites a record in build-ID form); the table entries and build-ID records pdinject writes say what was decided"
+            ));
+        }
+        r
+    }
+
+    /// The report's counts and times, without notes or DSO lines.
+    fn counts(&self, sink: &SinkReport, jobs: usize) -> Report {
+        Report {
             records: self.scan.records,
             samples: self.hits.samples,
             guest_samples: self.hits.guest_samples,
@@ -1020,38 +1164,35 @@ impl<'a> Engine<'a> {
                 .map(|(k, v)| (k.to_string(), v.as_secs_f64() * 1e3))
                 .collect(),
             ..Report::default()
-        };
-        r.notes.append(&mut self.notes);
-        let meta = self.meta.take().unwrap_or_default();
-        if meta.table.legacy {
-            r.notes.push(
-                "the input's build-ID table uses the pre-2010 layout; no entries are added to it"
-                    .into(),
-            );
         }
+    }
+
+    /// Why this host's files were not used, when they were not (the report's note).
+    fn trust_note(&self) -> Option<String> {
         let undated = match self.start() {
             RecordingStart::Unknown(why) => Some(why),
             RecordingStart::Known(_) => None,
         };
         match (&self.trust, undated) {
-            (Some(t), _) if t.local.is_err() => {
-                if let Err((_, why)) = &t.local {
-                    r.notes.push(format!("no local file is trusted: {why}"));
-                }
-            }
-            (Some(_), Some(why)) => r.notes.push(format!("no local file is trusted: {why}")),
-            (Some(t), None) => {
-                if let Err((_, why)) = &t.kernel {
-                    r.notes.push(format!(
-                        "kernel, modules and vdso of this host are not used: {why}"
-                    ));
-                }
-            }
-            (None, _) => {}
+            (Some(t), _) if t.local.is_err() => match &t.local {
+                Err((_, why)) => Some(format!("no local file is trusted: {why}")),
+                Ok(()) => None,
+            },
+            (Some(_), Some(why)) => Some(format!("no local file is trusted: {why}")),
+            (Some(t), None) => match &t.kernel {
+                Err((_, why)) => Some(format!(
+                    "kernel, modules and vdso of this host are not used: {why}"
+                )),
+                Ok(()) => None,
+            },
+            (None, _) => None,
         }
-        r.notes.extend(sink.notes);
-        let ids_lost = sink.ids_lost;
-        // DSOs whose contradicted ID the input's own build-ID MMAP2 records carry.
+    }
+
+    /// One line per decided DSO into `r`, with the counts of IDs written and
+    /// missing. Returns how many DSOs' contradicted IDs the input's own build-ID MMAP2
+    /// records carry.
+    fn dso_lines(&mut self, r: &mut Report) -> usize {
         let mut in_records = 0;
         for d in std::mem::take(&mut self.decided).into_values() {
             let o = d.outcome;
@@ -1098,15 +1239,7 @@ impl<'a> Engine<'a> {
                 cache_detail,
             });
         }
-        r.ids_written = r.ids_written.saturating_sub(ids_lost);
-        if in_records > 0 {
-            // Records pass through byte for byte (samples and mappings as recorded);
-            // what pdinject writes is the table and its own records.
-            r.notes.push(format!(
-                "the input's own build-ID MMAP2 records of {in_records} DSO(s) carry a contradicted ID; they are passed on unchanged (pdinject never rewrites a record in build-ID form); the table entries and build-ID records pdinject writes say what was decided"
-            ));
-        }
-        r
+        in_records
     }
 }
 
@@ -1143,6 +1276,29 @@ fn sample_time(rec: &[u8], e: Endian, sample_type: u64) -> Option<u64> {
         .filter(|&&b| sample_type & b != 0)
         .count();
     e.u64(rec, 8 + 8 * before)
+}
+
+/// Where a model event falls: its time when the recording is time-ordered, and its
+/// record's number (which orders events of one time, or all of them otherwise).
+#[derive(Clone, Copy)]
+struct Stamp {
+    time_mode: bool,
+    seq: u64,
+}
+
+impl Stamp {
+    /// The model's key for an event at time `t` (a record's own or its sample id's).
+    fn key(self, t: Option<u64>) -> Key {
+        Key::new(if self.time_mode { t.unwrap_or(0) } else { 0 }, self.seq)
+    }
+}
+
+/// What one batch is resolved and decided against.
+struct BatchInputs<'b> {
+    model: &'b Model,
+    meta: &'b Metadata,
+    trust: &'b HostTrust,
+    start: &'b RecordingStart,
 }
 
 /// Bytes of progress counted across the resolve workers.
@@ -1210,22 +1366,30 @@ mod tests {
 
     #[test]
     fn cuts_split_at_chunk_points_and_the_safe_end() {
-        let mut c = Cuts::new(0, (16, 0));
-        assert!(!c.after((100, 1), true, false));
-        assert!(c.after((16 + CHUNK_BYTES, 9), true, false));
+        const CLEAN: Boundary = Boundary {
+            start: ChunkStart::May,
+            follows: Follows::Record,
+        };
+        const UNCLEAN: Boundary = Boundary {
+            start: ChunkStart::Never,
+            follows: Follows::Record,
+        };
+        let mut c = Cuts::new(0, Point::new(16, 0));
+        assert!(!c.after(Point::new(100, 1), CLEAN));
+        assert!(c.after(Point::new(16 + CHUNK_BYTES, 9), CLEAN));
         assert!(
-            !c.after((16 + CHUNK_BYTES + 8, 10), false, false),
+            !c.after(Point::new(16 + CHUNK_BYTES + 8, 10), UNCLEAN),
             "unclean"
         );
-        assert!(c.after((16 + 2 * CHUNK_BYTES, 20), true, false));
-        let chunks = c.take((16 + CHUNK_BYTES + 100, 12));
+        assert!(c.after(Point::new(16 + 2 * CHUNK_BYTES, 20), CLEAN));
+        let chunks = c.take(Point::new(16 + CHUNK_BYTES + 100, 12));
         assert_eq!(chunks.len(), 2);
         assert_eq!((chunks[0].start, chunks[0].end), (16, 16 + CHUNK_BYTES));
         assert_eq!(chunks[1].first_seq, 9);
-        assert_eq!(c.base(), (16 + CHUNK_BYTES + 100, 12));
-        let rest = c.take((16 + 2 * CHUNK_BYTES, 20));
+        assert_eq!(c.base(), Point::new(16 + CHUNK_BYTES + 100, 12));
+        let rest = c.take(Point::new(16 + 2 * CHUNK_BYTES, 20));
         assert_eq!(rest.len(), 1);
         assert_eq!(rest[0].first_seq, 12);
-        assert!(c.take((16, 0)).is_empty(), "never backwards");
+        assert!(c.take(Point::new(16, 0)).is_empty(), "never backwards");
     }
 }
