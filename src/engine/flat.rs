@@ -90,7 +90,6 @@ pub(super) fn resolve(
                 ready.clear();
                 Ok(())
             };
-        let mut pending_err = None;
         walker
             .walk(
                 df,
@@ -105,17 +104,15 @@ pub(super) fn resolve(
                     let mut f = flat.borrow_mut();
                     if f.buf.len() as u64 >= CHUNK_BYTES {
                         ready.push(f.take(next));
-                        if ready.len() >= group
-                            && let Err(e) = resolve_ready(&mut ready, next)
-                        {
-                            pending_err = Some(e);
-                            return Err(Error::Stopped);
+                        if ready.len() >= group {
+                            // The resolve's own error ends the walk as it is.
+                            resolve_ready(&mut ready, next)?;
                         }
                     }
                     Ok(())
                 },
             )
-            .map_err(|e| pending_err.take().unwrap_or(e).in_file(&df.path))?;
+            .map_err(|e| e.in_file(&df.path))?;
         let mut f = flat.into_inner();
         if !f.buf.is_empty() {
             ready.push(f.take(to));

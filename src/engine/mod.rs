@@ -47,6 +47,7 @@ pub use rounds::Ending;
 pub use rounds::Point;
 use rounds::{Follows, Rounds};
 use std::collections::{BTreeMap, HashSet};
+use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -570,14 +571,13 @@ impl<'a> Engine<'a> {
         pause: &dyn Fn(u64) -> bool,
     ) -> Result<Option<Point>> {
         let t = Instant::now();
-        let paused = std::cell::Cell::new(None);
         self.file = cuts.file;
         // Limits policy: the model may grow with the input, not beyond.
         self.builder
             .account_input(range.end.saturating_sub(range.start));
         let mut walker = std::mem::replace(&mut self.walker, Walker::new(self.e, 0));
         let follows = std::cell::Cell::new(Follows::Record);
-        let r = walker.walk(
+        let r = walker.walk_until(
             src,
             range.start,
             range.end,
@@ -610,18 +610,19 @@ impl<'a> Engine<'a> {
                         return Err(Error::Stopped);
                     }
                     if next < range.end && pause(next) {
-                        paused.set(Some(Point::new(next, w.seq)));
-                        return Err(Error::Stopped);
+                        // A pause, not an error: the caller goes on from here.
+                        return Ok(ControlFlow::Break(Point::new(next, w.seq)));
                     }
                 }
-                Ok(())
+                Ok(ControlFlow::Continue(()))
             },
         );
         self.walker = walker;
         self.add_time("scan", t.elapsed());
-        match (r, paused.get()) {
-            (Err(Error::Stopped), Some(p)) => Ok(Some(p)),
-            (r, _) => r.map(|_| None).map_err(|e| e.in_file(&self.name)),
+        match r {
+            Ok(ControlFlow::Break(p)) => Ok(Some(p)),
+            Ok(ControlFlow::Continue(())) => Ok(None),
+            Err(e) => Err(e.in_file(&self.name)),
         }
     }
 

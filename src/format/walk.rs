@@ -7,7 +7,7 @@ use super::Endian;
 use super::compressed::{InnerError, InnerStream, payload};
 use super::record::{RecordHeader, out_of_band_len, rt};
 use crate::{Error, Result};
-use std::ops::Deref;
+use std::ops::{ControlFlow, Deref};
 
 /// Largest out-of-band payload (AUXTRACE, TRACING_DATA) one record may announce.
 /// perf's AUX buffers are a few MB; a size beyond this is damage, not data.
@@ -147,6 +147,24 @@ impl Walker {
         f: &mut dyn FnMut(&Rec<'_>) -> Result<()>,
         after: &mut dyn FnMut(&Walker, u64) -> Result<()>,
     ) -> Result<()> {
+        self.walk_until(src, start, end, window, f, &mut |w, next| {
+            after(w, next).map(|()| ControlFlow::<()>::Continue(()))
+        })
+        .map(|_| ())
+    }
+
+    /// [`Walker::walk`] whose `after` may end the walk early, after a record, with
+    /// [`ControlFlow::Break`] (a pause the caller goes on from, not an error), whose
+    /// value the walk returns.
+    pub fn walk_until<W: Windows + ?Sized, B>(
+        &mut self,
+        src: &W,
+        start: u64,
+        end: u64,
+        window: u64,
+        f: &mut dyn FnMut(&Rec<'_>) -> Result<()>,
+        after: &mut dyn FnMut(&Walker, u64) -> Result<ControlFlow<B>>,
+    ) -> Result<ControlFlow<B>> {
         let e = self.e;
         let mut pos = start;
         while pos < end {
@@ -198,7 +216,9 @@ impl Walker {
                             ),
                         )
                     })?;
-                after(self, next)?;
+                if let ControlFlow::Break(b) = after(self, next)? {
+                    return Ok(ControlFlow::Break(b));
+                }
                 if next - pos >= buf.len() as u64 {
                     pos = next;
                     break;
@@ -206,7 +226,7 @@ impl Walker {
                 local = (next - pos) as usize;
             }
         }
-        Ok(())
+        Ok(ControlFlow::Continue(()))
     }
 
     fn record(
