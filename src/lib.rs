@@ -12,6 +12,7 @@
 
 pub mod batch;
 pub mod buildid;
+pub mod convert;
 pub mod engine;
 pub mod error;
 pub mod format;

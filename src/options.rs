@@ -129,6 +129,20 @@ pub struct Options {
     pub stream_memory: u64,
     /// `--attrs-for`: the attr size of the output (default: the input's).
     pub attrs_for: AttrsFor,
+    /// `--convert-callchain`: DWARF stack dumps become callchains
+    /// ([`crate::convert`]).
+    pub callchains: Callchains,
+}
+
+/// What the output's samples carry of user stacks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Callchains {
+    /// As recorded (the stack dumps stay).
+    #[default]
+    AsRecorded,
+    /// `--convert-callchain`: each DWARF stack dump unwound into the callchain, and
+    /// the dumps dropped.
+    Converted,
 }
 
 impl Default for Options {
@@ -148,6 +162,7 @@ impl Default for Options {
             resolve_ahead: Some(DEFAULT_RESOLVE_AHEAD),
             stream_memory: crate::limits::DEFAULT_STREAM_MEMORY,
             attrs_for: AttrsFor::Verbatim,
+            callchains: Callchains::AsRecorded,
         }
     }
 }
@@ -175,6 +190,7 @@ impl std::fmt::Debug for Options {
             .field("resolve_ahead", &self.resolve_ahead)
             .field("stream_memory", &self.stream_memory)
             .field("attrs_for", &self.attrs_for)
+            .field("callchains", &self.callchains)
             .finish_non_exhaustive()
     }
 }

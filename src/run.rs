@@ -9,8 +9,9 @@ use crate::engine::source::{
 use crate::engine::{Context, Host, dating::RecordingStart};
 use crate::format::header::PIPE_HEADER_SIZE;
 use crate::input::PerfInput;
-use crate::options::Options;
+use crate::options::{Callchains, Options};
 use crate::report::Report;
+use crate::sink::convert::ConvertSink;
 use crate::sink::inplace::InplaceSink;
 use crate::sink::mmap2::Mmap2Sink;
 use crate::sink::stream::StreamSink;
@@ -155,6 +156,10 @@ fn run_uncommitted(
         ))
         .in_file(input));
     }
+    let converting = cx.opts.callchains == Callchains::Converted;
+    if converting {
+        check_convert(cx.opts)?;
+    }
     let src = Input::open(input)?;
     // A file input's attrs are checked before anything is written (a stream's are
     // checked as its HEADER_ATTR records arrive).
@@ -180,7 +185,14 @@ fn run_uncommitted(
         let w = BufWriter::with_capacity(1 << 20, std::io::stdout().lock());
         let mut sink = StreamSink::new(Box::new(w), out);
         sink.set_attrs_for(cx.opts.attrs_for);
-        let r = if cx.opts.mmap2 {
+        let r = if converting {
+            drive(
+                cx,
+                &in_name,
+                src,
+                &mut ConvertSink::stream(sink, cx.opts.mmap2),
+            )?
+        } else if cx.opts.mmap2 {
             drive(cx, &in_name, src, &mut Mmap2Sink::stream(sink))?
         } else {
             let mut sink = sink;
@@ -201,7 +213,15 @@ fn run_uncommitted(
         let tmp = TempOutput::create_with_mode(output, src.is_dir(), mode)?;
         let header_out = tmp.header_file_path();
         let dir = src.is_dir().then_some(tmp.path.as_path());
-        let r = if cx.opts.mmap2 {
+        let r = if converting {
+            drive(
+                cx,
+                &in_name,
+                src,
+                &mut ConvertSink::file(&header_out, cx.opts.mmap2),
+            )
+            .and_then(|r| crate::convert::convert_file_attrs(&header_out).map(|()| r))
+        } else if cx.opts.mmap2 {
             drive(cx, &in_name, src, &mut Mmap2Sink::file(&header_out, dir))
         } else {
             drive(cx, &in_name, src, &mut TableSink::new(&header_out, dir))
@@ -259,6 +279,11 @@ pub fn run_in_place(path: &Path, opts: &Options) -> Result<Report> {
 pub fn run_in_place_in(cx: Context<'_>, path: &Path) -> Result<Report> {
     let opts = cx.opts;
     opts.attrs_for.check_in_place()?;
+    if opts.callchains == Callchains::Converted {
+        return Err(Error::Usage(
+            "--convert-callchain cannot rewrite a file in place (the stack dumps it drops would leave the file shorter); write a new file: pdinject --convert-callchain IN OUT".into(),
+        ));
+    }
     let restored = crate::write::inplace::recover(path)?;
     let src = Input::open(path)?;
     if !matches!(src, Input::File(_)) {
@@ -277,6 +302,19 @@ pub fn run_in_place_in(cx: Context<'_>, path: &Path) -> Result<Report> {
     report.input = path.display().to_string();
     report.output = path.display().to_string();
     Ok(report)
+}
+
+/// What `--convert-callchain` needs of the other options.
+fn check_convert(opts: &Options) -> Result<()> {
+    if matches!(
+        opts.unwind,
+        crate::options::UnwindChoice::None | crate::options::UnwindChoice::Fp
+    ) {
+        return Err(Error::Usage(
+            "--convert-callchain unwinds with DWARF CFI: it cannot be combined with --unwind none or fp".into(),
+        ));
+    }
+    Ok(())
 }
 
 /// Drives the engine over `src` into `sink`.

@@ -326,6 +326,9 @@ pub struct Engine<'a> {
     kept: StreamKept,
     kept_peak: AtomicU64,
     output_kept: AtomicU64,
+    /// `--convert-callchain`: what the last resolve saw, for the sink to unwind the
+    /// same records again into callchains.
+    conversion: Option<crate::convert::Seen>,
 }
 
 impl<'a> Engine<'a> {
@@ -402,7 +405,18 @@ impl<'a> Engine<'a> {
             kept: StreamKept::default(),
             kept_peak: AtomicU64::new(0),
             output_kept: AtomicU64::new(0),
+            conversion: None,
         }
+    }
+
+    /// `--convert-callchain`: what the last resolve saw, and the unwind tables.
+    pub fn conversion(&self) -> Option<(&crate::convert::Seen, &UnwindTables)> {
+        Some((self.conversion.as_ref()?, self.tables.as_ref()?))
+    }
+
+    /// The worker pool.
+    pub fn pool(&self) -> &rayon::ThreadPool {
+        self.pool
     }
 
     /// The input's name in messages.
@@ -639,7 +653,13 @@ impl<'a> Engine<'a> {
     /// input is not resolved ahead of its scan: compressed data (resolved in order
     /// by one decompressor) or records before any attr.
     pub fn ahead(&mut self) -> Option<Ahead> {
-        if self.attrs.is_empty() || self.scan.compressed > 0 || self.time_mode.is_none() {
+        // A conversion unwinds every chunk again after the last resolve, which must
+        // therefore have them all.
+        if self.opts.callchains == crate::options::Callchains::Converted
+            || self.attrs.is_empty()
+            || self.scan.compressed > 0
+            || self.time_mode.is_none()
+        {
             return None;
         }
         let model = self.builder.snapshot();
@@ -918,11 +938,11 @@ impl<'a> Engine<'a> {
             // Nothing can have been sampled or mapped without an event.
             return Ok(Vec::new());
         }
-        let model = if last {
+        let model = std::sync::Arc::new(if last {
             std::mem::take(&mut self.builder).build()
         } else {
             self.builder.snapshot()
-        };
+        });
         let meta = self.metadata();
         let start = self.start();
         let trust = self.effective_trust(&meta, model.kernel_ref.as_ref(), &start);
@@ -952,6 +972,15 @@ impl<'a> Engine<'a> {
         };
         drop(resolver);
         self.add_time("resolve", t.elapsed());
+        if self.opts.callchains == crate::options::Callchains::Converted {
+            self.conversion = Some(crate::convert::Seen {
+                model: model.clone(),
+                chunks: chunks.to_vec(),
+                unwind,
+                time_mode,
+                local: trust.local.clone().err().map(|(_, why)| why),
+            });
+        }
         let mut hits = hits;
         if let Some(prior) = self.prior.take() {
             hits.merge(prior);
@@ -1162,7 +1191,12 @@ impl<'a> Engine<'a> {
                     UnwindMode::Dwarf
                 },
                 arch,
-                budget: self.opts.unwind_budget,
+                // A conversion's chains must not depend on load: only the frame cap
+                // ends them (docs/convert.md).
+                budget: match self.opts.callchains {
+                    crate::options::Callchains::AsRecorded => self.opts.unwind_budget,
+                    crate::options::Callchains::Converted => Duration::MAX,
+                },
                 max_frames: self.opts.max_frames,
             }),
             None => {
@@ -1201,6 +1235,7 @@ impl<'a> Engine<'a> {
                 .then(|| self.kept_peak.load(Ordering::Relaxed)),
             ids_new: sink.ids_new,
             in_place: sink.in_place.clone(),
+            convert: sink.convert.clone(),
             jobs,
             resolved_beside_scan: self.ahead_stat.0,
             resolved_again: self.ahead_stat.1,

@@ -570,8 +570,8 @@ pub struct Worker {
     images: Vec<Image>,
     /// What the workers of one run share.
     shared: Arc<Shared>,
-    /// A sample's frames (kept for its buffer).
-    frames: Vec<Frame>,
+    /// A sample's frames with their process addresses (kept for its buffer).
+    frames: Vec<(Frame, u64)>,
     /// [`ToImage`]'s buffer.
     shifts: Vec<Option<Option<u64>>>,
     clock: CpuAnchor,
@@ -866,6 +866,20 @@ impl<'a> ToImage<'a> {
         shift.map_or(addr, |s| addr.wrapping_add(s))
     }
 
+    /// The process address of image address `at`: moved back by the shift of the
+    /// mapping of its DSO that moved it (the shift of every mapping met is kept).
+    fn back(&self, at: u64) -> Option<u64> {
+        let d = image_dso(at)?;
+        self.maps
+            .iter()
+            .zip(self.shifts.iter())
+            .filter(|(m, _)| m.dso == Some(d))
+            .find_map(|(m, shift)| {
+                let p = at.wrapping_sub((*shift)??);
+                (m.start <= p && p < m.end).then_some(p)
+            })
+    }
+
     /// The shift that moves all of mapping `m` into its DSO's image slot, if the
     /// worker knows the image and the whole mapping fits the slot.
     fn shift(&mut self, m: &MapEntry) -> Option<u64> {
@@ -940,6 +954,20 @@ pub fn unwind(
     s: &SampleStack<'_>,
     on_frame: &mut dyn FnMut(Frame),
 ) -> Outcome {
+    unwind_at(cfg, model, tables, w, s, &mut |f, _| on_frame(f))
+}
+
+/// [`unwind`], each frame with its address in the process (the IP; a return address
+/// minus one), as `--convert-callchain` writes it: the image address the unwinder
+/// worked in moved back by the shift of the mapping it came from.
+pub fn unwind_at(
+    cfg: &UnwindConfig,
+    model: &Model,
+    tables: &UnwindTables,
+    w: &mut Worker,
+    s: &SampleStack<'_>,
+    on_frame: &mut dyn FnMut(Frame, u64),
+) -> Outcome {
     w.clock.tick();
     let maps = w.exec_maps(cfg, model, s);
     // DSOs are given to the unwinder when a walk first reaches one of them; the walk
@@ -948,10 +976,10 @@ pub fn unwind(
     let mut frames = std::mem::take(&mut w.frames);
     loop {
         frames.clear();
-        let (o, unseen) = walk_sample(cfg, w, s, &maps, &mut |f| frames.push(f));
+        let (o, unseen) = walk_sample(cfg, w, s, &maps, &mut |f, a| frames.push((f, a)));
         if unseen.is_empty() || cfg.mode != UnwindMode::Dwarf {
-            for &f in &frames {
-                on_frame(f);
+            for &(f, a) in &frames {
+                on_frame(f, a);
             }
             w.frames = frames;
             return o;
@@ -969,7 +997,7 @@ fn walk_sample(
     w: &mut Worker,
     s: &SampleStack<'_>,
     maps: &[MapEntry],
-    on_frame: &mut dyn FnMut(Frame),
+    on_frame: &mut dyn FnMut(Frame, u64),
 ) -> (Outcome, Vec<DsoId>) {
     let e = s.e;
     let r = |n| reg(s.regs, s.regs_mask, n, e);
@@ -981,11 +1009,14 @@ fn walk_sample(
         ..
     } = w;
     let mut to_image = ToImage::new(maps, images, 0..0, shifts);
-    let mut on_address = |a: u64| {
-        on_frame(match image_dso(a) {
-            Some(d) => Frame::Dso(d),
-            None => Frame::Address(a),
-        })
+    let mut on_address = |a: u64, p: u64| {
+        on_frame(
+            match image_dso(a) {
+                Some(d) => Frame::Dso(d),
+                None => Frame::Address(a),
+            },
+            p,
+        )
     };
     let o = match arch {
         ArchState::X86(a) => {
@@ -1049,18 +1080,12 @@ fn walk<U: Unwinder<Module = Module<Bytes>>>(
     cfg: &UnwindConfig,
     clock: &CpuAnchor,
     to_image: &mut ToImage<'_>,
-    on_return: &mut dyn FnMut(u64),
+    on_return: &mut dyn FnMut(u64, u64),
 ) -> Outcome
 where
     U::UnwindRegs: OwnRules,
 {
     let (stack, e) = (s.stack, s.e);
-    // Every word read may be a return address: moved to its image like the IP.
-    let mut read_stack = |addr: u64| -> Result<u64, ()> {
-        let off = addr.checked_sub(sp).ok_or(())?;
-        let off = usize::try_from(off).map_err(|_| ())?;
-        e.u64(stack, off).map(|v| to_image.word(v)).ok_or(())
-    };
     let start = Instant::now();
     let mut out = Outcome::default();
     let mut regs = regs;
@@ -1073,7 +1098,17 @@ where
         n += 1;
         // The first frame is the user IP from the registers: for samples taken in the
         // kernel it is the only record of where user space was.
-        on_return(frame.address_for_lookup());
+        let at = frame.address_for_lookup();
+        // An address no image holds was never moved; one in an image goes back by
+        // its mapping's shift (0 where that cannot be told: no such frame is written).
+        on_return(
+            at,
+            if image_dso(at).is_some() {
+                to_image.back(at).unwrap_or(0)
+            } else {
+                at
+            },
+        );
         if let FrameAddress::ReturnAddress(_) = frame {
             out.frames += 1;
         }
@@ -1091,6 +1126,12 @@ where
             out.over_budget = true;
             break;
         }
+        // Every word read may be a return address: moved to its image like the IP.
+        let mut read_stack = |addr: u64| -> Result<u64, ()> {
+            let off = addr.checked_sub(sp).ok_or(())?;
+            let off = usize::try_from(off).map_err(|_| ())?;
+            e.u64(stack, off).map(|v| to_image.word(v)).ok_or(())
+        };
         match a
             .step(frame, &mut regs, &mut read_stack)
             .and_then(FrameAddress::from_return_address)

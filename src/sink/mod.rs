@@ -14,6 +14,7 @@
 //!
 //! The engine does not know which sink it feeds; a new output form is a new sink.
 
+pub mod convert;
 pub mod inplace;
 pub mod mmap2;
 pub mod stream;
@@ -74,6 +75,8 @@ pub struct SinkReport {
     pub timings: BTreeMap<&'static str, Duration>,
     /// `--in-place`: how the file was changed.
     pub in_place: Option<crate::report::InPlaceReport>,
+    /// `--convert-callchain`: what the conversion did.
+    pub convert: Option<crate::convert::Counts>,
 }
 
 /// An output form.
