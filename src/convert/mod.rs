@@ -12,6 +12,7 @@
 
 use crate::format::Endian;
 use crate::format::attr::{Attr, st};
+use crate::format::attr_compat::FEAT_EVENT_DESC;
 use crate::format::record::{misc, rt};
 use crate::format::sample::{SampleLayout, sample_id, u64s};
 use crate::format::walk::{Chunk, Rec, Walker, Windows};
@@ -133,8 +134,38 @@ pub fn convert_attr(attr: &mut [u8], e: Endian) -> bool {
     true
 }
 
+/// Rewrites the attrs an EVENT_DESC payload repeats (`u32 nr, u32 attr_size`, then
+/// per event the attr, `u32 nr_ids`, a string, the ids): readers such as
+/// linux-perf-data take the attrs from it rather than from the attrs section.
+/// Stops at the first thing that does not fit.
+pub fn convert_event_desc(p: &mut [u8], e: Endian) {
+    let (Some(nr), Some(sz)) = (e.u32(p, 0), e.u32(p, 4)) else {
+        return;
+    };
+    let mut at = 8usize;
+    for _ in 0..nr.min(crate::limits::MAX_ATTRS as u32) {
+        let Some(a) = at.checked_add(sz as usize) else {
+            return;
+        };
+        let (Some(nids), Some(slen)) = (e.u32(p, a), a.checked_add(4).and_then(|b| e.u32(p, b)))
+        else {
+            return;
+        };
+        if let Some(attr) = p.get_mut(at..a) {
+            convert_attr(attr, e);
+        }
+        let next = (a + 8)
+            .checked_add(slen as usize)
+            .and_then(|s| (nids as usize).checked_mul(8)?.checked_add(s));
+        match next {
+            Some(n) if n <= p.len() => at = n,
+            _ => return,
+        }
+    }
+}
+
 /// Rewrites the attrs section of the finished file-format perf.data at `path`, in
-/// place (the same sizes).
+/// place (the same sizes), and the copy of the attrs in its EVENT_DESC feature.
 pub fn convert_file_attrs(path: &std::path::Path) -> Result<()> {
     use std::os::unix::fs::FileExt;
     let io = |err| Error::io(path, err);
@@ -161,7 +192,39 @@ pub fn convert_file_attrs(path: &std::path::Path) -> Result<()> {
     if changed {
         f.write_all_at(&attrs, h.attrs.offset).map_err(io)?;
     }
+    if h.has_feature(FEAT_EVENT_DESC) {
+        let idx = h
+            .feature_bits()
+            .take_while(|&b| b < FEAT_EVENT_DESC)
+            .count() as u64;
+        let mut ent = [0u8; 16];
+        f.read_exact_at(&mut ent, h.feature_table_offset() + 16 * idx)
+            .map_err(io)?;
+        if let (Some(off), Some(size)) = (h.endian.u64(&ent, 0), h.endian.u64(&ent, 8))
+            && size <= 1 << 24
+            && off.checked_add(size).is_some_and(|end| end <= len)
+        {
+            let mut p = vec![0u8; size as usize];
+            f.read_exact_at(&mut p, off).map_err(io)?;
+            let before = p.clone();
+            convert_event_desc(&mut p, h.endian);
+            if p != before {
+                f.write_all_at(&p, off).map_err(io)?;
+            }
+        }
+    }
     Ok(())
+}
+
+/// A stream's HEADER_FEATURE record of EVENT_DESC (`u64 feature`, then the
+/// payload) gets its attrs rewritten; any other record is left alone.
+pub fn convert_header_feature(rec: &mut [u8], e: Endian) {
+    if e.u32(rec, 0) == Some(rt::HEADER_FEATURE)
+        && e.u64(rec, 8) == Some(u64::from(FEAT_EVENT_DESC))
+        && let Some(p) = rec.get_mut(16..)
+    {
+        convert_event_desc(p, e);
+    }
 }
 
 /// Bytes of a stream batch in memory as windows for a [`Walker`].
@@ -385,7 +448,9 @@ impl<'a> Converter<'a> {
                 Ok(())
             }
             _ => {
+                let start = out.len();
                 out.extend_from_slice(r.bytes);
+                convert_header_feature(&mut out[start..], self.e);
                 Ok(())
             }
         }

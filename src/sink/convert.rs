@@ -268,6 +268,7 @@ fn convert_attr_records(recs: &mut [u8], e: crate::format::Endian) -> Result<()>
             let end = (8 + size).min(n);
             convert_attr(&mut recs[at + 8..at + end], e);
         }
+        crate::convert::convert_header_feature(&mut recs[at..at + n], e);
         at += n.max(8);
     }
     Ok(())
