@@ -17,7 +17,9 @@
 
 use super::cfi::{self, EhFrameRules};
 use crate::buildid::RecordingStart;
-use crate::buildid::elf::{FileTimes, Place, Segment, judge, prove_and_read};
+use crate::buildid::elf::{
+    FileTimes, Place, Segment, judge, open_regular, prove_and_read, read_build_id,
+};
 use crate::format::Endian;
 use crate::model::{Dso, DsoId, DsoKind, Key, MapEntry, Model, lay_over};
 use framehop::aarch64::{CacheAarch64, UnwindRegsAarch64, UnwinderAarch64};
@@ -97,6 +99,9 @@ pub struct DsoUnwind {
     /// [`UnwindTables::still_proven`]).
     proven: FileTimes,
     loads: Vec<Segment>,
+    /// Proven by its build ID alone (see [`UnwindTables::load`]): its times do not
+    /// matter.
+    by_id: bool,
 }
 
 /// Unwind information for every DSO, loaded on first use by whichever worker needs it.
@@ -184,14 +189,15 @@ impl UnwindTables {
             let Some(Some(t)) = t.get() else {
                 return true;
             };
-            judge(
-                &t.proven,
-                &t.loads,
-                &dso.exec_maps,
-                start,
-                Place::of(&dso.ident),
-            )
-            .is_ok()
+            t.by_id
+                || judge(
+                    &t.proven,
+                    &t.loads,
+                    &dso.exec_maps,
+                    start,
+                    Place::of(&dso.ident),
+                )
+                .is_ok()
         })
     }
 
@@ -209,20 +215,46 @@ impl UnwindTables {
         }
         // Unwind only with a file proven to be the one mapped: wrong CFI would walk
         // into wrong callers.
-        let proven = prove_and_read(
+        let (proven, by_id) = match prove_and_read(
             Path::new(&dso.name),
             &dso.ident,
             &dso.exec_maps,
             &self.start,
-        )
-        .ok()?;
+        ) {
+            Ok(p) => (p, false),
+            // A mapping the kernel named by its build ID (perf 6.17 on records them
+            // so): a file with that very ID is the one mapped, whatever its times say
+            // (a hard link into a build-ID cache moves a library's ctime, and without
+            // an inode in the record the proof by times refuses it).
+            Err(_) => match &dso.ident {
+                crate::format::record::FileIdent::BuildId(id) => {
+                    let (file, meta) = open_regular(Path::new(&dso.name)).ok()?;
+                    if read_build_id(&file).ok()? != *id {
+                        return None;
+                    }
+                    use std::os::unix::fs::MetadataExt;
+                    let key = (meta.dev(), meta.ino());
+                    (
+                        crate::buildid::elf::Proven {
+                            build_id: *id,
+                            file: Arc::new(file),
+                            key,
+                        },
+                        true,
+                    )
+                }
+                _ => return None,
+            },
+        };
         if let Some(t) = self.by_file.lock().ok()?.get(&proven.key) {
             return Some(t.clone());
         }
         // Loaded outside the lock; a second worker racing on the same file keeps the
         // first copy stored.
         let meta = proven.file.metadata().ok()?;
-        let t = Arc::new(load_sections(&proven.file, FileTimes::of(&meta))?);
+        let mut t = load_sections(&proven.file, FileTimes::of(&meta))?;
+        t.by_id = by_id;
+        let t = Arc::new(t);
         Some(
             self.by_file
                 .lock()
@@ -301,6 +333,7 @@ fn load_sections(file: &std::fs::File, proven: FileTimes) -> Option<DsoUnwind> {
         rules: OnceLock::new(),
         proven,
         loads,
+        by_id: false,
     })
 }
 
@@ -1276,6 +1309,7 @@ mod tests {
             rules: OnceLock::new(),
             proven: FileTimes::default(),
             loads: Vec::new(),
+            by_id: false,
         }));
         // DSO 1 mapped at 0x1000..0x3000 (file offset 0 at address 0x1000), DSO 2
         // right after it, DSO 3 not met by the worker yet.
@@ -1337,6 +1371,7 @@ mod tests {
                     exec: true,
                 },
             ],
+            by_id: false,
         };
         let tables = |d: DsoUnwind| UnwindTables {
             per_dso: vec![OnceLock::from(Some(Arc::new(d))), OnceLock::from(None)],
