@@ -1229,7 +1229,12 @@ impl<'a> Engine<'a> {
             unwound_frames: self.hits.unwound_frames,
             over_budget_samples: self.hits.over_budget,
             frame_capped_samples: self.hits.frame_capped,
-            unwind_budget_us: self.unwind.flatten().map(|c| c.budget.as_secs_f64() * 1e6),
+            // None in conversion mode, where no time budget applies (docs/convert.md).
+            unwind_budget_us: self
+                .unwind
+                .flatten()
+                .filter(|c| c.budget != Duration::MAX)
+                .map(|c| c.budget.as_secs_f64() * 1e6),
             stream_kept_bytes: self
                 .from_records
                 .then(|| self.kept_peak.load(Ordering::Relaxed)),

@@ -316,3 +316,61 @@ fn linux_perf_data_reads_the_converted_file() {
     let n_in = count(&input, false);
     assert_eq!(count(&out, true), n_in);
 }
+
+#[test]
+fn batch_converts_as_a_single_run_does() {
+    let Some(perf) = can_record("batch_converts_as_a_single_run_does") else {
+        return;
+    };
+    let cv = build();
+    let d = cv.dir.path();
+    let input = record(&perf, &cv, "in.data", &[]);
+    let single = d.join("single.data");
+    convert(&input, &single, &["-N"]);
+    let out_dir = d.join("out");
+    let o = run(pdinject()
+        .args(["batch", "--convert-callchain", "-N", "--out-dir"])
+        .arg(&out_dir)
+        .arg(&input));
+    assert!(
+        o.status.success(),
+        "{}: {}",
+        status_str(&o),
+        tail(&o.stderr)
+    );
+    assert!(
+        std::fs::read(out_dir.join("in.data")).unwrap() == std::fs::read(&single).unwrap(),
+        "batch and single run differ"
+    );
+    // In place, a batch refuses it too.
+    let o = run(pdinject()
+        .args(["batch", "--convert-callchain", "--in-place"])
+        .arg(&input));
+    assert!(!o.status.success(), "{}", status_str(&o));
+}
+
+#[test]
+fn a_perf_7_3_recording_unwinds_through_files_named_by_build_id() {
+    let t = "a_perf_7_3_recording_unwinds_through_files_named_by_build_id";
+    if can_record(t).is_none() {
+        return;
+    }
+    let Some(p73) = perf73(t) else {
+        return;
+    };
+    let cv = build();
+    let d = cv.dir.path();
+    // perf 7.3 names each mapping by its build ID (no inode in the record).
+    let input = record(&p73, &cv, "in73.data", &[]);
+    // The library's inode changes after the recording (a chmod, or a hard link into
+    // a build-ID cache): its times can no longer prove it, its build ID still does.
+    let lib = d.join("libcv.so");
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let c = std::ffi::CString::new(lib.to_str().unwrap()).unwrap();
+    // SAFETY: a NUL-terminated path.
+    assert_eq!(unsafe { libc::chmod(c.as_ptr(), 0o755) }, 0);
+    let out = d.join("out.data");
+    let r = convert(&input, &out, &["-N"]);
+    assert_eq!(r["convert"]["lost_unproven_dso"], 0, "{r}");
+    assert_chains_match(&p73, &input, &out);
+}
