@@ -132,6 +132,9 @@ pub struct Options {
     /// `--convert-callchain`: DWARF stack dumps become callchains
     /// ([`crate::convert`]).
     pub callchains: Callchains,
+    /// The memo of file proofs the run consults (a batch shares one across its
+    /// inputs; `None`: every proof reads its file).
+    pub memo: Option<std::sync::Arc<crate::buildid::memo::Memo>>,
 }
 
 /// What the output's samples carry of user stacks.
@@ -163,6 +166,7 @@ impl Default for Options {
             stream_memory: crate::limits::DEFAULT_STREAM_MEMORY,
             attrs_for: AttrsFor::Verbatim,
             callchains: Callchains::AsRecorded,
+            memo: None,
         }
     }
 }

@@ -498,7 +498,7 @@ impl<'a> Converter<'a> {
             (Some(cfg), Some(w), Some(pid))
                 if !guest && s.regs_abi != 0 && !s.stack_user.is_empty() =>
             {
-                let key: Key = (
+                let key = Key::new(
                     if self.time_mode {
                         s.time.unwrap_or(0)
                     } else {
