@@ -374,3 +374,59 @@ fn a_perf_7_3_recording_unwinds_through_files_named_by_build_id() {
     assert_eq!(r["convert"]["lost_unproven_dso"], 0, "{r}");
     assert_chains_match(&p73, &input, &out);
 }
+
+/// `src` as if recorded on another host: its HOSTNAME feature's string, same length,
+/// every character changed (as tests/it/trust.rs makes it).
+fn other_host(src: &Path, dst: &Path) {
+    const FEAT_HOSTNAME: usize = 3;
+    let mut d = std::fs::read(src).unwrap();
+    let end = (le64(&d, 40) + le64(&d, 48)) as usize;
+    let bit = |b: usize| le64(&d, 72 + 8 * (b / 64)) >> (b % 64) & 1 == 1;
+    assert!(bit(FEAT_HOSTNAME), "the recording has no HOSTNAME feature");
+    let idx = (0..FEAT_HOSTNAME).filter(|&b| bit(b)).count();
+    let off = le64(&d, end + 16 * idx) as usize;
+    let len = u32::from_le_bytes(d[off..off + 4].try_into().unwrap()) as usize;
+    let text = d[off + 4..off + 4 + len]
+        .iter()
+        .position(|&b| b == 0)
+        .unwrap();
+    for b in &mut d[off + 4..off + 4 + text] {
+        *b = if *b == b'x' { b'y' } else { b'x' };
+    }
+    std::fs::write(dst, d).unwrap();
+}
+
+#[test]
+fn a_recording_this_host_cannot_unwind_is_refused_with_no_output() {
+    let Some(perf) = can_record("a_recording_this_host_cannot_unwind_is_refused_with_no_output")
+    else {
+        return;
+    };
+    let cv = build();
+    let d = cv.dir.path();
+    let input = record(&perf, &cv, "in.data", &[]);
+    let other = d.join("other.data");
+    other_host(&input, &other);
+    for out in ["out.data", "-"] {
+        let path = d.join(out);
+        let o = run(pdinject()
+            .args(["--convert-callchain", "-N"])
+            .arg(&other)
+            .arg(if out == "-" { Path::new("-") } else { &path })
+            .stdout(std::process::Stdio::piped()));
+        assert!(!o.status.success(), "{out}: {}", status_str(&o));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            err.contains("this host cannot unwind the recording"),
+            "{err}"
+        );
+        assert!(
+            o.stdout.is_empty(),
+            "{out}: {} bytes written",
+            o.stdout.len()
+        );
+        assert!(!path.exists() || out == "-", "{out} left behind");
+    }
+    // Without the conversion, the same file is injected (its files get no ID).
+    pdinject_ok(&other, &d.join("plain.data"), &["-N"]);
+}
