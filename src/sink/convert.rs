@@ -18,12 +18,13 @@
 use super::mmap2::{Splice, mapping_note, plan, read_record};
 use super::stream::StreamSink;
 use super::table::{TableSink, table_plan};
-use super::{Batch, Begin, Sink, SinkReport};
+use super::{Batch, Begin, Facts, Sink};
 use crate::convert::{Converter, Counts, Slice, convert_attr};
-use crate::engine::Engine;
 use crate::format::record::rt;
 use crate::format::walk::frame;
 use crate::input::PerfInput;
+use crate::options::Form;
+use crate::report::SinkReport;
 use crate::write::{copy_prefix, write_tail_at};
 use crate::{Error, Result};
 use std::io::{BufWriter, Seek, SeekFrom, Write};
@@ -45,8 +46,9 @@ enum Inner<'w> {
 /// The conversion sink.
 pub struct ConvertSink<'w> {
     inner: Inner<'w>,
-    /// Mapping records in build-ID form too (`--mmap2-buildids`, `--mmap2-buildid-all`).
-    mmap2: bool,
+    /// The table alone, or build-ID mapping records too (`--mmap2-buildids`,
+    /// `--mmap2-buildid-all`).
+    form: Form,
     counts: Counts,
     converted_maps: u64,
     grown_maps: u64,
@@ -59,24 +61,24 @@ fn refuse(what: &str) -> Error {
 
 impl<'w> ConvertSink<'w> {
     /// A file-format output at `out`.
-    pub fn file(out: &Path, mmap2: bool) -> Self {
+    pub fn file(out: &Path, form: Form) -> Self {
         Self::with(
             Inner::File {
                 out: out.to_path_buf(),
             },
-            mmap2,
+            form,
         )
     }
 
     /// A stream output through `stream`.
-    pub fn stream(stream: StreamSink<'w>, mmap2: bool) -> Self {
-        Self::with(Inner::Stream(stream), mmap2)
+    pub fn stream(stream: StreamSink<'w>, form: Form) -> Self {
+        Self::with(Inner::Stream(stream), form)
     }
 
-    fn with(inner: Inner<'w>, mmap2: bool) -> Self {
+    fn with(inner: Inner<'w>, form: Form) -> Self {
         ConvertSink {
             inner,
-            mmap2,
+            form,
             counts: Counts::default(),
             converted_maps: 0,
             grown_maps: 0,
@@ -90,11 +92,11 @@ impl<'w> ConvertSink<'w> {
     }
 
     /// The MMAP2 plan for a file input's records (its one data file).
-    fn file_splices(&mut self, input: &PerfInput, engine: &Engine<'_>) -> Vec<Splice> {
-        if !self.mmap2 {
+    fn file_splices(&mut self, input: &PerfInput, facts: &Facts<'_>) -> Vec<Splice> {
+        if self.form != Form::Mmap2 {
             return Vec::new();
         }
-        let mut sp = plan(engine, engine.mapping_records(), true, true, &mut |f, o| {
+        let mut sp = plan(facts, facts.mapping_records, true, true, &mut |f, o| {
             read_record(input, f, o)
         });
         sp.retain(|s| s.file == 0);
@@ -103,15 +105,15 @@ impl<'w> ConvertSink<'w> {
     }
 
     /// A file input, converted into a file output.
-    fn file_to_file(&mut self, input: &PerfInput, engine: &Engine<'_>, out: &Path) -> Result<()> {
-        let (seen, tables) = engine
-            .conversion()
+    fn file_to_file(&mut self, input: &PerfInput, facts: &Facts<'_>, out: &Path) -> Result<()> {
+        let (seen, tables) = facts
+            .conversion
             .ok_or_else(|| Error::Internal("conversion: nothing resolved".into()))?;
-        let splices = self.file_splices(input, engine);
-        let conv = Converter::new(seen, tables, engine.attrs(), input.header.endian, &splices)
+        let splices = self.file_splices(input, facts);
+        let conv = Converter::new(seen, tables, facts.attrs, input.header.endian, &splices)
             .map_err(|e| e.in_file(&input.header_path))?;
         let t = Instant::now();
-        let plan_t = table_plan(input, engine);
+        let plan_t = table_plan(input, facts);
         self.report.ids_new = plan_t.ids_new;
         self.report.ids_lost = plan_t.ids_lost;
         self.report.notes.extend(plan_t.note);
@@ -127,7 +129,7 @@ impl<'w> ConvertSink<'w> {
         f.seek(SeekFrom::Start(from)).map_err(io)?;
         let mut w = BufWriter::with_capacity(1 << 20, f);
         let mut size = 0u64;
-        let counts = conv.run(engine.pool(), df, (from, to), &seen.chunks, &mut |b| {
+        let counts = conv.run(facts.pool, df, (from, to), &seen.chunks, &mut |b| {
             size += b.len() as u64;
             w.write_all(b).map_err(io)
         })?;
@@ -152,30 +154,28 @@ impl<'w> ConvertSink<'w> {
         &mut self,
         input: &PerfInput,
         batch: &Batch<'_>,
-        engine: &Engine<'_>,
+        facts: &Facts<'_>,
     ) -> Result<()> {
         let Batch::File { new, .. } = batch else {
             return Err(Error::Internal("conversion: not a file batch".into()));
         };
-        let (seen, tables) = engine
-            .conversion()
+        let (seen, tables) = facts
+            .conversion
             .ok_or_else(|| Error::Internal("conversion: nothing resolved".into()))?;
-        let splices = self.file_splices(input, engine);
+        let splices = self.file_splices(input, facts);
         let e = input.header.endian;
-        let conv = Converter::new(seen, tables, engine.attrs(), e, &splices)
+        let conv = Converter::new(seen, tables, facts.attrs, e, &splices)
             .map_err(|err| err.in_file(&input.header_path))?;
         let Inner::Stream(s) = &mut self.inner else {
             return Err(Error::Internal("conversion: no stream sink".into()));
         };
-        let mut head = s.file_head(input, new, engine)?;
+        let mut head = s.file_head(input, new, facts)?;
         convert_attr_records(&mut head, e)?;
         s.write_raw(&head)?;
         let df = &input.data_files[0];
         let range = (df.range.offset, df.range.offset + df.range.size);
         let t = Instant::now();
-        self.counts = conv.run(engine.pool(), df, range, &seen.chunks, &mut |b| {
-            s.write_raw(b)
-        })?;
+        self.counts = conv.run(facts.pool, df, range, &seen.chunks, &mut |b| s.write_raw(b))?;
         self.report.timings.insert("convert", t.elapsed());
         Ok(())
     }
@@ -186,18 +186,18 @@ impl<'w> ConvertSink<'w> {
         bytes: &[u8],
         offset: u64,
         batch: &Batch<'_>,
-        engine: &Engine<'_>,
+        facts: &Facts<'_>,
     ) -> Result<()> {
         let Batch::Bytes { new, .. } = batch else {
             return Err(Error::Internal("conversion: not a stream batch".into()));
         };
-        let e = engine.endian();
+        let e = facts.endian;
         let end = offset + bytes.len() as u64;
-        let sp = if self.mmap2 {
-            let recs = engine.mapping_records();
+        let sp = if self.form == Form::Mmap2 {
+            let recs = facts.mapping_records;
             let a = recs.partition_point(|m| m.offset < offset);
             let b = recs.partition_point(|m| m.offset < end);
-            plan(engine, &recs[a..b], false, true, &mut |_, o| {
+            plan(facts, &recs[a..b], false, true, &mut |_, o| {
                 let i = usize::try_from(o - offset).ok()?;
                 let fr = frame(bytes.get(i..)?, e, o).ok()??;
                 bytes.get(i..i + fr.size()).map(<[u8]>::to_vec)
@@ -208,10 +208,10 @@ impl<'w> ConvertSink<'w> {
         self.count_maps(&sp);
         let mut out = Vec::new();
         let t = Instant::now();
-        match engine.conversion() {
+        match facts.conversion {
             Some((seen, tables)) => {
-                let conv = Converter::new(seen, tables, engine.attrs(), e, &sp)
-                    .map_err(|err| err.in_file(engine.name()))?;
+                let conv = Converter::new(seen, tables, facts.attrs, e, &sp)
+                    .map_err(|err| err.in_file(facts.name))?;
                 let chunks: Vec<_> = seen
                     .chunks
                     .iter()
@@ -222,7 +222,7 @@ impl<'w> ConvertSink<'w> {
                     bytes,
                     base: offset,
                 };
-                let counts = conv.run(engine.pool(), &src, (offset, end), &chunks, &mut |b| {
+                let counts = conv.run(facts.pool, &src, (offset, end), &chunks, &mut |b| {
                     out.extend_from_slice(b);
                     Ok(())
                 })?;
@@ -239,11 +239,11 @@ impl<'w> ConvertSink<'w> {
             new,
         };
         match &mut self.inner {
-            Inner::Table(t) => t.batch(&b, engine),
+            Inner::Table(t) => t.batch(&b, facts),
             Inner::Stream(s) => {
                 // Samples shrank: the records the scan marked moved.
                 s.set_moved(true);
-                s.batch(&b, engine)
+                s.batch(&b, facts)
             }
             Inner::File { .. } => Err(Error::Internal(
                 "conversion: stream bytes for a file output of a file".into(),
@@ -300,38 +300,38 @@ impl Sink for ConvertSink<'_> {
         }
     }
 
-    fn batch(&mut self, batch: &Batch<'_>, engine: &Engine<'_>) -> Result<()> {
-        if engine.compressed_records() > 0 {
+    fn batch(&mut self, batch: &Batch<'_>, facts: &Facts<'_>) -> Result<()> {
+        if facts.compressed_records > 0 {
             return Err(refuse(
                 "compressed records (perf record -z) are not converted; decompress the recording first (perf inject -i IN -o OUT)",
             )
-            .in_file(engine.name()));
+            .in_file(facts.name));
         }
         match batch {
             Batch::File { input, .. } => match &self.inner {
                 Inner::File { out } => {
                     let out = out.clone();
-                    self.file_to_file(input, engine, &out)
+                    self.file_to_file(input, facts, &out)
                 }
-                Inner::Stream(_) => self.file_to_stream(input, batch, engine),
+                Inner::Stream(_) => self.file_to_stream(input, batch, facts),
                 Inner::Table(_) => Err(Error::Internal(
                     "conversion: a file batch for a stream's table".into(),
                 )),
             },
-            Batch::Bytes { bytes, offset, .. } => self.stream_bytes(bytes, *offset, batch, engine),
+            Batch::Bytes { bytes, offset, .. } => self.stream_bytes(bytes, *offset, batch, facts),
         }
     }
 
-    fn finish(&mut self, engine: &Engine<'_>) -> Result<SinkReport> {
+    fn finish(&mut self, facts: &Facts<'_>) -> Result<SinkReport> {
         let mut r = match &mut self.inner {
             Inner::File { .. } => std::mem::take(&mut self.report),
-            Inner::Table(t) => t.finish(engine)?,
-            Inner::Stream(s) => s.finish(engine)?,
+            Inner::Table(t) => t.finish(facts)?,
+            Inner::Stream(s) => s.finish(facts)?,
         };
         for (k, v) in std::mem::take(&mut self.report.timings) {
             r.timings.insert(k, v);
         }
-        if self.mmap2 {
+        if self.form == Form::Mmap2 {
             r.notes
                 .push(mapping_note(self.converted_maps, self.grown_maps));
         }
