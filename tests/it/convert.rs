@@ -430,3 +430,48 @@ fn a_recording_this_host_cannot_unwind_is_refused_with_no_output() {
     // Without the conversion, the same file is injected (its files get no ID).
     pdinject_ok(&other, &d.join("plain.data"), &["-N"]);
 }
+
+#[test]
+fn a_live_pipeline_is_converted() {
+    let Some(perf) = can_record("a_live_pipeline_is_converted") else {
+        return;
+    };
+    let cv = build();
+    let d = cv.dir.path();
+    let out = d.join("live.pipe");
+    // perf record -o - | pdinject --convert-callchain - - > out: dated by this boot's
+    // clock as it arrives, as a live stream is.
+    let pdi = pdinject().get_program().to_owned();
+    let script = format!(
+        "{} record -q --call-graph dwarf -F 4000 -o - -- {} 300 | {} --convert-callchain -N - - > {}",
+        perf.bin.display(),
+        cv.main.display(),
+        Path::new(&pdi).display(),
+        out.display()
+    );
+    let mut c = std::process::Command::new("sh");
+    c.arg("-c")
+        .arg(&script)
+        .current_dir(d)
+        .env("HOME", test_home());
+    if let Some(l) = &perf.ld_library_path {
+        c.env("LD_LIBRARY_PATH", l);
+    }
+    let o = run(&mut c);
+    assert!(
+        o.status.success(),
+        "{}: {}",
+        status_str(&o),
+        tail(&o.stderr)
+    );
+    assert!(is_pipe_format(&out));
+    let ch = chains(&perf, &out);
+    assert!(ch.len() > 20, "{} samples", ch.len());
+    assert!(
+        ch.iter().any(|c| ["cv_leaf+", "cv_mid+", "main+"]
+            .iter()
+            .all(|f| c.iter().any(|l| l.starts_with(f)))),
+        "no chain reaches main through libcv: {:?}",
+        ch.first()
+    );
+}
