@@ -18,7 +18,6 @@ use crate::format::sample::{SampleLayout, sample_id, u64s};
 use crate::format::walk::{Chunk, Rec, Walker, Windows};
 use crate::model::{Key, Model};
 use crate::resolve::unwind::{self, Frame, SampleStack, UnwindConfig, UnwindTables};
-use crate::sink::mmap2::Splice;
 use crate::{Error, Result};
 use rayon::prelude::*;
 use std::collections::HashMap;
@@ -265,8 +264,9 @@ pub struct Converter<'a> {
     id_to_attr: HashMap<u64, usize>,
     sample_type0: u64,
     e: Endian,
-    /// Records replaced whole (build-ID MMAP2 records), sorted by offset.
-    splices: &'a [Splice],
+    /// Records replaced whole (build-ID MMAP2 records): their offset and new bytes,
+    /// sorted by offset.
+    splices: &'a [(u64, &'a [u8])],
 }
 
 impl<'a> Converter<'a> {
@@ -278,7 +278,7 @@ impl<'a> Converter<'a> {
         tables: &'a UnwindTables,
         attrs: &[Attr],
         e: Endian,
-        splices: &'a [Splice],
+        splices: &'a [(u64, &'a [u8])],
     ) -> Result<Self> {
         let any = attrs.iter().any(|a| is_dwarf(a.sample_type));
         if any {
@@ -428,9 +428,9 @@ impl<'a> Converter<'a> {
             ));
         }
         if !self.splices.is_empty() {
-            let i = self.splices.partition_point(|s| s.offset < r.offset);
-            if let Some(s) = self.splices.get(i).filter(|s| s.offset == r.offset) {
-                out.extend_from_slice(&s.new);
+            let i = self.splices.partition_point(|s| s.0 < r.offset);
+            if let Some((_, new)) = self.splices.get(i).filter(|s| s.0 == r.offset) {
+                out.extend_from_slice(new);
                 return Ok(());
             }
         }

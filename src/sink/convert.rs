@@ -110,7 +110,8 @@ impl<'w> ConvertSink<'w> {
             .conversion
             .ok_or_else(|| Error::Internal("conversion: nothing resolved".into()))?;
         let splices = self.file_splices(input, facts);
-        let conv = Converter::new(seen, tables, facts.attrs, input.header.endian, &splices)
+        let replaced = replacements(&splices);
+        let conv = Converter::new(seen, tables, facts.attrs, input.header.endian, &replaced)
             .map_err(|e| e.in_file(&input.header_path))?;
         let t = Instant::now();
         let plan_t = table_plan(input, facts);
@@ -164,7 +165,8 @@ impl<'w> ConvertSink<'w> {
             .ok_or_else(|| Error::Internal("conversion: nothing resolved".into()))?;
         let splices = self.file_splices(input, facts);
         let e = input.header.endian;
-        let conv = Converter::new(seen, tables, facts.attrs, e, &splices)
+        let replaced = replacements(&splices);
+        let conv = Converter::new(seen, tables, facts.attrs, e, &replaced)
             .map_err(|err| err.in_file(&input.header_path))?;
         let Inner::Stream(s) = &mut self.inner else {
             return Err(Error::Internal("conversion: no stream sink".into()));
@@ -210,7 +212,8 @@ impl<'w> ConvertSink<'w> {
         let t = Instant::now();
         match facts.conversion {
             Some((seen, tables)) => {
-                let conv = Converter::new(seen, tables, facts.attrs, e, &sp)
+                let replaced = replacements(&sp);
+                let conv = Converter::new(seen, tables, facts.attrs, e, &replaced)
                     .map_err(|err| err.in_file(facts.name))?;
                 let chunks: Vec<_> = seen
                     .chunks
@@ -250,6 +253,14 @@ impl<'w> ConvertSink<'w> {
             )),
         }
     }
+}
+
+/// The records `splices` replace (one data file), as the converter takes them.
+fn replacements(splices: &[Splice]) -> Vec<(u64, &[u8])> {
+    splices
+        .iter()
+        .map(|s| (s.offset, s.new.as_slice()))
+        .collect()
 }
 
 /// Rewrites the attrs of the HEADER_ATTR records among `recs` (whole records).
