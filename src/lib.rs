@@ -13,6 +13,7 @@
 
 pub mod batch;
 pub mod buildid;
+pub mod convert;
 pub mod driver;
 pub mod engine;
 pub mod error;

@@ -91,9 +91,23 @@ pub struct Options {
     pub stream_memory: u64,
     /// `--attrs-for`: the attr size of the output (default: the input's).
     pub attrs_for: AttrsFor,
+    /// `--convert-callchain`: DWARF stack dumps become callchains
+    /// ([`crate::convert`]).
+    pub callchains: Callchains,
     /// The memo of file proofs the run consults (a batch shares one across its
     /// inputs; `None`: every proof reads its file).
     pub memo: Option<std::sync::Arc<crate::buildid::memo::Memo>>,
+}
+
+/// What the output's samples carry of user stacks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Callchains {
+    /// As recorded (the stack dumps stay).
+    #[default]
+    AsRecorded,
+    /// `--convert-callchain`: each DWARF stack dump unwound into the callchain, and
+    /// the dumps dropped.
+    Converted,
 }
 
 impl Default for Options {
@@ -112,6 +126,7 @@ impl Default for Options {
             resolve_ahead: Some(DEFAULT_RESOLVE_AHEAD),
             stream_memory: crate::limits::DEFAULT_STREAM_MEMORY,
             attrs_for: AttrsFor::Verbatim,
+            callchains: Callchains::AsRecorded,
             memo: None,
         }
     }
@@ -139,6 +154,7 @@ impl std::fmt::Debug for Options {
             .field("resolve_ahead", &self.resolve_ahead)
             .field("stream_memory", &self.stream_memory)
             .field("attrs_for", &self.attrs_for)
+            .field("callchains", &self.callchains)
             .finish_non_exhaustive()
     }
 }

@@ -107,6 +107,8 @@ pub struct SinkReport {
     pub timings: std::collections::BTreeMap<&'static str, std::time::Duration>,
     /// `--in-place`: how the file was changed.
     pub in_place: Option<InPlaceReport>,
+    /// `--convert-callchain`: what the conversion did.
+    pub convert: Option<crate::convert::Counts>,
 }
 
 /// The whole report.
@@ -171,6 +173,9 @@ pub struct Report {
     pub notes: Vec<String>,
     /// `--in-place`: how the file was changed (absent for other runs).
     pub in_place: Option<InPlaceReport>,
+    /// `--convert-callchain`: samples converted, and those whose chain lost frames,
+    /// by reason (absent for other runs).
+    pub convert: Option<crate::convert::Counts>,
     /// Build-ID cache totals (absent with --no-buildid-cache).
     pub cache: Option<crate::buildid::cache::CacheTotals>,
     /// Per DSO.
@@ -230,6 +235,9 @@ impl Report {
             self.ids_new,
             self.ids_missing
         )?;
+        if let Some(c) = &self.convert {
+            writeln!(w, "  {}", c.line())?;
+        }
         if self.unwound_samples > 0 {
             writeln!(
                 w,

@@ -7,7 +7,7 @@
 //! way, so a carried field cannot be left out of the string either.
 
 use crate::format::buildid::BuildId;
-use crate::options::{AttrsFor, Form, Mode, Options, UnwindChoice};
+use crate::options::{AttrsFor, Callchains, Form, Mode, Options, UnwindChoice};
 use std::fmt;
 use std::path::Path;
 use std::time::Duration;
@@ -23,6 +23,7 @@ pub struct Fingerprint<'a> {
     symfs: Option<&'a Path>,
     mmap2: bool,
     attrs_for: AttrsFor,
+    callchains: Callchains,
 }
 
 impl<'a> Fingerprint<'a> {
@@ -37,6 +38,7 @@ impl<'a> Fingerprint<'a> {
             symfs,
             form,
             attrs_for,
+            callchains,
             // How fast, not what: threads and progress.
             jobs: _,
             progress: _,
@@ -58,6 +60,7 @@ impl<'a> Fingerprint<'a> {
             symfs: symfs.as_deref(),
             mmap2: *form == Form::Mmap2,
             attrs_for: *attrs_for,
+            callchains: *callchains,
         }
     }
 }
@@ -75,6 +78,7 @@ impl fmt::Display for Fingerprint<'_> {
             symfs,
             mmap2,
             attrs_for,
+            callchains,
         } = self;
         let known: Vec<String> = known.iter().map(|(id, p)| format!("{id} {p}")).collect();
         write!(
@@ -84,8 +88,12 @@ impl fmt::Display for Fingerprint<'_> {
             unwind_budget.as_nanos(),
         )?;
         match attrs_for {
-            AttrsFor::Verbatim => Ok(()),
-            a => write!(f, ";attrs_for={}", a.perf()),
+            AttrsFor::Verbatim => {}
+            a => write!(f, ";attrs_for={}", a.perf())?,
+        }
+        match callchains {
+            Callchains::AsRecorded => Ok(()),
+            Callchains::Converted => write!(f, ";convert_callchain"),
         }
     }
 }

@@ -82,6 +82,10 @@ pub struct EngineArgs {
     /// `-B, --mmap2-buildids`).
     #[arg(short = 'B', long = "mmap2-buildids")]
     pub mmap2_buildids: bool,
+    /// Unwind each `--call-graph dwarf` sample's user stack into its callchain and
+    /// drop the stack dumps (perf 7.3's flag; see docs/convert.md).
+    #[arg(long = "convert-callchain")]
+    pub convert_callchain: bool,
     /// Build IDs to use for paths: 'HEX PATH,HEX PATH' (as perf inject).
     #[arg(long = "known-build-ids", value_name = "LIST")]
     pub known_build_ids: Option<String>,
@@ -182,6 +186,11 @@ impl EngineArgs {
             cache,
             symfs: self.symfs.clone(),
             stream_memory: self.stream_memory,
+            callchains: if self.convert_callchain {
+                pdinject::options::Callchains::Converted
+            } else {
+                pdinject::options::Callchains::AsRecorded
+            },
             ..Options::default()
         })
     }

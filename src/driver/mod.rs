@@ -19,8 +19,9 @@ use crate::engine::dating::{Dating, wall_ns};
 use crate::engine::{Context, Engine, Host, dating::RecordingStart};
 use crate::format::header::PIPE_HEADER_SIZE;
 use crate::input::PerfInput;
-use crate::options::{AttrsFor, Form, Options};
+use crate::options::{AttrsFor, Callchains, Form, Options, UnwindChoice};
 use crate::report::Report;
+use crate::sink::convert::ConvertSink;
 use crate::sink::inplace::InplaceSink;
 use crate::sink::mmap2::Mmap2Sink;
 use crate::sink::stream::StreamSink;
@@ -155,23 +156,32 @@ enum Output {
 }
 
 /// The sink that writes `target` in `form`: the one place outputs and forms meet.
-fn sink_for(target: &Output, form: Form, attrs_for: AttrsFor) -> Box<dyn Sink> {
+fn sink_for(
+    target: &Output,
+    form: Form,
+    attrs_for: AttrsFor,
+    callchains: Callchains,
+) -> Box<dyn Sink> {
     match target {
         Output::Stdout => {
             let w = BufWriter::with_capacity(1 << 20, std::io::stdout().lock());
             let mut sink = StreamSink::new(Box::new(w), Path::new("<stdout>"));
             sink.set_attrs_for(attrs_for);
-            match form {
-                Form::Table => Box::new(sink),
-                Form::Mmap2 => Box::new(Mmap2Sink::stream(sink)),
+            match (callchains, form) {
+                (Callchains::Converted, form) => Box::new(ConvertSink::stream(sink, form)),
+                (Callchains::AsRecorded, Form::Table) => Box::new(sink),
+                (Callchains::AsRecorded, Form::Mmap2) => Box::new(Mmap2Sink::stream(sink)),
             }
         }
         Output::File { tmp, dir } => {
             let header_out = tmp.header_file_path();
             let dir = dir.then_some(tmp.path.as_path());
-            match form {
-                Form::Table => Box::new(TableSink::new(&header_out, dir)),
-                Form::Mmap2 => Box::new(Mmap2Sink::file(&header_out, dir)),
+            match (callchains, form) {
+                (Callchains::Converted, form) => Box::new(ConvertSink::file(&header_out, form)),
+                (Callchains::AsRecorded, Form::Table) => Box::new(TableSink::new(&header_out, dir)),
+                (Callchains::AsRecorded, Form::Mmap2) => {
+                    Box::new(Mmap2Sink::file(&header_out, dir))
+                }
             }
         }
         Output::InPlace => Box::new(InplaceSink::new(form)),
@@ -197,6 +207,9 @@ fn run_uncommitted(
             crate::write::inplace::journal_path(input).display()
         ))
         .in_file(input));
+    }
+    if cx.opts.callchains == Callchains::Converted {
+        check_convert(cx.opts)?;
     }
     let src = Input::open(input)?;
     // A file input's attrs are checked before anything is written (a stream's are
@@ -235,12 +248,21 @@ fn run_uncommitted(
         let tmp = TempOutput::create_with_mode(output, dir, mode)?;
         Output::File { tmp, dir }
     };
-    let mut sink = sink_for(&target, cx.opts.form, cx.opts.attrs_for);
+    let mut sink = sink_for(&target, cx.opts.form, cx.opts.attrs_for, cx.opts.callchains);
     let r = drive(cx, &in_name, src, sink.as_mut());
     drop(sink);
     let (mut report, tmp) = match target {
         Output::File { tmp, .. } => {
-            let mut r = r.map_err(|e| e.for_output(&tmp.path, output))?;
+            let mut r = r
+                .and_then(|r| match cx.opts.callchains {
+                    // The attrs of the finished output lose the dumps, wherever the
+                    // sink wrote them (crate::convert::convert_file_attrs).
+                    Callchains::Converted => {
+                        crate::convert::convert_file_attrs(&tmp.header_file_path()).map(|()| r)
+                    }
+                    Callchains::AsRecorded => Ok(r),
+                })
+                .map_err(|e| e.for_output(&tmp.path, output))?;
             // The attrs are cut in the finished output, whatever sink wrote it: the
             // output's own header says where they ended up.
             let cut = crate::format::attr_compat::rewrite_file(
@@ -331,6 +353,11 @@ pub fn run_in_place(path: &Path, opts: &Options) -> Result<Report> {
 pub fn run_in_place_in(cx: Context<'_>, path: &Path) -> Result<Report> {
     let opts = cx.opts;
     opts.attrs_for.check_in_place()?;
+    if opts.callchains == Callchains::Converted {
+        return Err(Error::Usage(
+            "--convert-callchain cannot rewrite a file in place (the stack dumps it drops would leave the file shorter); write a new file: pdinject --convert-callchain IN OUT".into(),
+        ));
+    }
     let restored = crate::write::inplace::recover(path)?;
     let src = Input::open(path)?;
     if !matches!(src, Input::File(_)) {
@@ -339,7 +366,7 @@ pub fn run_in_place_in(cx: Context<'_>, path: &Path) -> Result<Report> {
             path.display()
         )));
     }
-    let mut sink = sink_for(&Output::InPlace, opts.form, opts.attrs_for);
+    let mut sink = sink_for(&Output::InPlace, opts.form, opts.attrs_for, opts.callchains);
     let mut report = drive(cx, path, src, sink.as_mut())?;
     if restored {
         report.notes.insert(
@@ -350,6 +377,16 @@ pub fn run_in_place_in(cx: Context<'_>, path: &Path) -> Result<Report> {
     report.input = path.display().to_string();
     report.output = path.display().to_string();
     Ok(report)
+}
+
+/// What `--convert-callchain` needs of the other options.
+fn check_convert(opts: &Options) -> Result<()> {
+    if matches!(opts.unwind, UnwindChoice::None | UnwindChoice::Fp) {
+        return Err(Error::Usage(
+            "--convert-callchain unwinds with DWARF CFI: it cannot be combined with --unwind none or fp".into(),
+        ));
+    }
+    Ok(())
 }
 
 /// Drives the engine over `src` into `sink`.
@@ -513,5 +550,7 @@ fn with_facts<R>(engine: &Engine<'_>, f: impl FnOnce(&Facts<'_>) -> R) -> R {
         unaligned_records: engine.unaligned_records(),
         passes_on: &passes_on,
         output_kept: &output_kept,
+        conversion: engine.conversion(),
+        pool: engine.pool(),
     })
 }

@@ -82,7 +82,14 @@ impl<'f> Beside<'f> {
         stop: &'f AtomicBool,
     ) -> Self {
         Beside {
-            every: every.filter(|_| files.len() == 1).map(|n| n.max(1)),
+            // A conversion unwinds every chunk again after the last resolve
+            // (crate::convert), which must therefore have them all.
+            every: every
+                .filter(|_| {
+                    files.len() == 1
+                        && engine.opts().callchains == crate::options::Callchains::AsRecorded
+                })
+                .map(|n| n.max(1)),
             files,
             stop,
             attrs: engine.attrs().to_vec(),

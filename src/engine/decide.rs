@@ -75,7 +75,12 @@ impl Engine<'_> {
                     UnwindMode::Dwarf
                 },
                 arch,
-                budget: self.opts.unwind_budget,
+                // A conversion's chains must not depend on load: only the frame cap
+                // ends them (docs/convert.md).
+                budget: match self.opts.callchains {
+                    crate::options::Callchains::AsRecorded => self.opts.unwind_budget,
+                    crate::options::Callchains::Converted => std::time::Duration::MAX,
+                },
                 max_frames: self.opts.max_frames,
             }),
             None => {

@@ -306,6 +306,9 @@ pub struct Engine<'a> {
     kept: StreamKept,
     kept_peak: AtomicU64,
     output_kept: AtomicU64,
+    /// `--convert-callchain`: what the last resolve saw, for the sink to unwind the
+    /// same records again into callchains.
+    conversion: Option<crate::convert::Seen>,
 }
 
 impl<'a> Engine<'a> {
@@ -382,7 +385,18 @@ impl<'a> Engine<'a> {
             kept: StreamKept::default(),
             kept_peak: AtomicU64::new(0),
             output_kept: AtomicU64::new(0),
+            conversion: None,
         }
+    }
+
+    /// `--convert-callchain`: what the last resolve saw, and the unwind tables.
+    pub fn conversion(&self) -> Option<(&crate::convert::Seen, &UnwindTables)> {
+        Some((self.conversion.as_ref()?, self.tables.as_ref()?))
+    }
+
+    /// The worker pool.
+    pub fn pool(&self) -> &rayon::ThreadPool {
+        self.pool
     }
 
     /// The input's name in messages.
@@ -879,10 +893,10 @@ impl<'a> Engine<'a> {
             // Nothing can have been sampled or mapped without an event.
             return Ok(Vec::new());
         }
-        let model = match ending {
+        let model = std::sync::Arc::new(match ending {
             Ending::Ended => std::mem::take(&mut self.builder).build(),
             Ending::MoreToCome => self.builder.snapshot(),
-        };
+        });
         let meta = self.metadata();
         let start = self.start();
         let trust = self.effective_trust(&meta, model.kernel_ref.as_ref(), &start);
@@ -945,6 +959,15 @@ impl<'a> Engine<'a> {
         };
         drop(resolver);
         self.add_time("resolve", t.elapsed());
+        if self.opts.callchains == crate::options::Callchains::Converted {
+            self.conversion = Some(crate::convert::Seen {
+                model: model.clone(),
+                chunks: chunks.to_vec(),
+                unwind,
+                time_mode,
+                local: batch.trust.local.clone().err().map(|(_, why)| why),
+            });
+        }
         let mut hits = hits;
         if let Some(prior) = self.prior.take() {
             hits.merge(prior);
@@ -1149,12 +1172,18 @@ impl<'a> Engine<'a> {
             unwound_frames: self.hits.unwound_frames,
             over_budget_samples: self.hits.over_budget,
             frame_capped_samples: self.hits.frame_capped,
-            unwind_budget_us: self.unwind.flatten().map(|c| c.budget.as_secs_f64() * 1e6),
+            // None in conversion mode, where no time budget applies (docs/convert.md).
+            unwind_budget_us: self
+                .unwind
+                .flatten()
+                .filter(|c| c.budget != Duration::MAX)
+                .map(|c| c.budget.as_secs_f64() * 1e6),
             stream_kept_bytes: self
                 .from_records
                 .then(|| self.kept_peak.load(Ordering::Relaxed)),
             ids_new: sink.ids_new,
             in_place: sink.in_place.clone(),
+            convert: sink.convert.clone(),
             jobs,
             resolved_beside_scan: self.ahead_stat.0,
             resolved_again: self.ahead_stat.1,
@@ -1296,7 +1325,7 @@ impl Stamp {
 
 /// What one batch is resolved and decided against.
 struct BatchInputs<'b> {
-    model: &'b Model,
+    model: &'b std::sync::Arc<Model>,
     meta: &'b Metadata,
     trust: &'b HostTrust,
     start: &'b RecordingStart,

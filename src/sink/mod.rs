@@ -20,6 +20,7 @@
 //! engine's plain data (`engine::{Decision, MappingRecord}`); never the engine itself
 //! or the driver.
 
+pub mod convert;
 pub mod inplace;
 pub mod mmap2;
 pub mod stream;
@@ -103,6 +104,14 @@ pub struct Facts<'a> {
     /// checks them, with everything the stream keeps, against its budget; the second
     /// argument is the offset of the record that grew them.
     pub output_kept: &'a dyn Fn(u64, u64) -> Result<()>,
+    /// `--convert-callchain`: the model, chunks and unwind tables of the last
+    /// resolve, to unwind its samples again into callchains ([`crate::convert`]).
+    pub conversion: Option<(
+        &'a crate::convert::Seen,
+        &'a crate::resolve::unwind::UnwindTables,
+    )>,
+    /// The run's worker pool (the conversion unwinds on it).
+    pub pool: &'a rayon::ThreadPool,
 }
 
 impl<'a> Facts<'a> {

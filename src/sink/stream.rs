@@ -255,6 +255,41 @@ impl<'w> StreamSink<'w> {
         new: &[Decision],
         facts: &Facts<'_>,
     ) -> Result<()> {
+        let recs = self.file_head(input, new, facts)?;
+        self.write(&recs)?;
+        let src = &input.data_files[0];
+        let (start, end) = (src.range.offset, src.range.offset + src.range.size);
+        let mut at = start;
+        while at < end {
+            let n = (end - at).min(crate::input::WINDOW_BYTES);
+            let win = src.window(at, n)?;
+            if self.splices.is_empty() {
+                self.write(&win)?;
+            } else {
+                let mut v = Vec::with_capacity(win.len() + 32 * self.splices.len());
+                super::mmap2::splice_into(&mut v, at, &win, &self.splices);
+                self.write(&v)?;
+            }
+            at += n;
+        }
+        Ok(())
+    }
+
+    /// Bytes written as they are (`--convert-callchain` writes a file input's
+    /// records itself, after [`StreamSink::file_head`]).
+    pub(crate) fn write_raw(&mut self, b: &[u8]) -> Result<()> {
+        self.write(b)
+    }
+
+    /// The header of a file-format input as stream records (HEADER_ATTR,
+    /// HEADER_FEATURE, HEADER_TRACING_DATA, HEADER_BUILD_ID), to be written before
+    /// its data section.
+    pub(crate) fn file_head(
+        &mut self,
+        input: &PerfInput,
+        new: &[Decision],
+        facts: &Facts<'_>,
+    ) -> Result<Vec<u8>> {
         let e = self.e;
         let h = &input.header;
         let src = &input.data_files[0];
@@ -360,22 +395,7 @@ impl<'w> StreamSink<'w> {
         }
         let ids = self.id_records(new);
         recs.extend_from_slice(&ids);
-        self.write(&recs)?;
-        let (start, end) = (src.range.offset, src.range.offset + src.range.size);
-        let mut at = start;
-        while at < end {
-            let n = (end - at).min(crate::input::WINDOW_BYTES);
-            let win = src.window(at, n)?;
-            if self.splices.is_empty() {
-                self.write(&win)?;
-            } else {
-                let mut v = Vec::with_capacity(win.len() + 32 * self.splices.len());
-                super::mmap2::splice_into(&mut v, at, &win, &self.splices);
-                self.write(&v)?;
-            }
-            at += n;
-        }
-        Ok(())
+        Ok(recs)
     }
 }
 

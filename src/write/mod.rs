@@ -336,6 +336,23 @@ pub fn write_tail(
     out_path: &Path,
     build_id_payload: Option<&[u8]>,
 ) -> Result<()> {
+    write_tail_at(
+        input,
+        out_path,
+        build_id_payload,
+        input.header.feature_table_offset(),
+    )
+}
+
+/// [`write_tail`] after data that ends at `out_end` in the output (a conversion
+/// shrinks the data section); sections of the input are judged by where its own
+/// data ends.
+pub fn write_tail_at(
+    input: &PerfInput,
+    out_path: &Path,
+    build_id_payload: Option<&[u8]>,
+    out_end: u64,
+) -> Result<()> {
     let h: &FileHeader = &input.header;
     let e = h.endian;
     let src = &input.data_files[0];
@@ -352,10 +369,10 @@ pub fn write_tail(
     let bits: Vec<u32> = (0..256u32)
         .filter(|&b| features[(b / 64) as usize] & (1 << (b % 64)) != 0)
         .collect();
-    out.set_len(data_end).map_err(io)?;
-    out.seek(SeekFrom::Start(data_end)).map_err(io)?;
+    out.set_len(out_end).map_err(io)?;
+    out.seek(SeekFrom::Start(out_end)).map_err(io)?;
     let mut w = std::io::BufWriter::new(&mut out);
-    let mut pos = data_end + 16 * bits.len() as u64;
+    let mut pos = out_end + 16 * bits.len() as u64;
     let mut payloads = Vec::with_capacity(bits.len());
     // Sections that alias one another exactly (the limits policy refuses partial
     // overlaps) are read and written once; their table entries share the offset, so

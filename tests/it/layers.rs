@@ -29,6 +29,9 @@ const FLOORS: &[&[&str]] = &[
     &["buildid"],
     &["options"],
     &["resolve"],
+    // --convert-callchain: unwinds samples again with what the resolve used; its
+    // counts go into the report.
+    &["convert"],
     &["report"],
     &["engine"],
     &["sink"],

@@ -5,6 +5,7 @@
 //! user's are never read or written (see `common::test_home`).
 
 mod common;
+mod convert;
 
 mod attrs;
 mod batch;

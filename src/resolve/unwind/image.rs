@@ -79,8 +79,8 @@ pub struct Worker {
     pub(super) images: Vec<Image>,
     /// What the workers of one run share.
     pub(super) shared: Arc<Shared>,
-    /// A sample's frames (kept for its buffer).
-    pub(super) frames: Vec<Frame>,
+    /// A sample's frames with their process addresses (kept for its buffer).
+    pub(super) frames: Vec<(Frame, u64)>,
     /// [`ToImage`]'s buffer.
     pub(super) shifts: Vec<Option<Option<u64>>>,
     pub(super) clock: CpuAnchor,
@@ -314,6 +314,20 @@ impl<'a> ToImage<'a> {
         shift.map_or(addr, |s| addr.wrapping_add(s))
     }
 
+    /// The process address of image address `at`: moved back by the shift of the
+    /// mapping of its DSO that moved it (the shift of every mapping met is kept).
+    pub(super) fn back(&self, at: u64) -> Option<u64> {
+        let d = image_dso(at)?;
+        self.maps
+            .iter()
+            .zip(self.shifts.iter())
+            .filter(|(m, _)| m.dso == Some(d))
+            .find_map(|(m, shift)| {
+                let p = at.wrapping_sub((*shift)??);
+                (m.start <= p && p < m.end).then_some(p)
+            })
+    }
+
     /// The shift that moves all of mapping `m` into its DSO's image slot, if the
     /// worker knows the image and the whole mapping fits the slot.
     pub(super) fn shift(&mut self, m: &MapEntry) -> Option<u64> {
@@ -359,6 +373,7 @@ mod tests {
             rules: OnceLock::new(),
             proven: FileTimes::default(),
             loads: Vec::new(),
+            by_id: false,
         }));
         // DSO 1 mapped at 0x1000..0x3000 (file offset 0 at address 0x1000), DSO 2
         // right after it, DSO 3 not met by the worker yet.

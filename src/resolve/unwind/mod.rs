@@ -29,7 +29,7 @@ mod walk;
 pub use arch::Arch;
 pub use image::{Shared, Worker};
 pub use tables::{Bytes, DsoUnwind, UnwindTables};
-pub use walk::{Frame, Outcome, SampleStack, unwind};
+pub use walk::{Frame, Outcome, SampleStack, unwind, unwind_at};
 
 use std::time::Duration;
 

@@ -5,7 +5,9 @@
 
 use super::arch::Arch;
 use super::image::{Shared, Worker};
-use crate::buildid::elf::{FileTimes, Place, Segment, judge, prove_and_read};
+use crate::buildid::elf::{
+    FileTimes, Place, Segment, judge, open_regular, prove_and_read, read_build_id,
+};
 use crate::buildid::memo::Memo;
 use crate::buildid::{LocalFiles, RecordingStart};
 use crate::format::Endian;
@@ -40,6 +42,9 @@ pub struct DsoUnwind {
     /// [`UnwindTables::still_proven`]).
     pub(super) proven: FileTimes,
     pub(super) loads: Vec<Segment>,
+    /// Proven by its build ID alone (see [`UnwindTables::load`]): its times do not
+    /// matter.
+    pub(super) by_id: bool,
 }
 
 /// Unwind information for every DSO, loaded on first use by whichever worker needs it.
@@ -138,14 +143,15 @@ impl UnwindTables {
             let Some(Some(t)) = t.get() else {
                 return true;
             };
-            judge(
-                &t.proven,
-                &t.loads,
-                &dso.exec_maps,
-                start,
-                Place::of(&dso.ident),
-            )
-            .is_ok()
+            t.by_id
+                || judge(
+                    &t.proven,
+                    &t.loads,
+                    &dso.exec_maps,
+                    start,
+                    Place::of(&dso.ident),
+                )
+                .is_ok()
         })
     }
 
@@ -163,21 +169,47 @@ impl UnwindTables {
         }
         // Unwind only with a file proven to be the one mapped: wrong CFI would walk
         // into wrong callers.
-        let proven = prove_and_read(
+        let (proven, by_id) = match prove_and_read(
             Path::new(&dso.name),
             &dso.ident,
             &dso.exec_maps,
             &self.start,
             self.memo.as_deref(),
-        )
-        .ok()?;
+        ) {
+            Ok(p) => (p, false),
+            // A mapping the kernel named by its build ID (perf 6.17 on records them
+            // so): a file with that very ID is the one mapped, whatever its times say
+            // (a hard link into a build-ID cache moves a library's ctime, and without
+            // an inode in the record the proof by times refuses it).
+            Err(_) => match &dso.ident {
+                crate::format::record::FileIdent::BuildId(id) => {
+                    let (file, meta) = open_regular(Path::new(&dso.name)).ok()?;
+                    if read_build_id(&file).ok()? != *id {
+                        return None;
+                    }
+                    use std::os::unix::fs::MetadataExt;
+                    let key = (meta.dev(), meta.ino());
+                    (
+                        crate::buildid::elf::Proven {
+                            build_id: *id,
+                            file: Arc::new(file),
+                            key,
+                        },
+                        true,
+                    )
+                }
+                _ => return None,
+            },
+        };
         if let Some(t) = self.by_file.lock().ok()?.get(&proven.key) {
             return Some(t.clone());
         }
         // Loaded outside the lock; a second worker racing on the same file keeps the
         // first copy stored.
         let meta = proven.file.metadata().ok()?;
-        let t = Arc::new(load_sections(&proven.file, FileTimes::of(&meta))?);
+        let mut t = load_sections(&proven.file, FileTimes::of(&meta))?;
+        t.by_id = by_id;
+        let t = Arc::new(t);
         Some(
             self.by_file
                 .lock()
@@ -256,6 +288,7 @@ pub(super) fn load_sections(file: &std::fs::File, proven: FileTimes) -> Option<D
         rules: OnceLock::new(),
         proven,
         loads,
+        by_id: false,
     })
 }
 
@@ -345,6 +378,7 @@ mod tests {
                     exec: true,
                 },
             ],
+            by_id: false,
         };
         let tables = |d: DsoUnwind| UnwindTables {
             per_dso: vec![OnceLock::from(Some(Arc::new(d))), OnceLock::from(None)],

@@ -73,6 +73,20 @@ pub fn unwind(
     s: &SampleStack<'_>,
     on_frame: &mut dyn FnMut(Frame),
 ) -> Outcome {
+    unwind_at(cfg, model, tables, w, s, &mut |f, _| on_frame(f))
+}
+
+/// [`unwind`], each frame with its address in the process (the IP; a return address
+/// minus one), as `--convert-callchain` writes it: the image address the unwinder
+/// worked in moved back by the shift of the mapping it came from.
+pub fn unwind_at(
+    cfg: &UnwindConfig,
+    model: &Model,
+    tables: &UnwindTables,
+    w: &mut Worker,
+    s: &SampleStack<'_>,
+    on_frame: &mut dyn FnMut(Frame, u64),
+) -> Outcome {
     w.clock.tick();
     let maps = w.exec_maps(cfg, model, s);
     // DSOs are given to the unwinder when a walk first reaches one of them; the walk
@@ -81,10 +95,10 @@ pub fn unwind(
     let mut frames = std::mem::take(&mut w.frames);
     loop {
         frames.clear();
-        let (o, unseen) = walk_sample(cfg, w, s, &maps, &mut |f| frames.push(f));
+        let (o, unseen) = walk_sample(cfg, w, s, &maps, &mut |f, a| frames.push((f, a)));
         if unseen.is_empty() || cfg.mode != UnwindMode::Dwarf {
-            for &f in &frames {
-                on_frame(f);
+            for &(f, a) in &frames {
+                on_frame(f, a);
             }
             w.frames = frames;
             return o;
@@ -102,7 +116,7 @@ pub(super) fn walk_sample(
     w: &mut Worker,
     s: &SampleStack<'_>,
     maps: &[MapEntry],
-    on_frame: &mut dyn FnMut(Frame),
+    on_frame: &mut dyn FnMut(Frame, u64),
 ) -> (Outcome, Vec<DsoId>) {
     let e = s.e;
     let r = |n| reg(s.regs, s.regs_mask, n, e);
@@ -114,11 +128,14 @@ pub(super) fn walk_sample(
         ..
     } = w;
     let mut to_image = ToImage::new(maps, images, 0..0, shifts);
-    let mut on_address = |a: u64| {
-        on_frame(match image_dso(a) {
-            Some(d) => Frame::Dso(d),
-            None => Frame::Address(a),
-        })
+    let mut on_address = |a: u64, p: u64| {
+        on_frame(
+            match image_dso(a) {
+                Some(d) => Frame::Dso(d),
+                None => Frame::Address(a),
+            },
+            p,
+        )
     };
     let o = match arch {
         ArchState::X86(a) => {
@@ -182,18 +199,12 @@ pub(super) fn walk<U: Unwinder<Module = Module<Bytes>>>(
     cfg: &UnwindConfig,
     clock: &CpuAnchor,
     to_image: &mut ToImage<'_>,
-    on_return: &mut dyn FnMut(u64),
+    on_return: &mut dyn FnMut(u64, u64),
 ) -> Outcome
 where
     U::UnwindRegs: OwnRules,
 {
     let (stack, e) = (s.stack, s.e);
-    // Every word read may be a return address: moved to its image like the IP.
-    let mut read_stack = |addr: u64| -> Result<u64, ()> {
-        let off = addr.checked_sub(sp).ok_or(())?;
-        let off = usize::try_from(off).map_err(|_| ())?;
-        e.u64(stack, off).map(|v| to_image.word(v)).ok_or(())
-    };
     let start = Instant::now();
     let mut out = Outcome::default();
     let mut regs = regs;
@@ -206,7 +217,17 @@ where
         n += 1;
         // The first frame is the user IP from the registers: for samples taken in the
         // kernel it is the only record of where user space was.
-        on_return(frame.address_for_lookup());
+        let at = frame.address_for_lookup();
+        // An address no image holds was never moved; one in an image goes back by
+        // its mapping's shift (0 where that cannot be told: no such frame is written).
+        on_return(
+            at,
+            if image_dso(at).is_some() {
+                to_image.back(at).unwrap_or(0)
+            } else {
+                at
+            },
+        );
         if let FrameAddress::ReturnAddress(_) = frame {
             out.frames += 1;
         }
@@ -224,6 +245,12 @@ where
             out.over_budget = true;
             break;
         }
+        // Every word read may be a return address: moved to its image like the IP.
+        let mut read_stack = |addr: u64| -> Result<u64, ()> {
+            let off = addr.checked_sub(sp).ok_or(())?;
+            let off = usize::try_from(off).map_err(|_| ())?;
+            e.u64(stack, off).map(|v| to_image.word(v)).ok_or(())
+        };
         match a
             .step(frame, &mut regs, &mut read_stack)
             .and_then(FrameAddress::from_return_address)
