@@ -110,6 +110,8 @@ pub struct Options {
     /// perf's build-ID cache to fill (`None`: `--no-buildid-cache`, and the library
     /// default).
     pub cache: Option<crate::buildid::cache::BuildIdCache>,
+    /// `--symbol-store`: the build-ID symbol store to fill (docs/store.md).
+    pub store: Option<crate::buildid::store::SymbolStore>,
     /// `--symfs`: user DSOs are read under this sysroot.
     pub symfs: Option<std::path::PathBuf>,
     /// Mapping records of DSOs with a decided ID are written in build-ID form
@@ -142,6 +144,7 @@ impl Default for Options {
             unwind_budget: DEFAULT_UNWIND_BUDGET,
             max_frames: DEFAULT_MAX_FRAMES,
             cache: None,
+            store: None,
             symfs: None,
             mmap2: false,
             in_place: false,
@@ -169,6 +172,7 @@ impl std::fmt::Debug for Options {
             .field("unwind_budget", &self.unwind_budget)
             .field("max_frames", &self.max_frames)
             .field("cache", &self.cache)
+            .field("store", &self.store)
             .field("symfs", &self.symfs)
             .field("mmap2", &self.mmap2)
             .field("in_place", &self.in_place)

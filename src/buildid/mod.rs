@@ -19,6 +19,7 @@ pub mod debuginfod;
 pub mod elf;
 pub mod host;
 pub mod memo;
+pub mod store;
 
 use crate::format::buildid::{BuildId, BuildIdTable, TableEntry};
 use crate::format::record::FileIdent;
