@@ -368,6 +368,29 @@ fn has_dwarf<'d, R: object::ReadRef<'d>>(e: &Elf<'d, R>) -> bool {
         .is_some_and(|s| s.size > 0 && s.offset.is_some())
 }
 
+/// The analysis side of a store (`--debuginfod`): after the executable of `id` was
+/// fetched into the build-ID cache as `exe`, its separate debug info, for perf to
+/// read as the entry's `debug` file (perf finds a stripped file's symbols there).
+/// `None` when the entry has one, the executable has its own `.debug_info`, or no
+/// server has any (a stripped file without debug info is still symbolised from its
+/// `.dynsym`).
+pub fn fetch_debug_into_cache(
+    servers: &[String],
+    id: &BuildId,
+    exe: &Path,
+    dir: &Path,
+) -> Option<Vec<u8>> {
+    if std::fs::symlink_metadata(dir.join("debug")).is_ok() {
+        return None;
+    }
+    let (f, _) = open_regular(exe).ok()?;
+    let rc = reader(&f);
+    if Elf::parse(&rc).is_ok_and(|e| has_dwarf(&e)) {
+        return None;
+    }
+    super::debuginfod::fetch_debuginfo(servers, id).ok()
+}
+
 /// This boot's kernel image, when the host has a `vmlinux` carrying the ID.
 fn kernel_image(g: &Group, o: &Outcome, id: BuildId, trust: &HostTrust) -> Result<Content, String> {
     if g.name != "[kernel.kallsyms]" {
