@@ -20,22 +20,22 @@ use std::time::Duration;
 
 /// Programs of the fleet, by how their debug info is kept.
 #[derive(Clone, Copy, Debug, PartialEq)]
-enum Debug {
+enum Kept {
     /// `-g`, not stripped: the file is its own debug info.
     InFile,
     /// `strip --strip-all` + `.gnu_debuglink` to `NAME.debug` beside it.
     LinkBeside,
     /// The same with the debug file in `.debug/NAME.debug`.
-    LinkInDotDebug,
+    LinkInDotFolder,
     /// `strip --strip-debug`: symbols, no debug info anywhere.
     None,
 }
 
-const KINDS: [Debug; 4] = [
-    Debug::InFile,
-    Debug::LinkBeside,
-    Debug::LinkInDotDebug,
-    Debug::None,
+const KINDS: [Kept; 4] = [
+    Kept::InFile,
+    Kept::LinkBeside,
+    Kept::LinkInDotFolder,
+    Kept::None,
 ];
 
 fn prog_id(k: usize) -> String {
@@ -90,7 +90,10 @@ fn sh(cmd: &mut Command) {
 
 /// Builds the programs and the library into `bin`; returns (name, path, id) of each
 /// ELF file a recording maps from `bin`, and the separate debug files by ID.
-fn build_fleet(bin: &Path) -> (Vec<(String, PathBuf, String)>, BTreeMap<String, PathBuf>) {
+/// (name, path, build ID) of a file of the fleet.
+type FleetFile = (String, PathBuf, String);
+
+fn build_fleet(bin: &Path) -> (Vec<FleetFile>, BTreeMap<String, PathBuf>) {
     fs::create_dir_all(bin.join(".debug")).unwrap();
     fs::write(bin.join("prog.c"), PROG_C).unwrap();
     fs::write(bin.join("lib.c"), LIB_C).unwrap();
@@ -118,8 +121,8 @@ fn build_fleet(bin: &Path) -> (Vec<(String, PathBuf, String)>, BTreeMap<String, 
             .args(["-lfleet", "-Wl,-rpath,$ORIGIN"]));
         let dbg_name = format!("{name}.debug");
         let dbg = match kind {
-            Debug::LinkBeside => Some(bin.join(&dbg_name)),
-            Debug::LinkInDotDebug => Some(bin.join(".debug").join(&dbg_name)),
+            Kept::LinkBeside => Some(bin.join(&dbg_name)),
+            Kept::LinkInDotFolder => Some(bin.join(".debug").join(&dbg_name)),
             _ => None,
         };
         if let Some(d) = &dbg {
@@ -134,7 +137,7 @@ fn build_fleet(bin: &Path) -> (Vec<(String, PathBuf, String)>, BTreeMap<String, 
                 .arg(&p));
             debug.insert(id.clone(), d.clone());
         }
-        if *kind == Debug::None {
+        if *kind == Kept::None {
             sh(Command::new("strip").arg("--strip-debug").arg(&p));
         }
         assert_eq!(elf_build_id(&p).as_deref(), Some(id.as_str()), "{name}");
