@@ -224,7 +224,18 @@ fn execute(args: &BatchArgs) -> Result<i32> {
         Some(b) => b.println(line),
         None => eprintln!("{line}"),
     };
+    // The symbol store's totals over the batch (docs/store.md).
+    let store_totals = Mutex::new(None::<pdinject::buildid::store::StoreTotals>);
     let done = |r: &FileResult| {
+        if let Some(t) = &r.report.store
+            && let Ok(mut sum) = store_totals.lock()
+        {
+            sum.get_or_insert_with(|| pdinject::buildid::store::StoreTotals {
+                dir: t.dir.clone(),
+                ..Default::default()
+            })
+            .merge(t);
+        }
         if let Some(e) = &r.error {
             say(&format!("pdinject batch: {e}"));
         } else if let Some(w) = &r.warning {
@@ -269,7 +280,10 @@ fn execute(args: &BatchArgs) -> Result<i32> {
     if let Some(w) = &report
         && let Ok(mut w) = w.lock()
     {
-        let line = serde_json::json!({ "summary": &summary });
+        let mut line = serde_json::json!({ "summary": &summary });
+        if let Some(t) = store_totals.lock().ok().and_then(|t| t.clone()) {
+            line["summary"]["store"] = serde_json::to_value(t).unwrap_or_default();
+        }
         if let Err(e) = writeln!(w, "{line}").and_then(|()| w.flush())
             && let Ok(mut slot) = report_error.lock()
         {
@@ -291,6 +305,18 @@ fn execute(args: &BatchArgs) -> Result<i32> {
             summary.memo.dso_files_read,
             summary.memo.memo_hits
         );
+        if let Some(t) = store_totals.lock().ok().and_then(|t| t.clone()) {
+            eprintln!(
+                "pdinject batch: symbol store {}: {} IDs added ({} bytes, {} debug files), {} already there; {} not stored",
+                t.dir, t.added, t.bytes_added, t.debuginfo_added, t.present, t.not_stored
+            );
+            for n in &t.not_stored_dsos {
+                eprintln!(
+                    "pdinject batch:   not stored {} ({}): {}",
+                    n.path, n.build_id, n.why
+                );
+            }
+        }
     }
     if let Some(e) = report_error.into_inner().ok().flatten() {
         let p = args.report.as_deref().unwrap_or(Path::new("report"));
