@@ -255,13 +255,21 @@ impl Report {
                 s.present,
                 s.not_stored
             )?;
-            for n in &s.not_stored_dsos {
+            let shown = crate::buildid::store::PRINTED_NOT_STORED;
+            for n in s.not_stored_dsos.iter().take(shown) {
                 writeln!(
                     w,
                     "  not stored  {} ({}): {}",
                     escape(&n.path),
                     n.build_id,
                     escape(&n.why)
+                )?;
+            }
+            if s.not_stored_dsos.len() > shown {
+                writeln!(
+                    w,
+                    "  not stored  {} more (the JSON report names them)",
+                    s.not_stored_dsos.len() - shown
                 )?;
             }
         }

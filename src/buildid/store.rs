@@ -52,6 +52,12 @@ use std::time::Duration;
 /// nothing for that ID and says so, and a later run stores it.
 pub const STALE_TEMP: Duration = Duration::from_secs(3600);
 
+/// DSOs not stored that a batch's totals name (the count covers them all).
+pub const NAMED_NOT_STORED: usize = 100;
+
+/// Lines of DSOs not stored a human summary prints (the report names them all).
+pub const PRINTED_NOT_STORED: usize = 10;
+
 /// The largest decompressed `.ko.zst` module read (as the build-ID cache).
 const MAX_MODULE: u64 = 256 << 20;
 
@@ -221,19 +227,22 @@ impl StoreTotals {
         self.bytes_added += r.bytes;
     }
 
-    /// Adds another run's totals (a batch's sum; a DSO not stored is named once).
+    /// Adds another run's totals (a batch's sum): the counts add up; a DSO not stored
+    /// is named once, and at most [`NAMED_NOT_STORED`] are named (a batch over other
+    /// hosts' recordings could name every DSO of the fleet).
     pub fn merge(&mut self, o: &StoreTotals) {
         self.added += o.added;
         self.present += o.present;
         self.debuginfo_added += o.debuginfo_added;
         self.bytes_added += o.bytes_added;
+        self.not_stored += o.not_stored;
         for n in &o.not_stored_dsos {
-            if !self
-                .not_stored_dsos
-                .iter()
-                .any(|m| m.path == n.path && m.build_id == n.build_id)
+            if self.not_stored_dsos.len() < NAMED_NOT_STORED
+                && !self
+                    .not_stored_dsos
+                    .iter()
+                    .any(|m| m.path == n.path && m.build_id == n.build_id)
             {
-                self.not_stored += 1;
                 self.not_stored_dsos.push(n.clone());
             }
         }
@@ -879,7 +888,7 @@ mod tests {
     }
 
     #[test]
-    fn totals_name_each_dso_not_stored_once() {
+    fn batch_totals_name_each_dso_not_stored_once() {
         let id = BuildId::from_hex("aabbccdd").unwrap();
         let r = StoreResult {
             name: "[kernel.kallsyms]".into(),
@@ -893,6 +902,6 @@ mod tests {
         let a = StoreTotals::of(Path::new("/s"), [&r]);
         let mut t = a.clone();
         t.merge(&a);
-        assert_eq!((t.not_stored, t.not_stored_dsos.len()), (1, 1));
+        assert_eq!((t.not_stored, t.not_stored_dsos.len()), (2, 1));
     }
 }

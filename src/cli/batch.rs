@@ -307,13 +307,20 @@ fn execute(args: &BatchArgs) -> Result<i32> {
         );
         if let Some(t) = store_totals.lock().ok().and_then(|t| t.clone()) {
             eprintln!(
-                "pdinject batch: symbol store {}: {} IDs added ({} bytes, {} debug files), {} already there; {} not stored",
+                "pdinject batch: symbol store {}: {} IDs added ({} bytes, {} debug files), {} found there; {} DSOs not stored",
                 t.dir, t.added, t.bytes_added, t.debuginfo_added, t.present, t.not_stored
             );
-            for n in &t.not_stored_dsos {
+            let shown = pdinject::buildid::store::PRINTED_NOT_STORED;
+            for n in t.not_stored_dsos.iter().take(shown) {
                 eprintln!(
                     "pdinject batch:   not stored {} ({}): {}",
                     n.path, n.build_id, n.why
+                );
+            }
+            if t.not_stored_dsos.len() > shown {
+                eprintln!(
+                    "pdinject batch:   and {} more named in the report's summary",
+                    t.not_stored_dsos.len() - shown
                 );
             }
         }

@@ -1053,14 +1053,14 @@ impl<'a> Engine<'a> {
         };
         self.add_time("cache", t.elapsed());
         // The symbol store, from the same open files (docs/store.md).
-        let t = Instant::now();
-        let mut stored = match &self.opts.store {
-            Some(s) => self
+        let mut stored = Vec::new();
+        if let Some(s) = &self.opts.store {
+            let t = Instant::now();
+            stored = self
                 .pool
-                .install(|| buildid::store::fill(s, &groups, &outcomes, &trust)),
-            None => Vec::new(),
-        };
-        self.add_time("store", t.elapsed());
+                .install(|| buildid::store::fill(s, &groups, &outcomes, &trust));
+            self.add_time("store", t.elapsed());
+        }
         let mut new = Vec::with_capacity(groups.len() + again.len());
         for (group, outcome) in again {
             let key = (group.kind.is_kernel_space(), group.name.clone());
