@@ -260,7 +260,12 @@ pub fn fill(
         .par_iter()
         .zip(outcomes.par_iter())
         .filter_map(|(g, o)| {
-            let id = o.build_id?;
+            let p = Proof {
+                id: o.build_id?,
+                source: o.source,
+                file: o.file.as_ref(),
+            };
+            let id = p.id;
             let mut r = StoreResult {
                 name: g.name.clone(),
                 kernel_space: g.kind.is_kernel_space(),
@@ -270,7 +275,7 @@ pub fn fill(
                 bytes: 0,
                 detail: None,
             };
-            match add(store, g, o, id, trust, &mut r) {
+            match add(store, g, &p, trust, &mut r) {
                 Ok(state) => r.state = state,
                 Err(why) => {
                     r.state = StoreState::NotStored;
@@ -280,6 +285,14 @@ pub fn fill(
             Some(r)
         })
         .collect()
+}
+
+/// What the store takes of one group's outcome: the ID, where it came from, and
+/// the proven file when it is still open.
+struct Proof<'a> {
+    id: BuildId,
+    source: Option<Source>,
+    file: Option<&'a Arc<File>>,
 }
 
 /// What a stored file is made from.
@@ -293,11 +306,11 @@ enum Content {
 fn add(
     store: &SymbolStore,
     g: &Group,
-    o: &Outcome,
-    id: BuildId,
+    p: &Proof,
     trust: &HostTrust,
     r: &mut StoreResult,
 ) -> Result<StoreState, String> {
+    let id = p.id;
     let exe = store
         .executable_path(&id)
         .ok_or_else(|| format!("build ID {id} is too short for the store"))?;
@@ -310,10 +323,10 @@ fn add(
         return Ok(StoreState::Present);
     }
     let (content, debug) = match g.kind {
-        DsoKind::Kernel => (kernel_image(g, o, id, trust)?, None),
-        DsoKind::Vdso => (vdso_image(g, o, id, trust)?, None),
+        DsoKind::Kernel => (kernel_image(g, p, trust)?, None),
+        DsoKind::Vdso => (vdso_image(g, p, trust)?, None),
         DsoKind::Module | DsoKind::User => {
-            let c = dso_file(store, g, o, id)?;
+            let c = dso_file(store, g, p)?;
             let debug = match &c {
                 Content::File(f) => Some(f.clone()),
                 Content::Bytes(_) => None,
@@ -401,11 +414,12 @@ pub fn fetch_debug_into_cache(
 }
 
 /// This boot's kernel image, when the host has a `vmlinux` carrying the ID.
-fn kernel_image(g: &Group, o: &Outcome, id: BuildId, trust: &HostTrust) -> Result<Content, String> {
+fn kernel_image(g: &Group, p: &Proof, trust: &HostTrust) -> Result<Content, String> {
+    let id = p.id;
     if g.name != "[kernel.kallsyms]" {
         return Err(format!("{} is not this host's kernel image", g.name));
     }
-    let this_boot = o.source == Some(Source::KernelNotes)
+    let this_boot = p.source == Some(Source::KernelNotes)
         || (trust.kernel.is_ok() && host::kernel_build_id() == Some(id));
     if !this_boot {
         return Err("the recorded kernel is not proven to be this boot's".into());
@@ -425,14 +439,15 @@ fn kernel_image(g: &Group, o: &Outcome, id: BuildId, trust: &HostTrust) -> Resul
 }
 
 /// This boot's vdso image, checked to carry the ID.
-fn vdso_image(g: &Group, o: &Outcome, id: BuildId, trust: &HostTrust) -> Result<Content, String> {
+fn vdso_image(g: &Group, p: &Proof, trust: &HostTrust) -> Result<Content, String> {
+    let id = p.id;
     if g.name != "[vdso]" {
         return Err(format!(
             "{}: only this process's own [vdso] image can be written",
             g.name
         ));
     }
-    let this_boot = o.source == Some(Source::Vdso)
+    let this_boot = p.source == Some(Source::Vdso)
         || (trust.kernel.is_ok() && host::vdso_build_id() == Some(id));
     if !this_boot {
         return Err(
@@ -457,11 +472,12 @@ fn under(root: Option<&Path>, name: &str) -> PathBuf {
 
 /// A user DSO's or module's file: the proven one, else the file at the path whose
 /// note carries the ID.
-fn dso_file(store: &SymbolStore, g: &Group, o: &Outcome, id: BuildId) -> Result<Content, String> {
+fn dso_file(store: &SymbolStore, g: &Group, p: &Proof) -> Result<Content, String> {
+    let id = p.id;
     if !g.name.starts_with('/') {
         return Err(format!("'{}' names no file", g.name));
     }
-    if let Some(f) = &o.file {
+    if let Some(f) = p.file {
         return Ok(Content::File(f.clone()));
     }
     let path = under(store.symfs.as_deref(), &g.name);
