@@ -443,19 +443,30 @@ fn fleet_store_served_by_debuginfod_symbolises_elsewhere() {
         "temp files left"
     );
 
-    // The recording host's view, with the programs in place.
-    let host_view: Vec<Vec<String>> = rels
-        .iter()
-        .map(|(rel, _)| samples(&perf, &out.join(rel), &home))
+    // The recording host's view, with the programs in place, by each perf there is.
+    let perfs: Vec<Perf> = [Some(perf.clone()), perf612(TEST), perf73(TEST)]
+        .into_iter()
+        .flatten()
         .collect();
-    for (i, (rel, k)) in rels.iter().enumerate() {
-        let want = format!("fleet_fn_{k}");
-        assert!(
-            host_view[i].iter().any(|l| l.contains(&want)),
-            "{}: no sample in {want} on the recording host:\n{}",
-            rel.display(),
-            host_view[i].join("\n")
-        );
+    let host_view: Vec<Vec<Vec<String>>> = perfs
+        .iter()
+        .map(|pf| {
+            rels.iter()
+                .map(|(rel, _)| samples(pf, &out.join(rel), &home))
+                .collect()
+        })
+        .collect();
+    for (pf, view) in perfs.iter().zip(&host_view) {
+        for (i, (rel, k)) in rels.iter().enumerate() {
+            let want = format!("fleet_fn_{k}");
+            assert!(
+                view[i].iter().any(|l| l.contains(&want)),
+                "{} {}: no sample in {want} on the recording host:\n{}",
+                pf.name,
+                rel.display(),
+                view[i].join("\n")
+            );
+        }
     }
 
     // debuginfod on the store.
@@ -554,20 +565,24 @@ fn fleet_store_served_by_debuginfod_symbolises_elsewhere() {
                 }
             }
         }
-        let got = samples(&perf, &a, &home2);
-        assert_eq!(
-            got.len(),
-            host_view[i].len(),
-            "{}: sample count",
-            rel.display()
-        );
-        for (g, h) in got.iter().zip(&host_view[i]) {
+        for (pf, view) in perfs.iter().zip(&host_view) {
+            let got = samples(pf, &a, &home2);
             assert_eq!(
-                g,
-                h,
-                "{}: a sample symbolised differently on the analysis machine",
+                got.len(),
+                view[i].len(),
+                "{} {}: sample count",
+                pf.name,
                 rel.display()
             );
+            for (g, h) in got.iter().zip(&view[i]) {
+                assert_eq!(
+                    g,
+                    h,
+                    "{} {}: a sample symbolised differently on the analysis machine",
+                    pf.name,
+                    rel.display()
+                );
+            }
         }
     }
 }
