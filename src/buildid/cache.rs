@@ -639,7 +639,9 @@ fn cstr(p: &Path) -> Result<CString, String> {
 
 /// Test hook for the crash-safety test: `PDINJECT_TEST_CACHE_ABORT=N` ends the
 /// process with SIGKILL right before its N-th commit (a temp file written, not yet
-/// renamed), the state a `kill -9` can leave at any moment.
+/// renamed), the state a `kill -9` can leave at any moment. Built only with the
+/// `test-hooks` feature (`cargo test` turns it on; a release build lacks it).
+#[cfg(feature = "test-hooks")]
 fn crash_point() {
     static AT: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
     static DONE: AtomicU64 = AtomicU64::new(0);
@@ -653,6 +655,9 @@ fn crash_point() {
         unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
     }
 }
+
+#[cfg(not(feature = "test-hooks"))]
+fn crash_point() {}
 
 /// Moves `tmp` to `target` unless `target` exists (another run won: its entry is
 /// complete too, and this one is dropped). Added when this run's copy went in.

@@ -871,14 +871,26 @@ fn copy_range(from: &File, to: &File, start: u64, end: u64) -> std::io::Result<(
 
 /// Test hook: `PDINJECT_TEST_STORE_NAMED_TEMPS=1` uses named temp files as on a
 /// filesystem without `O_TMPFILE` (NFS), so that path is tested on any machine.
+/// Built only with the `test-hooks` feature (`cargo test` turns it on).
+#[cfg(feature = "test-hooks")]
 fn test_hook_named_temps() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var_os("PDINJECT_TEST_STORE_NAMED_TEMPS").is_some())
 }
 
+#[cfg(not(feature = "test-hooks"))]
+fn test_hook_named_temps() -> bool {
+    false
+}
+
 /// Test hook for the crash-safety test: `PDINJECT_TEST_STORE_ABORT=N` ends the
 /// process with SIGKILL at its N-th crash point (half a file copied; a file whole
-/// and synced, not yet linked), the states a `kill -9` can leave.
+/// and synced, not yet linked), the states a `kill -9` can leave. Built only with
+/// the `test-hooks` feature.
+#[cfg(not(feature = "test-hooks"))]
+fn crash_point() {}
+
+#[cfg(feature = "test-hooks")]
 fn crash_point() {
     static AT: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
     static DONE: AtomicU64 = AtomicU64::new(0);
