@@ -339,7 +339,14 @@ fn fleet_store_served_by_debuginfod_symbolises_elsewhere() {
         });
         for line in text.lines() {
             let v: serde_json::Value = serde_json::from_str(line).unwrap();
-            if v.get("summary").is_some() {
+            if let Some(sum) = v.get("summary") {
+                // The batch's store totals, with each DSO not stored named.
+                assert_eq!(sum["store"]["dir"], s(&store), "task {k}: {line}");
+                let named = sum["store"]["not_stored_dsos"].as_array().unwrap().len();
+                assert!(
+                    (named == 0) == (sum["store"]["not_stored"] == 0),
+                    "task {k}: {line}"
+                );
                 continue;
             }
             inputs += 1;
