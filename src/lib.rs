@@ -19,6 +19,7 @@ pub mod input;
 pub mod limits;
 pub mod model;
 pub mod options;
+pub mod perfconfig;
 pub mod report;
 pub mod resolve;
 pub mod run;

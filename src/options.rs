@@ -131,6 +131,9 @@ pub struct Options {
     pub stream_memory: u64,
     /// `--attrs-for`: the attr size of the output (default: the input's).
     pub attrs_for: AttrsFor,
+    /// The memo of file proofs the run consults (a batch shares one across its
+    /// inputs; `None`: every proof reads its file).
+    pub memo: Option<std::sync::Arc<crate::buildid::memo::Memo>>,
 }
 
 impl Default for Options {
@@ -151,6 +154,7 @@ impl Default for Options {
             resolve_ahead: Some(DEFAULT_RESOLVE_AHEAD),
             stream_memory: crate::limits::DEFAULT_STREAM_MEMORY,
             attrs_for: AttrsFor::Verbatim,
+            memo: None,
         }
     }
 }

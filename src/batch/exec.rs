@@ -7,7 +7,7 @@ use super::fingerprint::fingerprint;
 use super::marker::{marker_path, up_to_date, write_marker};
 use super::result::{FileResult, Status, Summary};
 use crate::Error;
-use crate::buildid::memo::{self, Memo};
+use crate::buildid::memo::Memo;
 use crate::options::Options;
 use std::path::Path;
 use std::sync::Arc;
@@ -157,7 +157,14 @@ pub fn run(inputs: &[Input], opts: &BatchOptions, done: &(dyn Fn(&FileResult) + 
         }
     };
     let memo = Arc::new(Memo::new());
-    let _installed = memo::install(memo.clone());
+    // Every input's run proves through the one memo.
+    let opts = &BatchOptions {
+        engine: Options {
+            memo: Some(memo.clone()),
+            ..opts.engine.clone()
+        },
+        ..opts.clone()
+    };
     let bad = conflicts(inputs, &opts.dest);
     let summary = std::sync::Mutex::new(Summary {
         inputs: inputs.len(),

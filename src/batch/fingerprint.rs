@@ -51,6 +51,8 @@ impl<'a> Fingerprint<'a> {
             resolve_ahead: _,
             // A limit: a stream over it fails and leaves no output.
             stream_memory: _,
+            // Proofs answered from the memo are the proofs run again (it is exact).
+            memo: _,
         } = o;
         Fingerprint {
             mode: *mode,

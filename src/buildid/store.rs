@@ -260,10 +260,13 @@ pub fn fill(
         .par_iter()
         .zip(outcomes.par_iter())
         .filter_map(|(g, o)| {
+            let Outcome::Found(f) = o else {
+                return None;
+            };
             let p = Proof {
-                id: o.build_id?,
-                source: o.source,
-                file: o.file.as_ref(),
+                id: f.build_id,
+                source: f.source,
+                file: f.file.as_ref(),
             };
             let id = p.id;
             let mut r = StoreResult {
@@ -291,7 +294,7 @@ pub fn fill(
 /// the proven file when it is still open.
 struct Proof<'a> {
     id: BuildId,
-    source: Option<Source>,
+    source: Source,
     file: Option<&'a Arc<File>>,
 }
 
@@ -419,7 +422,7 @@ fn kernel_image(g: &Group, p: &Proof, trust: &HostTrust) -> Result<Content, Stri
     if g.name != "[kernel.kallsyms]" {
         return Err(format!("{} is not this host's kernel image", g.name));
     }
-    let this_boot = p.source == Some(Source::KernelNotes)
+    let this_boot = p.source == Source::KernelNotes
         || (trust.kernel.is_ok() && host::kernel_build_id() == Some(id));
     if !this_boot {
         return Err("the recorded kernel is not proven to be this boot's".into());
@@ -447,7 +450,7 @@ fn vdso_image(g: &Group, p: &Proof, trust: &HostTrust) -> Result<Content, String
             g.name
         ));
     }
-    let this_boot = p.source == Some(Source::Vdso)
+    let this_boot = p.source == Source::Vdso
         || (trust.kernel.is_ok() && host::vdso_build_id() == Some(id));
     if !this_boot {
         return Err(

@@ -91,12 +91,12 @@ fn execute_with(args: &SingleArgs, input: &Path, output: Option<&PathBuf>) -> Re
         jobs: args.run.jobs,
         progress,
         in_place: output.is_none(),
+        // One proof per DSO file: the unwind tables and the identify stage both prove
+        // the files they read, and the memo (exact: keyed by what the file is now and
+        // what the recording says of it) answers the second from the first.
+        memo: Some(Arc::new(pdinject::buildid::memo::Memo::new())),
         ..args.run.engine.options(args.debuginfod.as_deref())?
     };
-    // One proof per DSO file: the unwind tables and the identify stage both prove the
-    // files they read, and the memo (exact: keyed by what the file is now and what
-    // the recording says of it) answers the second from the first.
-    let _memo = pdinject::buildid::memo::install(Arc::new(pdinject::buildid::memo::Memo::new()));
     let result = run(args, &opts, input, output);
     if let Some(b) = bar {
         b.finish_and_clear();
@@ -144,9 +144,9 @@ fn run(
 
 /// The cache's totals in `report`, and the archive of its entries when asked.
 fn add_cache(report: &mut Report, dir: &Path, archive: Option<&Path>) -> Result<()> {
-    pdinject::buildid::cache::totals(report, dir);
+    report.add_cache_totals(dir);
     if let Some(a) = archive {
-        let sum = pdinject::buildid::archive::write(report, dir, a)?;
+        let sum = pdinject::buildid::archive::write(report.cache_entries(), dir, a)?;
         report.notes.push(format!(
             "archive {}: {} cache entries, {} bytes (unpack with: tar xf {} -C ~/.debug)",
             a.display(),
