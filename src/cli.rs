@@ -47,7 +47,7 @@ pub enum Command {
 
 /// Runs the binary.
 pub fn main() -> Exit {
-    pdinject::write::interrupt::install();
+    pdinject::signals::install();
     let parsed = Cli::command()
         .mut_subcommand("batch", batch::help)
         .try_get_matches()

@@ -1,6 +1,8 @@
 //! What a run is asked to do: the mode, the build IDs the user knows, the worker
-//! count, unwinding and progress reporting. Filled in by the command line (or any
-//! other caller of the library); read by the engine and the sinks.
+//! count, the output's form, unwinding and progress reporting. Filled in by the
+//! command line (or any other caller of the library); read by the driver, the engine
+//! and the sinks. Imports only `format` (IDs), `buildid::cache` (the cache to fill)
+//! and `limits`.
 
 use crate::format::buildid::BuildId;
 use crate::{Error, Result};
@@ -14,6 +16,21 @@ pub enum Mode {
     Hit,
     /// Every DSO mapped as code (`--buildid-all`).
     All,
+}
+
+/// The form in which the output carries the IDs it gains. Which output (a file, a
+/// stream, the input itself) is the driver's [`crate::driver::Output`]; any form
+/// goes with any output. A conversion of the samples (coming) is a choice of its own
+/// beside this one, not a third form.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Form {
+    /// perf's own: a BUILD_ID table in a file, HEADER_BUILD_ID records in a stream.
+    #[default]
+    Table,
+    /// Besides, the mapping records of DSOs with a decided ID are written in
+    /// build-ID form (`--mmap2-buildids` with [`Mode::Hit`], `--mmap2-buildid-all`
+    /// with [`Mode::All`]); see [`crate::sink::mmap2`].
+    Mmap2,
 }
 
 /// `--unwind`: how user stacks (`--call-graph dwarf` samples) are walked.
@@ -114,17 +131,12 @@ pub struct Options {
     pub store: Option<crate::buildid::store::SymbolStore>,
     /// `--symfs`: user DSOs are read under this sysroot.
     pub symfs: Option<std::path::PathBuf>,
-    /// Mapping records of DSOs with a decided ID are written in build-ID form
-    /// (`--mmap2-buildids` with [`Mode::Hit`], `--mmap2-buildid-all` with
-    /// [`Mode::All`]); see [`crate::sink::mmap2`].
-    pub mmap2: bool,
-    /// Rewrite the input itself, only what changes, crash-safe
-    /// ([`crate::write::inplace`]).
-    pub in_place: bool,
+    /// How the output carries the IDs.
+    pub form: Form,
     /// A file is resolved while it is scanned, a batch each time the scan has gone
     /// this many bytes further and the previous batch is done (`None`: after the
     /// whole scan, as one batch). Results are the same either way
-    /// ([`crate::engine::Engine::ahead_holds`]).
+    /// ([`crate::engine::Beside`]).
     pub resolve_ahead: Option<u64>,
     /// Bytes a stream may keep across its batches (`--stream-memory`; see
     /// [`crate::limits::StreamKept`]).
@@ -149,8 +161,7 @@ impl Default for Options {
             cache: None,
             store: None,
             symfs: None,
-            mmap2: false,
-            in_place: false,
+            form: Form::Table,
             resolve_ahead: Some(DEFAULT_RESOLVE_AHEAD),
             stream_memory: crate::limits::DEFAULT_STREAM_MEMORY,
             attrs_for: AttrsFor::Verbatim,
@@ -178,8 +189,7 @@ impl std::fmt::Debug for Options {
             .field("cache", &self.cache)
             .field("store", &self.store)
             .field("symfs", &self.symfs)
-            .field("mmap2", &self.mmap2)
-            .field("in_place", &self.in_place)
+            .field("form", &self.form)
             .field("resolve_ahead", &self.resolve_ahead)
             .field("stream_memory", &self.stream_memory)
             .field("attrs_for", &self.attrs_for)

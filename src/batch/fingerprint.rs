@@ -7,7 +7,7 @@
 //! way, so a carried field cannot be left out of the string either.
 
 use crate::format::buildid::BuildId;
-use crate::options::{AttrsFor, Mode, Options, UnwindChoice};
+use crate::options::{AttrsFor, Form, Mode, Options, UnwindChoice};
 use std::fmt;
 use std::path::Path;
 use std::time::Duration;
@@ -35,7 +35,7 @@ impl<'a> Fingerprint<'a> {
             unwind_budget,
             max_frames,
             symfs,
-            mmap2,
+            form,
             attrs_for,
             // How fast, not what: threads and progress.
             jobs: _,
@@ -45,9 +45,7 @@ impl<'a> Fingerprint<'a> {
             // The symbol store too (docs/store.md: a store added to a rerun needs
             // --force to see the outputs already done).
             store: _,
-            // The destination has markers of its own (batch::Dest).
-            in_place: _,
-            // The same results either way (engine::Engine::ahead_holds).
+            // The same results either way (engine::Beside).
             resolve_ahead: _,
             // A limit: a stream over it fails and leaves no output.
             stream_memory: _,
@@ -61,7 +59,7 @@ impl<'a> Fingerprint<'a> {
             unwind_budget: *unwind_budget,
             max_frames: *max_frames,
             symfs: symfs.as_deref(),
-            mmap2: *mmap2,
+            mmap2: *form == Form::Mmap2,
             attrs_for: *attrs_for,
         }
     }

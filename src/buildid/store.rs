@@ -450,8 +450,8 @@ fn vdso_image(g: &Group, p: &Proof, trust: &HostTrust) -> Result<Content, String
             g.name
         ));
     }
-    let this_boot = p.source == Source::Vdso
-        || (trust.kernel.is_ok() && host::vdso_build_id() == Some(id));
+    let this_boot =
+        p.source == Source::Vdso || (trust.kernel.is_ok() && host::vdso_build_id() == Some(id));
     if !this_boot {
         return Err(
             "the recording is not proven to be of this host and boot: this process's vdso may differ"
