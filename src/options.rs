@@ -47,57 +47,7 @@ pub enum UnwindChoice {
     Dwarf,
 }
 
-/// `--attrs-for`: the perf whose attr size the output's event attributes are
-/// written at. perf refuses a perf.data file whose attrs are larger than its own
-/// `struct perf_event_attr` ("incompatible file format"), so a file recorded by a
-/// newer perf can be read by an older one only with its attrs cut to the older
-/// size, which is lossless only when the fields cut off are zero
-/// ([`crate::format::attr_compat`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum AttrsFor {
-    /// The input's attrs as they are (the default).
-    #[default]
-    Verbatim,
-    /// perf 6.1: attrs of 128 bytes (`PERF_ATTR_SIZE_VER7`, up to `sig_data`).
-    Perf6_1,
-    /// perf 6.12: attrs of 136 bytes (`PERF_ATTR_SIZE_VER8`, up to `config3`).
-    Perf6_12,
-}
-
-impl AttrsFor {
-    /// The attr size to write at most (`None`: verbatim).
-    pub fn size(self) -> Option<usize> {
-        match self {
-            AttrsFor::Verbatim => None,
-            AttrsFor::Perf6_1 => Some(128),
-            AttrsFor::Perf6_12 => Some(136),
-        }
-    }
-
-    /// Refuses `--in-place` with a size to write: cutting the attrs rewrites the
-    /// header's attr fields and the attrs section, which the crash-safe in-place
-    /// writer ([`crate::write::inplace`]) neither journals nor switches in one
-    /// write; a new file is written whole or not at all.
-    pub fn check_in_place(self) -> Result<()> {
-        if self == AttrsFor::Verbatim {
-            return Ok(());
-        }
-        Err(Error::Usage(format!(
-            "--attrs-for {} cannot rewrite a file in place (the attrs section and the header would change in more than one write, which the crash-safe in-place writer does not do); write a new file: pdinject --attrs-for {} IN OUT",
-            self.perf(),
-            self.perf()
-        )))
-    }
-
-    /// The perf version, as the user gave it.
-    pub fn perf(self) -> &'static str {
-        match self {
-            AttrsFor::Verbatim => "",
-            AttrsFor::Perf6_1 => "6.1",
-            AttrsFor::Perf6_12 => "6.12",
-        }
-    }
-}
+pub use crate::format::attr_compat::AttrsFor;
 
 /// Progress callback: `(stage, done, total)` in bytes.
 pub type ProgressFn = std::sync::Arc<dyn Fn(&str, u64, u64) + Send + Sync>;

@@ -202,7 +202,7 @@ fn run_uncommitted(
     // A file input's attrs are checked before anything is written (a stream's are
     // checked as its HEADER_ATTR records arrive).
     if let Input::File(i) = &src {
-        crate::format::attr_compat::check_input(i, cx.opts.attrs_for)?;
+        check_attrs_for(i, cx.opts.attrs_for)?;
     }
     let in_name = if is_dash(input) {
         PathBuf::from("<stdin>")
@@ -274,6 +274,39 @@ fn run_uncommitted(
     report.input = input.display().to_string();
     report.output = output.display().to_string();
     Ok((report, tmp))
+}
+
+/// Checks that every attr of a file input can be written at `to.size()`, before
+/// anything is written (the output sinks cut them, or refuse, as they write).
+fn check_attrs_for(input: &PerfInput, to: AttrsFor) -> Result<()> {
+    use crate::format::attr_compat::{FEAT_EVENT_DESC, describe, parse_event_desc, shrink};
+    let Some(n) = to.size() else {
+        return Ok(());
+    };
+    let h = &input.header;
+    let entry = h.attr_size as usize;
+    let attr_len = entry - 16;
+    if attr_len <= n {
+        return Ok(());
+    }
+    let raw = input.data_files[0].read_at(h.attrs.offset, h.attrs.size)?;
+    let names = input
+        .feature(FEAT_EVENT_DESC)
+        .map(|p| parse_event_desc(&p, h.endian))
+        .unwrap_or_default();
+    for (i, ent) in raw.chunks_exact(entry).enumerate() {
+        let event = || {
+            describe(
+                i,
+                names.get(i).map(String::as_str),
+                &ent[..attr_len],
+                h.endian,
+            )
+        };
+        shrink(&ent[..attr_len], h.endian, to, &event)
+            .map_err(|e| e.in_file(&input.header_path))?;
+    }
+    Ok(())
 }
 
 /// Rewrites `path` itself (`--in-place`): restores it first if an earlier in-place

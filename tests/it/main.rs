@@ -17,6 +17,7 @@ mod errors;
 mod hostile;
 mod inplace;
 mod large;
+mod layers;
 mod matrix;
 mod mmap2;
 mod mutation;
