@@ -10,7 +10,9 @@
 # that fails or is cut short can be rerun as it is: finished outputs are skipped.
 # Exit code of a task: 0 all done, 3 some recordings failed (see its report), 1 none.
 #
-# PDINJECT names the binary (default: pdinject on PATH).
+# PDINJECT names the binary (default: pdinject on PATH). SYMBOL_STORE, when set, is a
+# folder on the shared filesystem that every task fills with the DSOs it proves
+# (--symbol-store, docs/store.md), for a debuginfod serving the fleet.
 #SBATCH --job-name=pdinject-batch
 #SBATCH --cpus-per-task=4
 #SBATCH --output=pdinject-%A_%a.out
@@ -24,4 +26,5 @@ exec "${PDINJECT:-pdinject}" batch --buildids \
     --out-dir "$OUT" \
     --report "$OUT/report-${SLURM_ARRAY_TASK_ID}.jsonl" \
     --quiet \
+    ${SYMBOL_STORE:+--symbol-store "$SYMBOL_STORE"} \
     "$FLEET"

@@ -77,6 +77,8 @@ pub struct Options {
     /// perf's build-ID cache to fill (`None`: `--no-buildid-cache`, and the library
     /// default).
     pub cache: Option<crate::buildid::cache::BuildIdCache>,
+    /// `--symbol-store`: the build-ID symbol store to fill (docs/store.md).
+    pub store: Option<crate::buildid::store::SymbolStore>,
     /// `--symfs`: user DSOs are read under this sysroot.
     pub symfs: Option<std::path::PathBuf>,
     /// How the output carries the IDs.
@@ -121,6 +123,7 @@ impl Default for Options {
             unwind_budget: DEFAULT_UNWIND_BUDGET,
             max_frames: DEFAULT_MAX_FRAMES,
             cache: None,
+            store: None,
             symfs: None,
             form: Form::Table,
             resolve_ahead: Some(DEFAULT_RESOLVE_AHEAD),
@@ -149,6 +152,7 @@ impl std::fmt::Debug for Options {
             .field("unwind_budget", &self.unwind_budget)
             .field("max_frames", &self.max_frames)
             .field("cache", &self.cache)
+            .field("store", &self.store)
             .field("symfs", &self.symfs)
             .field("form", &self.form)
             .field("resolve_ahead", &self.resolve_ahead)

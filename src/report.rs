@@ -31,6 +31,12 @@ pub struct DsoReport {
     pub cache_entry: Option<String>,
     /// Build-ID cache: why the DSO is not cached.
     pub cache_detail: Option<String>,
+    /// Symbol store: what happened to this DSO (no store: absent).
+    pub stored: Option<crate::buildid::store::StoreState>,
+    /// Symbol store: where its debug info is.
+    pub store_debuginfo: Option<crate::buildid::store::DebugInfo>,
+    /// Symbol store: why it is not stored, or where its debug info came from.
+    pub store_detail: Option<String>,
     /// The input's claim of an ID for this DSO was contradicted: what became of it.
     pub claim: Option<ClaimReport>,
 }
@@ -178,6 +184,8 @@ pub struct Report {
     pub convert: Option<crate::convert::Counts>,
     /// Build-ID cache totals (absent with --no-buildid-cache).
     pub cache: Option<crate::buildid::cache::CacheTotals>,
+    /// Symbol store totals (absent without --symbol-store).
+    pub store: Option<crate::buildid::store::StoreTotals>,
     /// Per DSO.
     pub dsos: Vec<DsoReport>,
     /// Print stage timings in the human summary.
@@ -280,6 +288,35 @@ impl Report {
                 "  build-ID cache {}: {} added, {} already there, {} fetched, {} not cached",
                 c.dir, c.added, c.present, c.fetched, c.not_cached
             )?;
+        }
+        if let Some(s) = &self.store {
+            writeln!(
+                w,
+                "  symbol store {}: {} added ({} bytes, {} debug files), {} already there, {} not stored",
+                escape(&s.dir),
+                s.added,
+                s.bytes_added,
+                s.debuginfo_added,
+                s.present,
+                s.not_stored
+            )?;
+            let shown = crate::buildid::store::PRINTED_NOT_STORED;
+            for n in s.not_stored_dsos.iter().take(shown) {
+                writeln!(
+                    w,
+                    "  not stored  {} ({}): {}",
+                    escape(&n.path),
+                    n.build_id,
+                    escape(&n.why)
+                )?;
+            }
+            if s.not_stored_dsos.len() > shown {
+                writeln!(
+                    w,
+                    "  not stored  {} more (the JSON report names them)",
+                    s.not_stored_dsos.len() - shown
+                )?;
+            }
         }
         for n in &self.notes {
             writeln!(w, "  note: {}", escape(n))?;

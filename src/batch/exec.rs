@@ -179,6 +179,14 @@ pub fn run(inputs: &[Input], opts: &BatchOptions, done: &(dyn Fn(&FileResult) + 
                 Status::Failed => s.failed += 1,
                 Status::Skipped => s.skipped += 1,
             }
+            if let Some(t) = &r.report.store {
+                s.store
+                    .get_or_insert_with(|| crate::buildid::store::StoreTotals {
+                        dir: t.dir.clone(),
+                        ..Default::default()
+                    })
+                    .merge(t);
+            }
         }
         done(&r);
     };

@@ -44,6 +44,9 @@ impl<'a> Fingerprint<'a> {
             progress: _,
             // The cache is filled beside the output, never written into it.
             cache: _,
+            // The symbol store too (docs/store.md: a store added to a rerun needs
+            // --force to see the outputs already done).
+            store: _,
             // The same results either way (engine::Beside).
             resolve_ahead: _,
             // A limit: a stream over it fails and leaves no output.

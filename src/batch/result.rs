@@ -79,4 +79,7 @@ pub struct Summary {
     /// DSO files read, proofs run, memo hits.
     #[serde(flatten)]
     pub memo: MemoStats,
+    /// The symbol store's totals over the batch (`--symbol-store`, docs/store.md).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub store: Option<crate::buildid::store::StoreTotals>,
 }

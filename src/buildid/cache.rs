@@ -297,7 +297,7 @@ fn add(
             }
             let this_boot = o.source() == Some(Source::Vdso)
                 || (trust.kernel.is_ok() && host::vdso_build_id() == Some(id));
-            if !this_boot {
+            if !this_boot && cache.debuginfod.is_empty() {
                 return Err(
                     "the recording is not proven to be of this host and boot: this process's vdso may differ"
                         .into(),
@@ -308,6 +308,15 @@ fn add(
             let target = dir.join("vdso");
             let state = if exists(&target) {
                 CacheState::Present
+            } else if !this_boot {
+                // Another boot's vdso: the image a symbol store holds for the ID
+                // (docs/store.md), checked to carry it.
+                let data = super::debuginfod::fetch(&cache.debuginfod, &id).map_err(|e| {
+                    format!("the recording is not of this boot and its vdso image could not be fetched: debuginfod: {e}")
+                })?;
+                mkdir(&dir)?;
+                place(&target, &Content::Bytes(data, 0o600))?;
+                CacheState::Fetched
             } else {
                 let img = host::vdso_image().ok_or("cannot read this process's vdso")?;
                 // The image written is the one whose ID is checked here.
@@ -367,6 +376,11 @@ fn add(
             }
             if !module && !g.name.ends_with(".ko") {
                 debug_file(cache, &id, &dir)?;
+                if state == CacheState::Fetched {
+                    super::store::fetch_debug_into_cache(&cache.debuginfod, &id, &target, &dir)
+                        .map(|data| place(&dir.join("debug"), &Content::Bytes(data, 0o644)))
+                        .transpose()?;
+                }
             }
             if !exists(&dir.join("probes")) {
                 let f = match file_for_probes {

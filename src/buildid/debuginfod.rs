@@ -43,9 +43,19 @@ pub fn urls(flag: Option<&str>) -> Result<Vec<String>, String> {
 /// Fetches the executable with this ID from the first server that has it, checked
 /// to carry exactly this ID.
 pub fn fetch(servers: &[String], id: &BuildId) -> Result<Vec<u8>, String> {
+    fetch_kind(servers, id, "executable")
+}
+
+/// Fetches the debug info with this ID (`/buildid/HEX/debuginfo`: a separate debug
+/// file, or an unstripped executable), checked to carry exactly this ID.
+pub fn fetch_debuginfo(servers: &[String], id: &BuildId) -> Result<Vec<u8>, String> {
+    fetch_kind(servers, id, "debuginfo")
+}
+
+fn fetch_kind(servers: &[String], id: &BuildId, kind: &str) -> Result<Vec<u8>, String> {
     let mut errors = Vec::new();
     for s in servers {
-        match fetch_one(s, id) {
+        match fetch_one(s, id, kind) {
             Ok(data) => {
                 if super::elf::build_id_of_image(&data).ok() == Some(*id) {
                     return Ok(data);
@@ -62,7 +72,7 @@ pub fn fetch(servers: &[String], id: &BuildId) -> Result<Vec<u8>, String> {
     })
 }
 
-fn fetch_one(server: &str, id: &BuildId) -> Result<Vec<u8>, String> {
+fn fetch_one(server: &str, id: &BuildId, kind: &str) -> Result<Vec<u8>, String> {
     let rest = match server.strip_prefix("http://") {
         Some(r) => r,
         None if server.starts_with("https://") => {
@@ -91,7 +101,7 @@ fn fetch_one(server: &str, id: &BuildId) -> Result<Vec<u8>, String> {
         .map_err(|e| e.to_string())?;
     write!(
         s,
-        "GET {base}/buildid/{id}/executable HTTP/1.1\r\nHost: {hostport}\r\nUser-Agent: pdinject/{}\r\nAccept: */*\r\nConnection: close\r\n\r\n",
+        "GET {base}/buildid/{id}/{kind} HTTP/1.1\r\nHost: {hostport}\r\nUser-Agent: pdinject/{}\r\nAccept: */*\r\nConnection: close\r\n\r\n",
         env!("CARGO_PKG_VERSION")
     )
     .map_err(|e| e.to_string())?;

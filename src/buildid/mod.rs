@@ -20,6 +20,7 @@ pub mod elf;
 pub mod host;
 pub mod memo;
 pub mod proof;
+pub mod store;
 
 use crate::format::buildid::{BuildId, BuildIdTable, TableEntry};
 use crate::format::record::FileIdent;

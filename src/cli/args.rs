@@ -106,6 +106,10 @@ pub struct EngineArgs {
     /// Do not add the DSOs to perf's build-ID cache.
     #[arg(short = 'N', long = "no-buildid-cache")]
     pub no_buildid_cache: bool,
+    /// Also put each proven DSO's file and its separate debug info into this build-ID
+    /// symbol store, once per ID, laid out for `debuginfod -F DIR` (docs/store.md).
+    #[arg(long = "symbol-store", value_name = "DIR")]
+    pub symbol_store: Option<PathBuf>,
     /// Look user DSOs up under this sysroot (a copy of the recorded machine's files).
     #[arg(long = "symfs", value_name = "DIR")]
     pub symfs: Option<PathBuf>,
@@ -184,6 +188,13 @@ impl EngineArgs {
             },
             attrs_for: self.attrs_for(),
             cache,
+            store: match &self.symbol_store {
+                Some(d) => Some(
+                    pdinject::buildid::store::SymbolStore::new(d, self.symfs.clone())
+                        .map_err(|e| Error::Usage(format!("--symbol-store: {e}")))?,
+                ),
+                None => None,
+            },
             symfs: self.symfs.clone(),
             stream_memory: self.stream_memory,
             callchains: if self.convert_callchain {

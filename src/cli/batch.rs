@@ -292,4 +292,23 @@ fn print_summary(summary: &Summary, shard: Option<Shard>, all: usize) {
         summary.memo.dso_files_read,
         summary.memo.memo_hits
     );
+    if let Some(t) = &summary.store {
+        eprintln!(
+            "pdinject batch: symbol store {}: {} IDs added ({} bytes, {} debug files), {} found there; {} DSOs not stored",
+            t.dir, t.added, t.bytes_added, t.debuginfo_added, t.present, t.not_stored
+        );
+        let shown = pdinject::buildid::store::PRINTED_NOT_STORED;
+        for n in t.not_stored_dsos.iter().take(shown) {
+            eprintln!(
+                "pdinject batch:   not stored {} ({}): {}",
+                n.path, n.build_id, n.why
+            );
+        }
+        if t.not_stored_dsos.len() > shown {
+            eprintln!(
+                "pdinject batch:   and {} more named in the report's summary",
+                t.not_stored_dsos.len() - shown
+            );
+        }
+    }
 }

@@ -123,6 +123,8 @@ pub struct Decision {
     pub later_file: bool,
     /// What happened to its build-ID cache entry (when a cache is filled).
     pub cache: Option<buildid::cache::CacheResult>,
+    /// What happened to it in the symbol store (`--symbol-store`).
+    pub store: Option<buildid::store::StoreResult>,
 }
 
 impl Decision {
@@ -1092,6 +1094,15 @@ impl<'a> Engine<'a> {
             None => Vec::new(),
         };
         self.add_time("cache", t.elapsed());
+        // The symbol store, from the same open files (docs/store.md).
+        let mut stored = Vec::new();
+        if let Some(s) = &self.opts.store {
+            let t = Instant::now();
+            stored = self
+                .pool
+                .install(|| buildid::store::fill(s, &groups, &outcomes, trust));
+            self.add_time("store", t.elapsed());
+        }
         let mut new = Vec::with_capacity(groups.len() + again.len());
         for (group, outcome) in again {
             let key = (group.kind.is_kernel_space(), group.name.clone());
@@ -1108,6 +1119,10 @@ impl<'a> Engine<'a> {
                 .iter()
                 .position(|r| r.name == group.name && r.kernel_space == space)
                 .map(|i| cached.swap_remove(i));
+            let store = stored
+                .iter()
+                .position(|r| r.name == group.name && r.kernel_space == space)
+                .map(|i| stored.swap_remove(i));
             // The proven file was needed for the cache only: no descriptor outlives
             // the batch.
             let outcome = outcome.without_file();
@@ -1116,6 +1131,7 @@ impl<'a> Engine<'a> {
                 group,
                 later_file: false,
                 cache,
+                store,
             };
             // The name is held twice: the key and the group.
             self.kept.decisions +=
@@ -1224,6 +1240,12 @@ impl<'a> Engine<'a> {
     /// records carry.
     fn dso_lines(&mut self, r: &mut Report) -> usize {
         let mut in_records = 0;
+        r.store = self.opts.store.as_ref().map(|st| {
+            buildid::store::StoreTotals::of(
+                &st.dir,
+                self.decided.values().filter_map(|d| d.store.as_ref()),
+            )
+        });
         for d in std::mem::take(&mut self.decided).into_values() {
             let o = d.outcome;
             let detail = if d.later_file && o.build_id().is_some() {
@@ -1246,6 +1268,10 @@ impl<'a> Engine<'a> {
             } else {
                 r.ids_missing += 1;
             }
+            let (stored, store_debuginfo, store_detail) = match &d.store {
+                Some(s) => (Some(s.state), s.debuginfo, s.detail.clone()),
+                None => (None, None, None),
+            };
             let (cached, cache_entry, cache_detail) = match d.cache {
                 Some(c) => (Some(c.state), c.entry, c.detail),
                 None => (None, None, None),
@@ -1267,6 +1293,9 @@ impl<'a> Engine<'a> {
                 cached,
                 cache_entry,
                 cache_detail,
+                stored,
+                store_debuginfo,
+                store_detail,
             });
         }
         in_records

@@ -29,5 +29,6 @@ mod quipper;
 mod record;
 mod slurm;
 mod stale;
+mod store;
 mod trust;
 mod unwind;

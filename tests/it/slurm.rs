@@ -18,7 +18,8 @@ use std::time::{Duration, Instant};
 const TEST: &str = "slurm_array_batch";
 
 /// The daemons started, stopped (SIGTERM, then SIGKILL) in reverse order on drop.
-struct Daemons {
+pub(super) struct Daemons {
+    test: &'static str,
     children: Vec<(&'static str, Child)>,
 }
 
@@ -59,7 +60,7 @@ impl Daemons {
                 true
             }
             Err(e) => {
-                skip(TEST, &format!("cannot start {name}: {e}"));
+                skip(self.test, &format!("cannot start {name}: {e}"));
                 false
             }
         }
@@ -111,7 +112,7 @@ fn hostname() -> String {
         .unwrap_or_else(|| "localhost".into())
 }
 
-fn log_tail(p: &Path) -> String {
+pub(super) fn log_tail(p: &Path) -> String {
     let s = std::fs::read_to_string(p).unwrap_or_default();
     let lines: Vec<&str> = s.lines().collect();
     lines[lines.len().saturating_sub(15)..].join("\n")
@@ -150,121 +151,182 @@ fn fleet_sources() -> Vec<PathBuf> {
     v
 }
 
-#[test]
-fn slurm_array_batch() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        skip(
-            TEST,
-            "needs root (munged runs as user munge, slurmd as root)",
-        );
-        return;
+/// A one-node Slurm cluster running in `t` (see the module's comment).
+pub(super) struct Cluster {
+    /// Stopped when the cluster is dropped.
+    _daemons: Daemons,
+    conf: PathBuf,
+    dir: PathBuf,
+    bins: BTreeMap<&'static str, PathBuf>,
+}
+
+impl Cluster {
+    /// A Slurm command (`sbatch`, `sinfo`) talking to this cluster.
+    pub(super) fn cmd(&self, bin: &str) -> Command {
+        let mut c = Command::new(&self.bins[bin]);
+        c.env("SLURM_CONF", &self.conf).current_dir(&self.dir);
+        c
     }
-    let mut bins = BTreeMap::new();
-    for b in [
-        "munged",
-        "slurmctld",
-        "slurmd",
-        "sbatch",
-        "sinfo",
-        "hostname",
-    ] {
-        match which(b) {
-            Some(p) => {
-                bins.insert(b, p);
-            }
-            None => {
-                skip(
-                    TEST,
-                    &format!("{b} not found (apt-get install slurm-wlm munge)"),
-                );
-                return;
+
+    /// `sbatch --wait --array=0-(tasks-1) --cpus-per-task=1 SCRIPT ARGS` with `envs`;
+    /// panics with the tasks' and daemons' logs when it fails. Task K's output is
+    /// `DIR/task-K.out`.
+    pub(super) fn run_array(
+        &self,
+        tasks: usize,
+        script: &Path,
+        args: &[&Path],
+        envs: &[(&str, &std::ffi::OsStr)],
+    ) {
+        let t = &self.dir;
+        let mut c = self.cmd("sbatch");
+        c.arg("--wait")
+            .arg(format!("--array=0-{}", tasks - 1))
+            .arg("--cpus-per-task=1")
+            .arg(format!("--output={}/task-%a.out", t.display()))
+            .arg(script)
+            .args(args);
+        for (k, v) in envs {
+            c.env(k, v);
+        }
+        let o = run_timeout(&mut c, Duration::from_secs(300));
+        let tasks_out: String = (0..tasks)
+            .map(|k| {
+                format!(
+                    "task {k}:\n{}\n",
+                    log_tail(&t.join(format!("task-{k}.out")))
+                )
+            })
+            .collect();
+        let o = o.unwrap_or_else(|| {
+            panic!(
+                "sbatch --wait did not finish in 300 s\n{tasks_out}slurmctld:\n{}",
+                log_tail(&t.join("slurmctld.log"))
+            )
+        });
+        assert!(
+            o.status.success(),
+            "sbatch --wait --array=0-{} failed ({}): {}\n{tasks_out}slurmctld:\n{}\nslurmd:\n{}",
+            tasks - 1,
+            status_str(&o),
+            tail(&o.stderr),
+            log_tail(&t.join("slurmctld.log")),
+            log_tail(&t.join("slurmd.log"))
+        );
+    }
+
+    /// Starts munged, slurmctld and slurmd with every file in `t`; `None` (after
+    /// [`skip`]) where they cannot run.
+    pub(super) fn start(test: &'static str, t: &Path) -> Option<Cluster> {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            skip(
+                test,
+                "needs root (munged runs as user munge, slurmd as root)",
+            );
+            return None;
+        }
+        let mut bins = BTreeMap::new();
+        for b in [
+            "munged",
+            "slurmctld",
+            "slurmd",
+            "sbatch",
+            "sinfo",
+            "hostname",
+        ] {
+            match which(b) {
+                Some(p) => {
+                    bins.insert(b, p);
+                }
+                None => {
+                    skip(
+                        test,
+                        &format!("{b} not found (apt-get install slurm-wlm munge)"),
+                    );
+                    return None;
+                }
             }
         }
-    }
-    let Some((munge_uid, munge_gid)) = user_ids("munge") else {
-        skip(TEST, "no user munge (apt-get install munge)");
-        return;
-    };
+        let Some((munge_uid, munge_gid)) = user_ids("munge") else {
+            skip(test, "no user munge (apt-get install munge)");
+            return None;
+        };
 
-    let tmp = tempfile::Builder::new()
-        .prefix("pdinject-slurm-")
-        .tempdir()
-        .unwrap();
-    let t = tmp.path();
-    // munged checks every directory on the way to its socket: readable and executable
-    // for all, not writable by others.
-    let chmod = |p: &Path, mode: u32| {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
-    };
-    chmod(t, 0o755);
-    let metc = t.join("munge-etc");
-    let mrun = t.join("munge-run");
-    for (d, mode) in [(&metc, 0o700), (&mrun, 0o755)] {
-        std::fs::create_dir(d).unwrap();
-        chmod(d, mode);
-        std::os::unix::fs::chown(d, Some(munge_uid), Some(munge_gid)).unwrap();
-    }
-    let key = metc.join("munge.key");
-    let mut kbytes = vec![0u8; 1024];
-    let mut f = std::fs::File::open("/dev/urandom").unwrap();
-    std::io::Read::read_exact(&mut f, &mut kbytes).unwrap();
-    std::fs::write(&key, &kbytes).unwrap();
-    chmod(&key, 0o600);
-    std::os::unix::fs::chown(&key, Some(munge_uid), Some(munge_gid)).unwrap();
-    let socket = mrun.join("munge.socket");
+        // munged checks every directory on the way to its socket: readable and executable
+        // for all, not writable by others.
+        let chmod = |p: &Path, mode: u32| {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
+        };
+        chmod(t, 0o755);
+        let metc = t.join("munge-etc");
+        let mrun = t.join("munge-run");
+        for (d, mode) in [(&metc, 0o700), (&mrun, 0o755)] {
+            std::fs::create_dir(d).unwrap();
+            chmod(d, mode);
+            std::os::unix::fs::chown(d, Some(munge_uid), Some(munge_gid)).unwrap();
+        }
+        let key = metc.join("munge.key");
+        let mut kbytes = vec![0u8; 1024];
+        let mut f = std::fs::File::open("/dev/urandom").unwrap();
+        std::io::Read::read_exact(&mut f, &mut kbytes).unwrap();
+        std::fs::write(&key, &kbytes).unwrap();
+        chmod(&key, 0o600);
+        std::os::unix::fs::chown(&key, Some(munge_uid), Some(munge_gid)).unwrap();
+        let socket = mrun.join("munge.socket");
 
-    let mut daemons = Daemons {
-        children: Vec::new(),
-    };
-    let mut munged = Command::new(&bins["munged"]);
-    munged
-        .arg("--foreground")
-        .arg(format!("--socket={}", socket.display()))
-        .arg(format!("--key-file={}", key.display()))
-        .arg(format!("--log-file={}", metc.join("munged.log").display()))
-        .arg(format!("--pid-file={}", mrun.join("munged.pid").display()))
-        .arg(format!(
-            "--seed-file={}",
-            metc.join("munged.seed").display()
-        ))
-        .uid(munge_uid)
-        .gid(munge_gid);
-    let munged_log = t.join("munged.out");
-    if !daemons.start("munged", &mut munged, &munged_log) {
-        return;
-    }
-    if !wait_for(Duration::from_secs(15), || socket.exists()) {
-        skip(
-            TEST,
-            &format!(
-                "munged did not start (no socket after 15 s):\n{}",
-                log_tail(&munged_log)
-            ),
-        );
-        return;
-    }
+        let mut daemons = Daemons {
+            test,
+            children: Vec::new(),
+        };
+        let mut munged = Command::new(&bins["munged"]);
+        munged
+            .arg("--foreground")
+            .arg(format!("--socket={}", socket.display()))
+            .arg(format!("--key-file={}", key.display()))
+            .arg(format!("--log-file={}", metc.join("munged.log").display()))
+            .arg(format!("--pid-file={}", mrun.join("munged.pid").display()))
+            .arg(format!(
+                "--seed-file={}",
+                metc.join("munged.seed").display()
+            ))
+            .uid(munge_uid)
+            .gid(munge_gid);
+        let munged_log = t.join("munged.out");
+        if !daemons.start("munged", &mut munged, &munged_log) {
+            return None;
+        }
+        if !wait_for(Duration::from_secs(15), || socket.exists()) {
+            skip(
+                test,
+                &format!(
+                    "munged did not start (no socket after 15 s):\n{}",
+                    log_tail(&munged_log)
+                ),
+            );
+            return None;
+        }
 
-    let (Some(p_ctld), Some(p_d)) = (free_port(), free_port()) else {
-        skip(TEST, "no free TCP port on 127.0.0.1");
-        return;
-    };
-    let host = hostname();
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    for d in ["state", "spool"] {
-        std::fs::create_dir(t.join(d)).unwrap();
-    }
-    let conf = t.join("slurm.conf");
-    let td = t.display();
-    // MinJobAge=4 keeps `sbatch --wait` polling every 2 s (it backs off to 32 s
-    // while the wait is below half the age); CR_CPU schedules CPUs only (with memory
-    // as a resource each task asks for the whole node's and the tasks run one after
-    // another, 3 s apart): the test takes ~8 s instead of ~42 s.
-    std::fs::write(
-        &conf,
-        format!(
-            "ClusterName=pdinject
+        let (Some(p_ctld), Some(p_d)) = (free_port(), free_port()) else {
+            skip(test, "no free TCP port on 127.0.0.1");
+            return None;
+        };
+        let host = hostname();
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        for d in ["state", "spool"] {
+            std::fs::create_dir(t.join(d)).unwrap();
+        }
+        let conf = t.join("slurm.conf");
+        let td = t.display();
+        // MinJobAge=4 keeps `sbatch --wait` polling every 2 s (it backs off to 32 s
+        // while the wait is below half the age); CR_CPU schedules CPUs only (with memory
+        // as a resource each task asks for the whole node's and the tasks run one after
+        // another, 3 s apart): the test takes ~8 s instead of ~42 s.
+        std::fs::write(
+            &conf,
+            format!(
+                "ClusterName=pdinject
 SlurmctldHost={host}(127.0.0.1)
 SlurmUser=root
 SlurmdUser=root
@@ -293,52 +355,70 @@ MinJobAge=4
 NodeName={host} NodeAddr=127.0.0.1 CPUs={cpus} State=UNKNOWN
 PartitionName=pdinject Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 ",
-            socket = socket.display()
-        ),
-    )
-    .unwrap();
-    let slurm = |bin: &str| {
-        let mut c = Command::new(&bins[bin]);
-        c.env("SLURM_CONF", &conf).current_dir(t);
-        c
-    };
-    let ctld_log = t.join("slurmctld.out");
-    let d_log = t.join("slurmd.out");
-    if !daemons.start(
-        "slurmctld",
-        slurm("slurmctld").arg("-D").arg("-f").arg(&conf),
-        &ctld_log,
-    ) || !daemons.start(
-        "slurmd",
-        slurm("slurmd")
-            .arg("-D")
-            .arg("-f")
-            .arg(&conf)
-            .arg("-N")
-            .arg(&host),
-        &d_log,
-    ) {
-        return;
-    }
-    let idle = wait_for(Duration::from_secs(30), || {
-        let o = slurm("sinfo").args(["-h", "-o", "%T"]).output();
-        o.is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "idle")
-    });
-    if !idle {
-        skip(
-            TEST,
-            &format!(
-                "Slurm did not come up (dead: {:?}); slurmctld:\n{}\n{}\nslurmd:\n{}\n{}",
-                daemons.dead(),
-                log_tail(&ctld_log),
-                log_tail(&t.join("slurmctld.log")),
-                log_tail(&d_log),
-                log_tail(&t.join("slurmd.log"))
+                socket = socket.display()
             ),
-        );
-        return;
+        )
+        .unwrap();
+        let slurm = |bin: &str| {
+            let mut c = Command::new(&bins[bin]);
+            c.env("SLURM_CONF", &conf).current_dir(t);
+            c
+        };
+        let ctld_log = t.join("slurmctld.out");
+        let d_log = t.join("slurmd.out");
+        if !daemons.start(
+            "slurmctld",
+            slurm("slurmctld").arg("-D").arg("-f").arg(&conf),
+            &ctld_log,
+        ) || !daemons.start(
+            "slurmd",
+            slurm("slurmd")
+                .arg("-D")
+                .arg("-f")
+                .arg(&conf)
+                .arg("-N")
+                .arg(&host),
+            &d_log,
+        ) {
+            return None;
+        }
+        let idle = wait_for(Duration::from_secs(30), || {
+            let o = slurm("sinfo").args(["-h", "-o", "%T"]).output();
+            o.is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "idle")
+        });
+        if !idle {
+            skip(
+                test,
+                &format!(
+                    "Slurm did not come up (dead: {:?}); slurmctld:\n{}\n{}\nslurmd:\n{}\n{}",
+                    daemons.dead(),
+                    log_tail(&ctld_log),
+                    log_tail(&t.join("slurmctld.log")),
+                    log_tail(&d_log),
+                    log_tail(&t.join("slurmd.log"))
+                ),
+            );
+            return None;
+        }
+        Some(Cluster {
+            _daemons: daemons,
+            conf,
+            dir: t.to_path_buf(),
+            bins,
+        })
     }
+}
 
+#[test]
+fn slurm_array_batch() {
+    let tmp = tempfile::Builder::new()
+        .prefix("pdinject-slurm-")
+        .tempdir()
+        .unwrap();
+    let t = tmp.path();
+    let Some(cluster) = Cluster::start(TEST, t) else {
+        return;
+    };
     // The fleet: every host's recording is called perf.data.
     let fleet = t.join("fleet");
     let sources = fleet_sources();
@@ -351,16 +431,14 @@ PartitionName=pdinject Nodes=ALL Default=YES MaxTime=INFINITE State=UP
     }
     let out = t.join("out");
     let script = manifest_dir().join("examples/slurm-batch.sh");
-    let o = run_timeout(
-        slurm("sbatch")
-            .args(["--wait", "--array=0-3", "--cpus-per-task=1"])
-            .arg(format!("--output={td}/task-%a.out"))
-            .arg(&script)
-            .arg(&fleet)
-            .arg(&out)
-            .env("PDINJECT", env!("CARGO_BIN_EXE_pdinject"))
-            .env("HOME", test_home()),
-        Duration::from_secs(300),
+    cluster.run_array(
+        4,
+        &script,
+        &[&fleet, &out],
+        &[
+            ("PDINJECT", env!("CARGO_BIN_EXE_pdinject").as_ref()),
+            ("HOME", test_home().as_os_str()),
+        ],
     );
     let tasks_out: String = (0..4)
         .map(|k| {
@@ -370,20 +448,6 @@ PartitionName=pdinject Nodes=ALL Default=YES MaxTime=INFINITE State=UP
             )
         })
         .collect();
-    let o = o.unwrap_or_else(|| {
-        panic!(
-            "sbatch --wait did not finish in 300 s\n{tasks_out}slurmctld:\n{}",
-            log_tail(&t.join("slurmctld.log"))
-        )
-    });
-    assert!(
-        o.status.success(),
-        "sbatch --wait --array=0-3 failed ({}): {}\n{tasks_out}slurmctld:\n{}\nslurmd:\n{}",
-        status_str(&o),
-        tail(&o.stderr),
-        log_tail(&t.join("slurmctld.log")),
-        log_tail(&t.join("slurmd.log"))
-    );
 
     // Every input in exactly one task's report, done there.
     let mut owner: BTreeMap<String, Vec<usize>> = BTreeMap::new();
@@ -444,7 +508,7 @@ PartitionName=pdinject Nodes=ALL Default=YES MaxTime=INFINITE State=UP
             rel.display()
         );
     }
-    drop(daemons);
+    drop(cluster);
 }
 
 fn collect_files(root: &Path, dir: &Path, out: &mut Vec<PathBuf>) {
