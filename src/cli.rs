@@ -30,8 +30,8 @@ pub struct Args {
     /// Output perf.data; perf's spelling of the second argument.
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     pub output_flag: Option<PathBuf>,
-    /// Worker threads (default: all cores).
-    #[arg(short = 'j', long = "jobs", value_name = "N")]
+    /// Worker threads (default: all cores). Long form only: `-j` is perf's --jit.
+    #[arg(long = "jobs", value_name = "N")]
     pub jobs: Option<usize>,
     /// Also write the summary as JSON to FILE.
     #[arg(long = "report", value_name = "FILE")]
@@ -132,6 +132,11 @@ pub struct EngineArgs {
     /// Default: the input's attrs as they are.
     #[arg(long = "attrs-for", value_name = "PERF", value_enum)]
     pub attrs_for: Option<AttrsForArg>,
+    /// JIT code as DSOs (perf inject's -j, --jit): each jitdump a process mapped
+    /// (jit-PID.dump) becomes one ELF image beside it and an MMAP2 record per code
+    /// load, at its time (see docs/jit.md). Record with perf record -k 1.
+    #[arg(short = 'j', long = "jit")]
+    pub jit: bool,
 }
 
 impl EngineArgs {
@@ -195,6 +200,11 @@ impl EngineArgs {
             cache,
             symfs: self.symfs.clone(),
             stream_memory: self.stream_memory,
+            jit: if self.jit {
+                pdinject::jit::JitChoice::Inject
+            } else {
+                pdinject::jit::JitChoice::Off
+            },
             ..Options::default()
         })
     }
@@ -254,6 +264,22 @@ fn execute(args: &Args) -> Result<()> {
     let mut paths = args.paths.iter();
     let input = args.input_flag.clone().or_else(|| paths.next().cloned());
     let output = args.output_flag.clone().or_else(|| paths.next().cloned());
+    if args.engine.jit
+        && let Some(n) = args.paths.first()
+        && !n.as_os_str().is_empty()
+        && n.as_os_str()
+            .as_encoded_bytes()
+            .iter()
+            .all(u8::is_ascii_digit)
+        && !n.exists()
+    {
+        // `-j 4` meant worker threads before -j became perf's --jit.
+        return Err(Error::Usage(format!(
+            "-j is --jit (as in perf inject); for {} worker threads write --jobs {}",
+            n.display(),
+            n.display()
+        )));
+    }
     if paths.next().is_some() {
         return Err(Error::Usage("too many paths: give IN and OUT".into()));
     }

@@ -129,6 +129,8 @@ pub struct Options {
     pub stream_memory: u64,
     /// `--attrs-for`: the attr size of the output (default: the input's).
     pub attrs_for: AttrsFor,
+    /// `--jit`: jitdumps become images and mapping records first ([`crate::jit`]).
+    pub jit: crate::jit::JitChoice,
 }
 
 impl Default for Options {
@@ -148,6 +150,7 @@ impl Default for Options {
             resolve_ahead: Some(DEFAULT_RESOLVE_AHEAD),
             stream_memory: crate::limits::DEFAULT_STREAM_MEMORY,
             attrs_for: AttrsFor::Verbatim,
+            jit: crate::jit::JitChoice::Off,
         }
     }
 }
@@ -175,6 +178,7 @@ impl std::fmt::Debug for Options {
             .field("resolve_ahead", &self.resolve_ahead)
             .field("stream_memory", &self.stream_memory)
             .field("attrs_for", &self.attrs_for)
+            .field("jit", &self.jit)
             .finish_non_exhaustive()
     }
 }

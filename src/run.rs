@@ -132,11 +132,31 @@ pub fn run_in(cx: Context<'_>, input: &Path, output: &Path) -> Result<Report> {
 }
 
 /// The run, with a file output left in its temp file for the caller to commit.
+/// With `--jit`, the jitdumps are injected first into an intermediate recording
+/// beside the output ([`crate::jit`]), which the run then reads.
 fn run_uncommitted(
     cx: Context<'_>,
     input: &Path,
     output: &Path,
 ) -> Result<(Report, Option<TempOutput>)> {
+    if cx.opts.jit == crate::jit::JitChoice::Off {
+        return run_plain(cx, input, output);
+    }
+    if !is_dash(input) && !is_dash(output) && (input == output || same_file(input, output)) {
+        return Err(Error::Usage(format!(
+            "{}: output would overwrite the input; write to another file",
+            output.display()
+        )));
+    }
+    let prepared = crate::jit::prepare(input, output)?;
+    let (mut report, tmp) = run_plain(cx, prepared.input(input), output)?;
+    crate::jit::conclude(&prepared, &mut report);
+    report.input = input.display().to_string();
+    Ok((report, tmp))
+}
+
+/// The run itself.
+fn run_plain(cx: Context<'_>, input: &Path, output: &Path) -> Result<(Report, Option<TempOutput>)> {
     if !is_dash(input) && !is_dash(output) && (input == output || same_file(input, output)) {
         return Err(Error::Usage(format!(
             "{}: output would overwrite the input; write to another file",
@@ -259,6 +279,11 @@ pub fn run_in_place(path: &Path, opts: &Options) -> Result<Report> {
 pub fn run_in_place_in(cx: Context<'_>, path: &Path) -> Result<Report> {
     let opts = cx.opts;
     opts.attrs_for.check_in_place()?;
+    if opts.jit != crate::jit::JitChoice::Off {
+        return Err(Error::Usage(
+            "--jit inserts records into the data, which an in-place run cannot do; write a new file: pdinject --jit IN OUT".into(),
+        ));
+    }
     let restored = crate::write::inplace::recover(path)?;
     let src = Input::open(path)?;
     if !matches!(src, Input::File(_)) {

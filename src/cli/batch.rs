@@ -57,7 +57,7 @@ pub struct BatchArgs {
     #[arg(long = "force")]
     pub force: bool,
     /// Worker threads in all (default: all cores).
-    #[arg(short = 'j', long = "jobs", value_name = "N")]
+    #[arg(long = "jobs", value_name = "N")]
     pub jobs: Option<usize>,
     /// Write one JSON line per input to FILE (the single-file report's fields plus
     /// status, error and skipped), then one {"summary": ...} line.
@@ -179,6 +179,22 @@ fn execute(args: &BatchArgs) -> Result<i32> {
         )));
     }
     let paths = input_paths(args)?;
+    if args.engine.jit
+        && let Some(n) = paths.first()
+        && !n.as_os_str().is_empty()
+        && n.as_os_str()
+            .as_encoded_bytes()
+            .iter()
+            .all(u8::is_ascii_digit)
+        && !n.exists()
+    {
+        // `-j 4` meant worker threads before -j became perf's --jit.
+        return Err(Error::Usage(format!(
+            "-j is --jit (as in perf inject); for {} worker threads write --jobs {}",
+            n.display(),
+            n.display()
+        )));
+    }
     if let Dest::OutDir(d) = &dest {
         std::fs::create_dir_all(d).map_err(|e| Error::io(d, e))?;
     }
