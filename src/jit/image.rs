@@ -11,8 +11,9 @@
 //! code, zeros to 8 bytes, and the unwinding tables the JIT maps behind it, so a
 //! record's length is perf's), then `.symtab` (one global function per load),
 //! `.strtab`, `.shstrtab`, the build-ID note and, when the dump has DEBUG_INFO,
-//! `.debug_line` (one sequence per load, files defined inline as perf's
-//! genelf_debug does), `.debug_abbrev` and `.debug_info` (one unit covering `.text`).
+//! `.debug_line` (one sequence per load, ended at its last row as perf's genelf_debug
+//! ends it; the source files in the header's table), `.debug_abbrev` and
+//! `.debug_info` (one unit covering `.text`).
 //!
 //! Memory: the code goes straight to the image; symbols, names and line programs go to
 //! unlinked temp files beside it and are copied in at the end, so a dump of any size
@@ -32,6 +33,9 @@ pub const TEXT_OFFSET: u64 = 0x80;
 const LOAD_ALIGN: u64 = 16;
 /// Largest string table and line program (their offsets are 32-bit).
 const MAX_TABLE: u64 = u32::MAX as u64 - (1 << 20);
+/// Bytes of source file names held for the line program's header (beyond it, lines
+/// of further files are left out, with a note).
+const MAX_FILE_TABLE: usize = 64 << 20;
 /// Buffer of each temp stream.
 const BUF: usize = 256 << 10;
 
@@ -128,7 +132,10 @@ pub struct ImageWriter {
     nsyms: u64,
     strs_len: u64,
     lines_len: u64,
-    files_defined: u64,
+    /// Source files by name, numbered from 1 in the line program's header.
+    files: std::collections::HashMap<Vec<u8>, u64>,
+    /// The header's file table (name, NUL, directory, time and size 0).
+    file_names: Vec<u8>,
     finished: bool,
     /// Loads whose name or lines no longer fit the 32-bit tables.
     pub dropped_tables: u64,
@@ -168,7 +175,8 @@ impl ImageWriter {
             nsyms: 0,
             strs_len: 1,
             lines_len: 0,
-            files_defined: 0,
+            files: std::collections::HashMap::new(),
+            file_names: Vec::new(),
             finished: false,
             dropped_tables: 0,
         })
@@ -246,8 +254,8 @@ impl ImageWriter {
     }
 
     /// One line-program sequence for the load at `offset` (as genelf_debug writes it:
-    /// the address set once, then line and address advances, a file defined where
-    /// the name changes), ended at the end of its code.
+    /// the address set once, then line and address advances, the file set where the
+    /// name changes).
     fn add_lines(
         &mut self,
         offset: u64,
@@ -271,16 +279,25 @@ impl ImageWriter {
             if let Some(f) = l.file
                 && file.as_deref() != Some(f)
             {
-                // DW_LNE_define_file, then DW_LNS_set_file.
-                let mut body = vec![3u8];
-                body.extend_from_slice(f);
-                body.extend_from_slice(&[0, 0, 0, 0]);
-                p.push(0);
-                uleb(&mut p, body.len() as u64);
-                p.extend_from_slice(&body);
-                self.files_defined += 1;
+                // Files go into the header's table, each name once: defining them in
+                // the program (DW_LNE_define_file, as genelf_debug does) gave binutils'
+                // reader garbage names once a program defined thousands.
+                let n = match self.files.get(f) {
+                    Some(&n) => n,
+                    None if self.file_names.len() + f.len() + 4 <= MAX_FILE_TABLE => {
+                        self.file_names.extend_from_slice(f);
+                        self.file_names.extend_from_slice(&[0, 0, 0, 0]);
+                        let n = self.files.len() as u64 + 1;
+                        self.files.insert(f.to_vec(), n);
+                        n
+                    }
+                    None => {
+                        self.dropped_tables += 1;
+                        break;
+                    }
+                };
                 p.push(4);
-                uleb(&mut p, self.files_defined);
+                uleb(&mut p, n);
                 file = Some(f.to_vec());
             }
             if file.is_none() {
@@ -303,12 +320,10 @@ impl ImageWriter {
         if rows == 0 {
             return Ok(());
         }
-        if csize > last_at {
-            p.push(2);
-            uleb(&mut p, csize - last_at);
-        }
+        // The sequence ends at its last row, as genelf_debug ends it: code after the
+        // last line the JIT gave has no line (perf shows none there either).
         p.extend_from_slice(&[0, 1, 1]); // DW_LNE_end_sequence
-        if self.lines_len + p.len() as u64 > MAX_TABLE {
+        if self.lines_len + p.len() as u64 > MAX_TABLE - MAX_FILE_TABLE as u64 {
             self.dropped_tables += 1;
             return Ok(());
         }
@@ -337,8 +352,11 @@ impl ImageWriter {
         let syms = std::mem::replace(&mut self.syms, sink(&tmp)?);
         let strs = std::mem::replace(&mut self.strs, sink(&tmp)?);
         let lines = std::mem::replace(&mut self.lines, sink(&tmp)?);
+        let mut hash = hash;
+        hash.update(&self.file_names);
+        let files = std::mem::take(&mut self.file_names);
         let r = Self::write_tables(
-            &path, &tmp, out, syms, strs, lines, hash, text_end, nsyms, strs_len, lines_len,
+            &path, &tmp, out, syms, strs, lines, hash, text_end, nsyms, strs_len, lines_len, &files,
         );
         if r.is_err() {
             let _ = std::fs::remove_file(&tmp);
@@ -359,6 +377,7 @@ impl ImageWriter {
         nsyms: u64,
         strs_len: u64,
         lines_len: u64,
+        files: &[u8],
     ) -> crate::Result<BuildId> {
         let e = |err| io_err(tmp, err);
         let id_bytes = hash.finish();
@@ -413,15 +432,18 @@ impl ImageWriter {
         let mut debug = None;
         if lines_len > 0 {
             let line = at;
-            let mut h = Vec::with_capacity(30);
-            h.extend_from_slice(&((25 + lines_len) as u32).to_le_bytes());
+            let mut h = Vec::with_capacity(30 + files.len());
+            let header_len = 19 + files.len() as u64;
+            h.extend_from_slice(&((6 + header_len + lines_len) as u32).to_le_bytes());
             h.extend_from_slice(&2u16.to_le_bytes());
-            h.extend_from_slice(&19u32.to_le_bytes());
+            h.extend_from_slice(&(header_len as u32).to_le_bytes());
             // min_inst_length, default_is_stmt, line_base, line_range, opcode_base.
             h.extend_from_slice(&[1, 1, (-5i8) as u8, 14, 13]);
             h.extend_from_slice(&[0, 1, 1, 1, 1, 0, 0, 0, 1, 0, 0, 1]);
-            // No include directories, no files (each is defined in the program).
-            h.extend_from_slice(&[0, 0]);
+            // No include directories; the files.
+            h.push(0);
+            h.extend_from_slice(files);
+            h.push(0);
             out.write_all(&h).map_err(e)?;
             let n = copy(&mut out, lines).map_err(e)?;
             at += h.len() as u64 + n;
