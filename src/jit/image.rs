@@ -13,7 +13,9 @@
 //! `.strtab`, `.shstrtab`, the build-ID note and, when the dump has DEBUG_INFO,
 //! `.debug_line` (one sequence per load, ended at its last row as perf's genelf_debug
 //! ends it; the source files in the header's table), `.debug_abbrev` and
-//! `.debug_info` (one unit covering `.text`).
+//! `.debug_info` (one unit naming the line program and nothing else, as perf's: a unit
+//! with an address range made perf 6.12 and 7.3 (libdw) give a line to addresses
+//! before the first row and after the last row of a load, where perf's images have none).
 //!
 //! Memory: the code goes straight to the image; symbols, names and line programs go to
 //! unlinked temp files beside it and are copied in at the end, so a dump of any size
@@ -448,19 +450,17 @@ impl ImageWriter {
             let n = copy(&mut out, lines).map_err(e)?;
             at += h.len() as u64 + n;
             let abbrev = at;
-            let ab: [u8; 12] = [1, 0x11, 0, 0x10, 0x06, 0x11, 0x01, 0x12, 0x01, 0, 0, 0];
+            let ab: [u8; 8] = [1, 0x11, 0, 0x10, 0x06, 0, 0, 0];
             out.write_all(&ab).map_err(e)?;
             at += ab.len() as u64;
             let info = at;
             let mut i = Vec::with_capacity(32);
-            i.extend_from_slice(&28u32.to_le_bytes());
+            i.extend_from_slice(&12u32.to_le_bytes());
             i.extend_from_slice(&2u16.to_le_bytes());
             i.extend_from_slice(&0u32.to_le_bytes());
             i.push(8);
             i.push(1);
             i.extend_from_slice(&0u32.to_le_bytes());
-            i.extend_from_slice(&TEXT_OFFSET.to_le_bytes());
-            i.extend_from_slice(&text_end.to_le_bytes());
             out.write_all(&i).map_err(e)?;
             at += i.len() as u64;
             debug = Some((
