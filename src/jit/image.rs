@@ -58,6 +58,29 @@ pub struct Placed {
     pub len: u64,
 }
 
+/// Unwinding tables of a load, as the jitdump gives them.
+#[derive(Clone, Copy, Debug)]
+pub struct Tables<'a> {
+    /// `.eh_frame` then `.eh_frame_hdr`.
+    pub data: &'a [u8],
+    /// Size of `.eh_frame_hdr` (the tail of `data`).
+    pub hdr_size: u64,
+    /// Bytes the JIT maps behind the code (0: none).
+    pub mapped: u64,
+}
+
+/// What an image holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// Every load of a dump, each at its own offset.
+    Shared,
+    /// One load with its unwinding tables as sections (`.eh_frame`, `.eh_frame_hdr`
+    /// behind the code), perf's own layout: perf's DWARF unwinder finds a DSO's
+    /// `.eh_frame_hdr` once per DSO and reads its table through the sample's map,
+    /// so only an image of one load can carry a load's tables.
+    Single,
+}
+
 /// A source line of a load, relative to its code.
 pub struct Line<'a> {
     /// Offset in the code.
@@ -139,6 +162,11 @@ pub struct ImageWriter {
     /// The header's file table (name, NUL, directory, time and size 0).
     file_names: Vec<u8>,
     finished: bool,
+    kind: Kind,
+    /// End of the last load's code.
+    code_end: u64,
+    /// `.eh_frame` and `.eh_frame_hdr` (offset, size) of a [`Kind::Single`] image.
+    eh: Option<[(u64, u64); 2]>,
     /// Loads whose name or lines no longer fit the 32-bit tables.
     pub dropped_tables: u64,
 }
@@ -146,7 +174,7 @@ pub struct ImageWriter {
 impl ImageWriter {
     /// Starts the image at `path` (written to a temp name beside it, renamed by
     /// [`ImageWriter::finish`]).
-    pub fn create(path: &Path) -> crate::Result<Self> {
+    pub fn create(path: &Path, kind: Kind) -> crate::Result<Self> {
         let dir = path.parent().unwrap_or(Path::new("."));
         let name = path
             .file_name()
@@ -180,6 +208,9 @@ impl ImageWriter {
             files: std::collections::HashMap::new(),
             file_names: Vec::new(),
             finished: false,
+            kind,
+            code_end: TEXT_OFFSET,
+            eh: None,
             dropped_tables: 0,
         })
     }
@@ -197,7 +228,7 @@ impl ImageWriter {
         &mut self,
         name: &[u8],
         code: &[u8],
-        unwinding: Option<(&[u8], u64)>,
+        unwinding: Option<Tables<'_>>,
         lines: &mut dyn Iterator<Item = Line<'_>>,
     ) -> crate::Result<Placed> {
         let pad = self.text_end.next_multiple_of(LOAD_ALIGN) - self.text_end;
@@ -205,19 +236,35 @@ impl ImageWriter {
         let offset = self.text_end;
         self.put_text(code)?;
         let csize = code.len() as u64;
+        self.code_end = offset + code.len() as u64;
         let mut len = csize;
-        if let Some((data, mapped)) = unwinding.filter(|u| u.1 > 0) {
+        let single = self.kind == Kind::Single;
+        if let Some(t) = unwinding.filter(|u| u.mapped > 0 || single) {
             let aligned = csize.next_multiple_of(8);
             self.put_text(&vec![0u8; (aligned - csize) as usize])?;
-            let take = (mapped.min(data.len() as u64)) as usize;
-            self.put_text(&data[..take])?;
-            let mut rest = mapped - take as u64;
+            // A shared image keeps what the JIT maps behind the code (the bytes a
+            // record covers); a single one the whole tables, as sections.
+            let take = if single {
+                t.data.len()
+            } else {
+                (t.mapped.min(t.data.len() as u64)) as usize
+            };
+            let eh_at = self.text_end;
+            self.put_text(&t.data[..take])?;
+            let mut rest = t.mapped.saturating_sub(take as u64);
             while rest > 0 {
                 let n = rest.min(4096);
                 self.put_text(&[0u8; 4096][..n as usize])?;
                 rest -= n;
             }
-            len = aligned + mapped;
+            if single {
+                let hdr = t.hdr_size.min(take as u64);
+                let eh_size = take as u64 - hdr;
+                self.eh = Some([(eh_at, eh_size), (eh_at + eh_size, hdr)]);
+            }
+            if t.mapped > 0 {
+                len = aligned + t.mapped;
+            }
         }
         // The symbol: name offset, global function in .text (section 1).
         let name = if name.is_empty() {
@@ -344,6 +391,12 @@ impl ImageWriter {
         let tmp = self.tmp.clone();
         let (text_end, nsyms, strs_len, lines_len) =
             (self.text_end, self.nsyms, self.strs_len, self.lines_len);
+        // A single load's .text is its code; its tables follow as their own sections.
+        let text_size = match self.kind {
+            Kind::Single => self.code_end - TEXT_OFFSET,
+            Kind::Shared => text_end - TEXT_OFFSET,
+        };
+        let eh = self.eh;
         let hash = std::mem::take(&mut self.hash);
         let sink = |t: &PathBuf| -> crate::Result<BufWriter<File>> {
             Ok(BufWriter::new(
@@ -358,7 +411,8 @@ impl ImageWriter {
         hash.update(&self.file_names);
         let files = std::mem::take(&mut self.file_names);
         let r = Self::write_tables(
-            &path, &tmp, out, syms, strs, lines, hash, text_end, nsyms, strs_len, lines_len, &files,
+            &path, &tmp, out, syms, strs, lines, hash, text_end, nsyms, strs_len, lines_len,
+            &files, text_size, eh,
         );
         if r.is_err() {
             let _ = std::fs::remove_file(&tmp);
@@ -380,6 +434,8 @@ impl ImageWriter {
         strs_len: u64,
         lines_len: u64,
         files: &[u8],
+        text_size: u64,
+        eh: Option<[(u64, u64); 2]>,
     ) -> crate::Result<BuildId> {
         let e = |err| io_err(tmp, err);
         let id_bytes = hash.finish();
@@ -410,7 +466,7 @@ impl ImageWriter {
         let n = copy(&mut out, strs).map_err(e)?;
         at += n;
         let _ = strs_len;
-        let shstr: &[u8] = b"\0.text\0.shstrtab\0.symtab\0.strtab\0.note.gnu.build-id\0.debug_line\0.debug_info\0.debug_abbrev\0";
+        let shstr: &[u8] = b"\0.text\0.shstrtab\0.symtab\0.strtab\0.note.gnu.build-id\0.debug_line\0.debug_info\0.debug_abbrev\0.eh_frame\0.eh_frame_hdr\0";
         let name_of = |s: &str| -> u32 {
             let needle = format!("\0{s}\0");
             shstr
@@ -498,7 +554,6 @@ impl ImageWriter {
             sh.extend_from_slice(&entsize.to_le_bytes());
         };
         shdr(0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
-        let text_size = text_end - TEXT_OFFSET;
         // .text: address = offset, so a symbol's value is its file offset.
         shdr(
             name_of(".text"),
@@ -562,6 +617,32 @@ impl ImageWriter {
                 0,
                 0,
                 1,
+                0,
+            );
+        }
+        if let Some([(eh_at, eh_size), (hdr_at, hdr_size)]) = eh {
+            shdr(
+                name_of(".eh_frame"),
+                1,
+                2,
+                eh_at,
+                eh_at,
+                eh_size,
+                0,
+                0,
+                8,
+                0,
+            );
+            shdr(
+                name_of(".eh_frame_hdr"),
+                1,
+                2,
+                hdr_at,
+                hdr_at,
+                hdr_size,
+                0,
+                0,
+                4,
                 0,
             );
         }

@@ -81,21 +81,24 @@ struct MapRec {
     len: u64,
     /// Offset in the image; `u64::MAX`: an anonymous cover (dump cut short).
     pgoff: u64,
+    /// The image: 0 the shared one, n the n-th single-load one.
+    img: u64,
 }
 
 impl MapRec {
-    const SIZE: usize = 40;
-    fn encode(&self) -> [u8; 40] {
-        let mut b = [0u8; 40];
+    const SIZE: usize = 48;
+    fn encode(&self) -> [u8; 48] {
+        let mut b = [0u8; 48];
         b[0..8].copy_from_slice(&self.time.to_le_bytes());
         b[8..12].copy_from_slice(&self.pid.to_le_bytes());
         b[12..16].copy_from_slice(&self.tid.to_le_bytes());
         b[16..24].copy_from_slice(&self.start.to_le_bytes());
         b[24..32].copy_from_slice(&self.len.to_le_bytes());
         b[32..40].copy_from_slice(&self.pgoff.to_le_bytes());
+        b[40..48].copy_from_slice(&self.img.to_le_bytes());
         b
     }
-    fn decode(b: &[u8; 40]) -> MapRec {
+    fn decode(b: &[u8; 48]) -> MapRec {
         let u64at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap_or([0; 8]));
         let u32at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap_or([0; 4]));
         MapRec {
@@ -105,6 +108,7 @@ impl MapRec {
             start: u64at(16),
             len: u64at(24),
             pgoff: u64at(32),
+            img: u64at(40),
         }
     }
 }
@@ -151,10 +155,30 @@ struct Anon {
 /// One processed dump.
 struct Dump {
     marker: Marker,
+    /// The shared image and its ID.
     image: PathBuf,
-    id: BuildId,
+    id: Option<BuildId>,
+    /// Single-load images (loads with CFI in a DWARF-unwound recording): their
+    /// paths' code index and their IDs.
+    singles: Vec<(u64, BuildId)>,
     list: File,
     count: u64,
+}
+
+impl Dump {
+    /// The image of a record: its path and ID.
+    fn image_of(&self, img: u64) -> Option<(PathBuf, BuildId)> {
+        if img == 0 {
+            return Some((self.image.clone(), self.id?));
+        }
+        let (index, id) = *self.singles.get(usize::try_from(img - 1).ok()?)?;
+        Some((single_path(&self.image, self.marker.pid, index), id))
+    }
+}
+
+/// perf's name for the image of one load: `jitted-PID-INDEX.so` beside the dump.
+fn single_path(shared: &Path, pid: u32, index: u64) -> PathBuf {
+    shared.with_file_name(format!("jitted-{pid}-{index}.so"))
 }
 
 /// What the pass did (for the report's notes).
@@ -480,7 +504,9 @@ pub fn prepare(input: &Path, output: &Path) -> Result<Prepared> {
         );
     }
     for d in &dumps {
-        summary.images.push(d.image.clone());
+        if d.id.is_some() {
+            summary.images.push(d.image.clone());
+        }
     }
     drop(spool);
     Ok(Prepared {
@@ -602,6 +628,9 @@ fn make_dump(
     l: &Layout,
     end_time: u64,
 ) -> std::result::Result<(Dump, Vec<String>), String> {
+    // perf unwinds DWARF stacks with each DSO's one .eh_frame_hdr, read through the
+    // sample's map: loads with CFI keep an image each where stacks are unwound.
+    let split_cfi = l.attrs.iter().any(|a| a.sample_type & st::STACK_USER != 0);
     use std::os::unix::ffi::OsStrExt;
     let path = PathBuf::from(std::ffi::OsStr::from_bytes(&m.path));
     let f = File::open(&path).map_err(|e| format!("cannot open it: {e}"))?;
@@ -624,15 +653,17 @@ fn make_dump(
         .map(|n| n.to_string_lossy().trim_end_matches(".dump").to_string())
         .unwrap_or_else(|| format!("jit-{}", m.pid));
     let image_path = path.with_file_name(format!("{stem}.so"));
-    let mut img = image::ImageWriter::create(&image_path)
+    let mut img = image::ImageWriter::create(&image_path, image::Kind::Shared)
         .map_err(|e| format!("cannot write its image: {e}"))?;
+    let mut shared_loads = 0u64;
+    let mut singles: Vec<(u64, BuildId)> = Vec::new();
     let list = scratch_beside(&image_path).map_err(|e| format!("cannot write beside it: {e}"))?;
     let mut lw = BufWriter::with_capacity(IO_BUF, list);
     let mut notes = Vec::new();
     let mut debug: Option<Vec<u8>> = None;
     let mut debug_count = 0u64;
-    let mut unwind: Option<(Vec<u8>, u64)> = None;
-    let mut indexes: HashMap<u64, image::Placed> = HashMap::new();
+    let mut unwind: Option<(Vec<u8>, u64, u64)> = None;
+    let mut indexes: HashMap<u64, (image::Placed, u64)> = HashMap::new();
     let (mut loads, mut moves, mut lost_moves) = (0u64, 0u64, 0u64);
     let mut count = 0u64;
     let mut last_time = 0u64;
@@ -662,7 +693,7 @@ fn make_dump(
                 debug_count = count;
             }
             Record::Unwinding(u) => {
-                unwind = Some((u.data.to_vec(), u.mapped_size));
+                unwind = Some((u.data.to_vec(), u.eh_frame_hdr_size, u.mapped_size));
             }
             Record::Load(load) => {
                 if load.code.is_empty() {
@@ -685,17 +716,32 @@ fn make_dump(
                     _ => Box::new(std::iter::empty()),
                 };
                 let u = unwind.take();
-                let placed = img
-                    .add(
-                        load.name,
-                        load.code,
-                        u.as_ref().map(|(d, m)| (d.as_slice(), *m)),
-                        &mut lines_iter,
-                    )
-                    .map_err(fail)?;
+                let tables = u.as_ref().map(|(d, hdr, mapped)| image::Tables {
+                    data: d,
+                    hdr_size: *hdr,
+                    mapped: *mapped,
+                });
+                // CFI: an .eh_frame with entries before the header.
+                let has_cfi = tables.is_some_and(|t| (t.data.len() as u64) > t.hdr_size);
+                let (placed, which) = if split_cfi && has_cfi {
+                    let sp = single_path(&image_path, m.pid, load.code_index);
+                    let mut one =
+                        image::ImageWriter::create(&sp, image::Kind::Single).map_err(fail)?;
+                    let placed = one
+                        .add(load.name, load.code, tables, &mut lines_iter)
+                        .map_err(fail)?;
+                    singles.push((load.code_index, one.finish().map_err(fail)?));
+                    (placed, singles.len() as u64)
+                } else {
+                    shared_loads += 1;
+                    let placed = img
+                        .add(load.name, load.code, tables, &mut lines_iter)
+                        .map_err(fail)?;
+                    (placed, 0)
+                };
                 drop(lines_iter);
                 if indexes.len() < MAX_INDEXES {
-                    indexes.insert(load.code_index, placed);
+                    indexes.insert(load.code_index, (placed, which));
                 }
                 let rec = MapRec {
                     time: entry.time,
@@ -704,13 +750,14 @@ fn make_dump(
                     start: code_addr,
                     len: placed.len,
                     pgoff: placed.offset,
+                    img: which,
                 };
                 lw.write_all(&rec.encode()).map_err(|e| e.to_string())?;
                 count += 1;
                 loads += 1;
             }
             Record::Move(mv) => {
-                let Some(p) = indexes.get(&mv.code_index) else {
+                let Some(&(p, which)) = indexes.get(&mv.code_index) else {
                     lost_moves += 1;
                     continue;
                 };
@@ -721,6 +768,7 @@ fn make_dump(
                     start: mv.new_code_addr,
                     len: mv.code_size.min(p.len).max(1),
                     pgoff: p.offset,
+                    img: which,
                 };
                 lw.write_all(&rec.encode()).map_err(|e| e.to_string())?;
                 count += 1;
@@ -743,7 +791,7 @@ fn make_dump(
         let n = count;
         let mut covers = Vec::new();
         for i in 0..n {
-            let mut b = [0u8; 40];
+            let mut b = [0u8; MapRec::SIZE];
             f.read_exact_at(&mut b, i * MapRec::SIZE as u64)
                 .map_err(|e| e.to_string())?;
             let rec = MapRec::decode(&b);
@@ -777,16 +825,32 @@ fn make_dump(
             img.dropped_tables
         ));
     }
-    let id = img.finish().map_err(fail)?;
+    // An image no load went to is not written.
+    let id = if shared_loads > 0 {
+        Some(img.finish().map_err(fail)?)
+    } else {
+        None
+    };
     let list = lw.into_inner().map_err(|e| e.to_string())?;
+    let mut into = Vec::new();
+    if let Some(id) = id {
+        into.push(format!("{} (build ID {id})", image_path.display()));
+    }
+    if !singles.is_empty() {
+        into.push(format!(
+            "{} images of one load each (jitted-{}-N.so: their unwinding tables, for this recording's DWARF stacks)",
+            singles.len(),
+            m.pid
+        ));
+    }
     notes.push(format!(
-        "--jit: {shown}: {loads} code loads{} into {} (build ID {id}); {count} MMAP2 records",
+        "--jit: {shown}: {loads} code loads{} into {}; {count} MMAP2 records",
         if moves > 0 {
             format!(" and {moves} moves")
         } else {
             String::new()
         },
-        image_path.display()
+        into.join(" and ")
     ));
     let _ = l;
     Ok((
@@ -794,6 +858,7 @@ fn make_dump(
             marker: m.clone(),
             image: image_path,
             id,
+            singles,
             list,
             count,
         },
@@ -805,11 +870,12 @@ fn make_dump(
 fn encode_record(r: &MapRec, d: &Dump, l: &Layout, trailer: &TrailerLayout) -> Vec<u8> {
     let e = l.endian;
     let cover = r.pgoff == u64::MAX;
-    let name: &[u8] = if cover {
-        b"//anon"
-    } else {
-        d.image.as_os_str().as_encoded_bytes()
+    let image = if cover { None } else { d.image_of(r.img) };
+    let name: Vec<u8> = match &image {
+        Some((p, _)) => p.as_os_str().as_encoded_bytes().to_vec(),
+        None => b"//anon".to_vec(),
     };
+    let cover = image.is_none();
     let name_len = (name.len() + 1).next_multiple_of(8);
     let size = 8 + 64 + name_len + trailer.size;
     let mut b = Vec::with_capacity(size);
@@ -827,7 +893,7 @@ fn encode_record(r: &MapRec, d: &Dump, l: &Layout, trailer: &TrailerLayout) -> V
         b.extend_from_slice(&e.put_u32(PROT_RX));
         b.extend_from_slice(&e.put_u32(MAP_PRIVATE | 0x20));
     } else {
-        let id = d.id.as_bytes();
+        let id = image.as_ref().map_or(&[][..], |(_, id)| id.as_bytes());
         b.push(id.len() as u8);
         b.extend_from_slice(&[0, 0, 0]);
         let mut padded = [0u8; 20];
@@ -836,7 +902,7 @@ fn encode_record(r: &MapRec, d: &Dump, l: &Layout, trailer: &TrailerLayout) -> V
         b.extend_from_slice(&e.put_u32(PROT_RX));
         b.extend_from_slice(&e.put_u32(MAP_PRIVATE));
     }
-    b.extend_from_slice(name);
+    b.extend_from_slice(&name);
     b.resize(8 + 64 + name_len, 0);
     let mut t = vec![0u8; trailer.size];
     if let Some(o) = trailer.tid_at {
@@ -861,7 +927,7 @@ impl ListReader {
         if self.left == 0 {
             return None;
         }
-        let mut b = [0u8; 40];
+        let mut b = [0u8; MapRec::SIZE];
         self.r.read_exact(&mut b).ok()?;
         self.left -= 1;
         Some(MapRec::decode(&b))
