@@ -233,9 +233,41 @@ pub fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
     Ok(Duration::from_nanos(ns as u64))
 }
 
+/// `-j N`: before `-j` became perf's `--jit`, it was the worker count. A number after
+/// `-j` (or `-jN`) is that old spelling: a usage error that says what to write, rather
+/// than N taken as an input path.
+pub fn jobs_hint(args: impl Iterator<Item = std::ffi::OsString>) -> Option<String> {
+    let args: Vec<std::ffi::OsString> = args.collect();
+    let number = |s: &[u8]| !s.is_empty() && s.iter().all(u8::is_ascii_digit);
+    for (i, a) in args.iter().enumerate() {
+        let b = a.as_encoded_bytes();
+        if b == b"--" {
+            break;
+        }
+        let n = if b == b"-j" {
+            args.get(i + 1)
+                .map(|n| n.as_encoded_bytes())
+                .filter(|n| number(n) && !std::path::Path::new(args[i + 1].as_os_str()).exists())
+        } else {
+            b.strip_prefix(b"-j").filter(|n| number(n))
+        };
+        if let Some(n) = n {
+            let n = String::from_utf8_lossy(n);
+            return Some(format!(
+                "-j is --jit now (as in perf inject); for {n} worker threads write --jobs {n}"
+            ));
+        }
+    }
+    None
+}
+
 /// Runs the binary; returns the exit code.
 pub fn main() -> i32 {
     pdinject::write::interrupt::install();
+    if let Some(m) = jobs_hint(std::env::args_os().skip(1)) {
+        eprintln!("pdinject: {m}");
+        return 2;
+    }
     if std::env::args_os().nth(1).is_some_and(|a| a == "batch") {
         return batch::main(std::env::args_os().skip(1));
     }
@@ -264,22 +296,6 @@ fn execute(args: &Args) -> Result<()> {
     let mut paths = args.paths.iter();
     let input = args.input_flag.clone().or_else(|| paths.next().cloned());
     let output = args.output_flag.clone().or_else(|| paths.next().cloned());
-    if args.engine.jit
-        && let Some(n) = args.paths.first()
-        && !n.as_os_str().is_empty()
-        && n.as_os_str()
-            .as_encoded_bytes()
-            .iter()
-            .all(u8::is_ascii_digit)
-        && !n.exists()
-    {
-        // `-j 4` meant worker threads before -j became perf's --jit.
-        return Err(Error::Usage(format!(
-            "-j is --jit (as in perf inject); for {} worker threads write --jobs {}",
-            n.display(),
-            n.display()
-        )));
-    }
     if paths.next().is_some() {
         return Err(Error::Usage("too many paths: give IN and OUT".into()));
     }

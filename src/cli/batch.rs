@@ -179,22 +179,6 @@ fn execute(args: &BatchArgs) -> Result<i32> {
         )));
     }
     let paths = input_paths(args)?;
-    if args.engine.jit
-        && let Some(n) = paths.first()
-        && !n.as_os_str().is_empty()
-        && n.as_os_str()
-            .as_encoded_bytes()
-            .iter()
-            .all(u8::is_ascii_digit)
-        && !n.exists()
-    {
-        // `-j 4` meant worker threads before -j became perf's --jit.
-        return Err(Error::Usage(format!(
-            "-j is --jit (as in perf inject); for {} worker threads write --jobs {}",
-            n.display(),
-            n.display()
-        )));
-    }
     if let Dest::OutDir(d) = &dest {
         std::fs::create_dir_all(d).map_err(|e| Error::io(d, e))?;
     }

@@ -28,13 +28,21 @@ use std::fs::File;
 use std::io::{BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
-/// Where `.text` starts (perf's GEN_ELF_TEXT_OFFSET on 64-bit: header and one
-/// program header, rounded up).
-pub const TEXT_OFFSET: u64 = 0x80;
+/// Where `.text` starts in a shared image: after the ELF header and two program
+/// headers (PT_LOAD and PT_NOTE, which readers that look for the build ID in segments
+/// need), rounded up.
+pub const TEXT_OFFSET: u64 = 0xc0;
+/// Where it starts in a single-load image: perf's GEN_ELF_TEXT_OFFSET, after one
+/// program header. perf 7.3's DWARF unwinder (libdw) lost the frames of JIT code
+/// in single-load images with the shared layout (a PT_NOTE, `.text` at 0xc0); with
+/// perf's own it unwinds them as through perf's images.
+pub const SINGLE_TEXT_OFFSET: u64 = 0x80;
 /// Alignment of each load in `.text`.
 const LOAD_ALIGN: u64 = 16;
 /// Largest string table and line program (their offsets are 32-bit).
 const MAX_TABLE: u64 = u32::MAX as u64 - (1 << 20);
+/// Names this writer's layout in the build ID: change it with the layout.
+const LAYOUT_VERSION: &[u8] = b"pdinject jit image 1";
 /// Bytes of source file names held for the line program's header (beyond it, lines
 /// of further files are left out, with a note).
 const MAX_FILE_TABLE: usize = 64 << 20;
@@ -189,7 +197,11 @@ impl ImageWriter {
             .map_err(|e| io_err(&tmp, e))?;
         let mut out = BufWriter::with_capacity(BUF, f);
         // Headers are written last, over these zeros.
-        out.write_all(&[0u8; TEXT_OFFSET as usize])
+        let text_at = match kind {
+            Kind::Shared => TEXT_OFFSET,
+            Kind::Single => SINGLE_TEXT_OFFSET,
+        };
+        out.write_all(&vec![0u8; text_at as usize])
             .map_err(|e| io_err(&tmp, e))?;
         let mut strs = BufWriter::with_capacity(BUF, scratch(dir, "str")?);
         strs.write_all(&[0]).map_err(|e| io_err(&tmp, e))?;
@@ -201,7 +213,7 @@ impl ImageWriter {
             lines: BufWriter::with_capacity(BUF, scratch(dir, "line")?),
             tmp,
             hash: Sha1::new(),
-            text_end: TEXT_OFFSET,
+            text_end: text_at,
             nsyms: 0,
             strs_len: 1,
             lines_len: 0,
@@ -209,7 +221,7 @@ impl ImageWriter {
             file_names: Vec::new(),
             finished: false,
             kind,
-            code_end: TEXT_OFFSET,
+            code_end: text_at,
             eh: None,
             dropped_tables: 0,
         })
@@ -393,7 +405,7 @@ impl ImageWriter {
             (self.text_end, self.nsyms, self.strs_len, self.lines_len);
         // A single load's .text is its code; its tables follow as their own sections.
         let text_size = match self.kind {
-            Kind::Single => self.code_end - TEXT_OFFSET,
+            Kind::Single => self.code_end - SINGLE_TEXT_OFFSET,
             Kind::Shared => text_end - TEXT_OFFSET,
         };
         let eh = self.eh;
@@ -412,7 +424,7 @@ impl ImageWriter {
         let files = std::mem::take(&mut self.file_names);
         let r = Self::write_tables(
             &path, &tmp, out, syms, strs, lines, hash, text_end, nsyms, strs_len, lines_len,
-            &files, text_size, eh,
+            &files, text_size, eh, self.kind,
         );
         if r.is_err() {
             let _ = std::fs::remove_file(&tmp);
@@ -436,8 +448,35 @@ impl ImageWriter {
         files: &[u8],
         text_size: u64,
         eh: Option<[(u64, u64); 2]>,
+        kind: Kind,
     ) -> crate::Result<BuildId> {
+        let (text_at, phnum) = match kind {
+            Kind::Shared => (TEXT_OFFSET, 2u16),
+            Kind::Single => (SINGLE_TEXT_OFFSET, 1u16),
+        };
         let e = |err| io_err(tmp, err);
+        // The image names itself (`.comment`), so that two processes whose JITs wrote
+        // the same code get two IDs, not one ID claimed for two paths.
+        let mut name_note = b"pdinject --jit: ".to_vec();
+        name_note.extend_from_slice(
+            path.file_name()
+                .map(|n| n.as_encoded_bytes())
+                .unwrap_or_default(),
+        );
+        name_note.push(0);
+        let mut hash = hash;
+        hash.update(&name_note);
+        // And the layout, so that an image laid out differently (another kind, or
+        // another version of this writer) never shares an ID with this one.
+        hash.update(LAYOUT_VERSION);
+        hash.update(&[kind as u8]);
+        for v in [text_at, text_size, text_end] {
+            hash.update(&v.to_le_bytes());
+        }
+        for (at, size) in eh.into_iter().flatten() {
+            hash.update(&at.to_le_bytes());
+            hash.update(&size.to_le_bytes());
+        }
         let id_bytes = hash.finish();
         let id = BuildId::new(&id_bytes, 20)
             .ok_or_else(|| crate::Error::Internal("a 20-byte build ID".into()))?;
@@ -466,7 +505,7 @@ impl ImageWriter {
         let n = copy(&mut out, strs).map_err(e)?;
         at += n;
         let _ = strs_len;
-        let shstr: &[u8] = b"\0.text\0.shstrtab\0.symtab\0.strtab\0.note.gnu.build-id\0.debug_line\0.debug_info\0.debug_abbrev\0.eh_frame\0.eh_frame_hdr\0";
+        let shstr: &[u8] = b"\0.text\0.shstrtab\0.symtab\0.strtab\0.note.gnu.build-id\0.debug_line\0.debug_info\0.debug_abbrev\0.eh_frame\0.eh_frame_hdr\0.comment\0";
         let name_of = |s: &str| -> u32 {
             let needle = format!("\0{s}\0");
             shstr
@@ -477,6 +516,9 @@ impl ImageWriter {
         let shstrtab = at;
         out.write_all(shstr).map_err(e)?;
         at += shstr.len() as u64;
+        let comment = at;
+        out.write_all(&name_note).map_err(e)?;
+        at += name_note.len() as u64;
         align(&mut out, &mut at, 4).map_err(e)?;
         let note = at;
         let mut nb = Vec::with_capacity(36);
@@ -559,8 +601,8 @@ impl ImageWriter {
             name_of(".text"),
             1,
             6,
-            TEXT_OFFSET,
-            TEXT_OFFSET,
+            text_at,
+            text_at,
             text_size,
             0,
             0,
@@ -646,34 +688,56 @@ impl ImageWriter {
                 0,
             );
         }
+        shdr(
+            name_of(".comment"),
+            1,
+            0x30,
+            0,
+            comment,
+            name_note.len() as u64,
+            0,
+            0,
+            1,
+            1,
+        );
         let shnum = sh.len() as u64 / 64;
         out.write_all(&sh).map_err(e)?;
         let f = out.into_inner().map_err(|err| e(err.into_error()))?;
-        // ELF header and the one PT_LOAD (.text, read and execute).
-        let mut h = Vec::with_capacity(TEXT_OFFSET as usize);
+        // ELF header, PT_LOAD (.text, read and execute) and PT_NOTE.
+        let mut h = Vec::with_capacity(text_at as usize);
         h.extend_from_slice(&[0x7f, b'E', b'L', b'F', 2, 1, 1, 0]);
         h.extend_from_slice(&[0u8; 8]);
         h.extend_from_slice(&3u16.to_le_bytes()); // ET_DYN
         h.extend_from_slice(&EM_HOST.to_le_bytes());
         h.extend_from_slice(&1u32.to_le_bytes());
-        h.extend_from_slice(&TEXT_OFFSET.to_le_bytes()); // entry
+        h.extend_from_slice(&text_at.to_le_bytes()); // entry
         h.extend_from_slice(&64u64.to_le_bytes()); // phoff
         h.extend_from_slice(&shoff.to_le_bytes());
         h.extend_from_slice(&0u32.to_le_bytes());
         h.extend_from_slice(&64u16.to_le_bytes());
         h.extend_from_slice(&56u16.to_le_bytes());
-        h.extend_from_slice(&1u16.to_le_bytes());
+        h.extend_from_slice(&phnum.to_le_bytes());
         h.extend_from_slice(&64u16.to_le_bytes());
         h.extend_from_slice(&(shnum as u16).to_le_bytes());
         h.extend_from_slice(&2u16.to_le_bytes()); // .shstrtab
         h.extend_from_slice(&1u32.to_le_bytes()); // PT_LOAD
         h.extend_from_slice(&5u32.to_le_bytes()); // R + X
-        h.extend_from_slice(&TEXT_OFFSET.to_le_bytes());
-        h.extend_from_slice(&TEXT_OFFSET.to_le_bytes());
-        h.extend_from_slice(&TEXT_OFFSET.to_le_bytes());
+        h.extend_from_slice(&text_at.to_le_bytes());
+        h.extend_from_slice(&text_at.to_le_bytes());
+        h.extend_from_slice(&text_at.to_le_bytes());
         h.extend_from_slice(&text_size.to_le_bytes());
         h.extend_from_slice(&text_size.to_le_bytes());
         h.extend_from_slice(&8u64.to_le_bytes());
+        if phnum > 1 {
+            h.extend_from_slice(&4u32.to_le_bytes()); // PT_NOTE: the build ID
+            h.extend_from_slice(&4u32.to_le_bytes());
+            h.extend_from_slice(&note.to_le_bytes());
+            h.extend_from_slice(&note.to_le_bytes());
+            h.extend_from_slice(&note.to_le_bytes());
+            h.extend_from_slice(&36u64.to_le_bytes());
+            h.extend_from_slice(&36u64.to_le_bytes());
+            h.extend_from_slice(&4u64.to_le_bytes());
+        }
         use std::os::unix::fs::FileExt;
         f.write_all_at(&h, 0).map_err(e)?;
         drop(f);

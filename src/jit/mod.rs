@@ -176,7 +176,11 @@ impl Dump {
     }
 }
 
-/// perf's name for the image of one load: `jitted-PID-INDEX.so` beside the dump.
+/// The image of one load: perf's name, `jitted-PID-INDEX.so` beside the dump (it
+/// replaces perf inject's image of that load, if there is one). The name matters:
+/// perf 7.3's libdw unwinder places `/tmp/jitted-*` images at their map's start
+/// (perf's images start their code at 0x80, so start - pgoff would overlap the code
+/// before them); under another name the frames of CPython's trampolines were lost.
 fn single_path(shared: &Path, pid: u32, index: u64) -> PathBuf {
     shared.with_file_name(format!("jitted-{pid}-{index}.so"))
 }
@@ -838,7 +842,7 @@ fn make_dump(
     }
     if !singles.is_empty() {
         into.push(format!(
-            "{} images of one load each (jitted-{}-N.so: their unwinding tables, for this recording's DWARF stacks)",
+            "{} images of one load each (jitted-{}-N.so: loads with unwinding tables, one image each as perf's DWARF unwinding needs)",
             singles.len(),
             m.pid
         ));

@@ -16,6 +16,7 @@ mod engine;
 mod errors;
 mod hostile;
 mod inplace;
+mod jit;
 mod large;
 mod matrix;
 mod mmap2;
