@@ -426,7 +426,10 @@ impl PerfInput {
                     )
                 })
                 .collect();
-            crate::limits::check_disjoint(regions, true)?;
+            crate::format::header::check_disjoint(
+                regions,
+                crate::format::header::Aliases::Allowed,
+            )?;
         }
         let data = DataFile::new(header_path.to_path_buf(), backing, header.data);
         Ok(PerfInput {

@@ -20,6 +20,7 @@ pub mod jit;
 pub mod limits;
 pub mod model;
 pub mod options;
+pub mod perfconfig;
 pub mod report;
 pub mod resolve;
 pub mod run;

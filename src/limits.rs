@@ -4,7 +4,6 @@
 //! stand for a huge one, a ceiling stops the run with an error that names the file,
 //! the offset and the limit.
 
-use crate::format::header::Section;
 use crate::{Error, Result};
 
 /// perf's `PATH_MAX`: it reads a build-ID entry's name area (the entry's bytes after
@@ -299,62 +298,12 @@ pub fn name_fits(name: &[u8]) -> bool {
     name.len() <= MAX_DSO_NAME
 }
 
-/// A region of the file that must not share bytes with another: `(what, section,
-/// offset of the field that points at it)`.
-pub type Region = (String, Section, u64);
-
-/// The section overlap rule: the regions given (ids sections of the attrs, feature
-/// sections) must not share a byte. Identical aliases are allowed when `identical_ok`
-/// (they are read and written once). perf never writes overlapping sections; without
-/// this rule 1,500 attrs whose ids all cover the whole file make 1,500 copies of it.
-pub fn check_disjoint(mut regions: Vec<Region>, identical_ok: bool) -> Result<()> {
-    // Empty sections own no bytes.
-    regions.retain(|(_, s, _)| s.size > 0);
-    regions.sort_by_key(|(_, s, _)| (s.offset, s.size));
-    // Furthest end so far and who reached it.
-    let mut reach: Option<(u64, usize)> = None;
-    for i in 0..regions.len() {
-        let (_, s, _) = &regions[i];
-        if let Some((end, j)) = reach {
-            let prev = &regions[j].1;
-            let alias = identical_ok && prev == s;
-            if s.offset < end && !alias {
-                let (what, _, at) = &regions[i];
-                return Err(Error::format(
-                    *at,
-                    format!(
-                        "{what} [{:#x}, +{:#x}) overlaps {} [{:#x}, +{:#x}): sections must not share bytes (see \"Limits\" in docs/guarantees.md)",
-                        s.offset, s.size, regions[j].0, prev.offset, prev.size
-                    ),
-                ));
-            }
-        }
-        let end = s.offset.saturating_add(s.size);
-        if reach.is_none_or(|(e, _)| end > e) {
-            reach = Some((end, i));
-        }
-    }
-    Ok(())
-}
+// The section overlap rule (regions of the file sharing no byte) is
+// [`crate::format::header::check_disjoint`], beside the sections it reads.
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn r(name: &str, offset: u64, size: u64) -> Region {
-        (name.to_string(), Section { offset, size }, 0)
-    }
-
-    #[test]
-    fn disjoint_rules() {
-        assert!(check_disjoint(vec![r("a", 0, 8), r("b", 8, 8)], false).is_ok());
-        assert!(check_disjoint(vec![r("a", 0, 16), r("b", 8, 8)], false).is_err());
-        assert!(check_disjoint(vec![r("a", 0, 16), r("b", 0, 16)], false).is_err());
-        assert!(check_disjoint(vec![r("a", 0, 16), r("b", 0, 16)], true).is_ok());
-        assert!(check_disjoint(vec![r("a", 0, 16), r("b", 0, 8)], true).is_err());
-        // Empty sections own no bytes.
-        assert!(check_disjoint(vec![r("a", 0, 16), r("b", 4, 0)], false).is_ok());
-    }
 
     #[test]
     fn sizes_parse_and_print_as_perf_spells_them() {

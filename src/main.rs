@@ -4,5 +4,5 @@
 mod cli;
 
 fn main() {
-    std::process::exit(cli::main());
+    std::process::exit(cli::main().code());
 }

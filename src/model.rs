@@ -14,8 +14,22 @@ use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 
 /// Ordering key of records: sample/record time first (0 when the recording has no
-/// times), then position in the file.
-pub type Key = (u64, u64);
+/// times), then position in the file. Named fields (not a tuple) so that the two
+/// numbers cannot be swapped; the derived order is time, then `seq`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Key {
+    /// The record's time (0 when the recording has no times).
+    pub time: u64,
+    /// The record's number in the file.
+    pub seq: u64,
+}
+
+impl Key {
+    /// The key of a record at `time` numbered `seq`.
+    pub const fn new(time: u64, seq: u64) -> Key {
+        Key { time, seq }
+    }
+}
 
 /// The pid under which kernel-space maps are kept (perf's HOST_KERNEL_ID, -1).
 pub const KERNEL_PID: u32 = u32::MAX;
@@ -477,8 +491,8 @@ impl ModelBuilder {
     pub fn oldest_event_from(&self, seq: u64) -> Option<u64> {
         self.events
             .iter()
-            .filter(|(_, e)| e.key.1 >= seq)
-            .map(|(_, e)| e.key.0)
+            .filter(|(_, e)| e.key.seq >= seq)
+            .map(|(_, e)| e.key.time)
             .min()
     }
 
@@ -801,32 +815,53 @@ mod tests {
     #[test]
     fn time_versions_exec_and_fork() {
         let mut b = ModelBuilder::new();
-        b.mmap((10, 1), misc::USER, &mm(1, 0x1000, 0x1000, b"/bin/a"))
-            .unwrap();
-        b.mmap((20, 2), misc::USER, &mm(1, 0x1000, 0x1000, b"/bin/b"))
-            .unwrap();
-        b.fork((15, 3), 2, 1).unwrap();
-        b.exec((30, 4), 1).unwrap();
-        b.mmap((40, 5), misc::USER, &mm(1, 0x2000, 0x1000, b"//anon"))
-            .unwrap();
+        b.mmap(
+            Key::new(10, 1),
+            misc::USER,
+            &mm(1, 0x1000, 0x1000, b"/bin/a"),
+        )
+        .unwrap();
+        b.mmap(
+            Key::new(20, 2),
+            misc::USER,
+            &mm(1, 0x1000, 0x1000, b"/bin/b"),
+        )
+        .unwrap();
+        b.fork(Key::new(15, 3), 2, 1).unwrap();
+        b.exec(Key::new(30, 4), 1).unwrap();
+        b.mmap(
+            Key::new(40, 5),
+            misc::USER,
+            &mm(1, 0x2000, 0x1000, b"//anon"),
+        )
+        .unwrap();
         let m = b.build();
-        assert_eq!(name(&m, m.lookup(1, 0x1800, (5, 0))), None);
-        assert_eq!(name(&m, m.lookup(1, 0x1800, (12, 9))), Some("/bin/a"));
-        assert_eq!(name(&m, m.lookup(1, 0x1800, (25, 9))), Some("/bin/b"));
-        assert_eq!(m.lookup(1, 0x1800, (35, 9)), None);
+        assert_eq!(name(&m, m.lookup(1, 0x1800, Key::new(5, 0))), None);
+        assert_eq!(
+            name(&m, m.lookup(1, 0x1800, Key::new(12, 9))),
+            Some("/bin/a")
+        );
+        assert_eq!(
+            name(&m, m.lookup(1, 0x1800, Key::new(25, 9))),
+            Some("/bin/b")
+        );
+        assert_eq!(m.lookup(1, 0x1800, Key::new(35, 9)), None);
         // The child sees the parent as of the fork, not the later remap.
-        assert_eq!(name(&m, m.lookup(2, 0x1800, (99, 9))), Some("/bin/a"));
+        assert_eq!(
+            name(&m, m.lookup(2, 0x1800, Key::new(99, 9))),
+            Some("/bin/a")
+        );
         let space: Vec<_> = m
-            .address_space(2, (99, 9))
+            .address_space(2, Key::new(99, 9))
             .iter()
             .map(|e| (e.start, e.end))
             .collect();
         assert_eq!(space, vec![(0x1000, 0x2000)]);
-        assert_eq!(m.address_space(1, (35, 9)), vec![]);
-        assert_ne!(m.version(1, (12, 9)), m.version(1, (25, 9)));
+        assert_eq!(m.address_space(1, Key::new(35, 9)), vec![]);
+        assert_ne!(m.version(1, Key::new(12, 9)), m.version(1, Key::new(25, 9)));
         // Anonymous memory is a mapping without a DSO.
         assert!(
-            m.lookup(1, 0x2000, (99, 9))
+            m.lookup(1, 0x2000, Key::new(99, 9))
                 .is_some_and(|e| e.dso.is_none())
         );
     }
@@ -906,14 +941,18 @@ mod tests {
     fn many_events_use_checkpoints() {
         let mut b = ModelBuilder::new();
         for i in 0..1000u64 {
-            b.mmap((i, i), misc::USER, &mm(7, 0x10000 * i, 0x1000, b"/lib/x"))
-                .unwrap();
+            b.mmap(
+                Key::new(i, i),
+                misc::USER,
+                &mm(7, 0x10000 * i, 0x1000, b"/lib/x"),
+            )
+            .unwrap();
         }
         let m = b.build();
         for i in (0..1000u64).step_by(37) {
-            assert!(m.lookup(7, 0x10000 * i + 5, (i, i)).is_some());
+            assert!(m.lookup(7, 0x10000 * i + 5, Key::new(i, i)).is_some());
             assert!(
-                m.lookup(7, 0x10000 * i + 5, (i.wrapping_sub(1), 0))
+                m.lookup(7, 0x10000 * i + 5, Key::new(i.wrapping_sub(1), 0))
                     .is_none()
                     || i == 0
             );
@@ -942,21 +981,21 @@ mod chain_tests {
     #[test]
     fn fork_chain_is_followed_in_linear_time() {
         let mut b = ModelBuilder::new();
-        b.mmap((1, 1), misc::USER, &mm(100, 0x40_0000, b"/a"))
+        b.mmap(Key::new(1, 1), misc::USER, &mm(100, 0x40_0000, b"/a"))
             .unwrap();
-        b.mmap((2, 2), misc::USER, &mm(101, 0x50_0000, b"/b"))
+        b.mmap(Key::new(2, 2), misc::USER, &mm(101, 0x50_0000, b"/b"))
             .unwrap();
         for i in 0..60u64 {
             let (c, p) = if i % 2 == 0 { (100, 101) } else { (101, 100) };
-            b.fork((10 + i, 10 + i), c, p).unwrap();
+            b.fork(Key::new(10 + i, 10 + i), c, p).unwrap();
         }
         let m = b.build();
         // Each fork replaces the child's space with the parent's: only /b is left,
         // found through the whole chain.
-        assert!(m.lookup(100, 0x40_0100, (99, 99)).is_none());
-        let e = m.lookup(100, 0x50_0100, (99, 99));
+        assert!(m.lookup(100, 0x40_0100, Key::new(99, 99)).is_none());
+        let e = m.lookup(100, 0x50_0100, Key::new(99, 99));
         assert_eq!(e.and_then(|e| e.dso), Some(1));
-        let s = m.address_space(100, (99, 99));
+        let s = m.address_space(100, Key::new(99, 99));
         assert_eq!(s.len(), 1);
         assert_eq!(s[0].start, 0x50_0000);
     }
@@ -967,7 +1006,7 @@ mod chain_tests {
         let max = crate::limits::MODEL_BYTES_FLOOR / crate::limits::MODEL_EVENT_COST;
         let mut n = 0u64;
         let err = loop {
-            match b.mmap((n, n), misc::USER, &mm(1, 0x1000 * (n % 64), b"/x")) {
+            match b.mmap(Key::new(n, n), misc::USER, &mm(1, 0x1000 * (n % 64), b"/x")) {
                 Ok(_) => n += 1,
                 Err(e) => break e,
             }
@@ -977,7 +1016,7 @@ mod chain_tests {
         assert_eq!(err.limit, crate::limits::MODEL_BYTES_FLOOR);
         // Input bytes raise the budget.
         b.account_input(1 << 20);
-        assert!(b.mmap((n, n), misc::USER, &mm(1, 0, b"/x")).is_ok());
+        assert!(b.mmap(Key::new(n, n), misc::USER, &mm(1, 0, b"/x")).is_ok());
     }
 
     #[test]
@@ -985,24 +1024,24 @@ mod chain_tests {
         let mut b = ModelBuilder::new();
         let mut big = mm(1, 0x1000, b"/big");
         big.len = 0x9000;
-        b.mmap((1, 1), misc::USER, &big).unwrap();
-        b.fork((2, 2), 2, 1).unwrap();
-        b.mmap((3, 3), misc::USER, &mm(2, 0x4000, b"/small"))
+        b.mmap(Key::new(1, 1), misc::USER, &big).unwrap();
+        b.fork(Key::new(2, 2), 2, 1).unwrap();
+        b.mmap(Key::new(3, 3), misc::USER, &mm(2, 0x4000, b"/small"))
             .unwrap();
         let m = b.build();
         // The part of the parent's mapping before the child's: cut at its start.
-        let e = m.lookup(2, 0x2000, (9, 9)).unwrap();
+        let e = m.lookup(2, 0x2000, Key::new(9, 9)).unwrap();
         assert_eq!(
             (e.start, e.end, e.pgoff, e.dso),
             (0x1000, 0x4000, 0, Some(0))
         );
         // After it: the file offset moves with the start.
-        let e = m.lookup(2, 0x6000, (9, 9)).unwrap();
+        let e = m.lookup(2, 0x6000, Key::new(9, 9)).unwrap();
         assert_eq!((e.start, e.end, e.pgoff), (0x5000, 0xa000, 0x4000));
-        let e = m.lookup(2, 0x4800, (9, 9)).unwrap();
+        let e = m.lookup(2, 0x4800, Key::new(9, 9)).unwrap();
         assert_eq!(e.dso, Some(1));
         let s: Vec<_> = m
-            .address_space(2, (9, 9))
+            .address_space(2, Key::new(9, 9))
             .iter()
             .map(|e| (e.start, e.end))
             .collect();

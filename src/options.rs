@@ -131,6 +131,9 @@ pub struct Options {
     pub attrs_for: AttrsFor,
     /// `--jit`: jitdumps become images and mapping records first ([`crate::jit`]).
     pub jit: crate::jit::JitChoice,
+    /// The memo of file proofs the run consults (a batch shares one across its
+    /// inputs; `None`: every proof reads its file).
+    pub memo: Option<std::sync::Arc<crate::buildid::memo::Memo>>,
 }
 
 impl Default for Options {
@@ -151,6 +154,7 @@ impl Default for Options {
             stream_memory: crate::limits::DEFAULT_STREAM_MEMORY,
             attrs_for: AttrsFor::Verbatim,
             jit: crate::jit::JitChoice::Off,
+            memo: None,
         }
     }
 }

@@ -166,6 +166,28 @@ pub struct Report {
 }
 
 impl Report {
+    /// Fills in the build-ID cache totals (and the cache directory) from the DSO
+    /// lines, with a note when the cache itself cannot be written.
+    pub fn add_cache_totals(&mut self, dir: &Path) {
+        use crate::buildid::cache::{CacheTotals, is_unwritable};
+        let t = CacheTotals::of(dir, self.dsos.iter().map(|d| d.cached));
+        if let Some(d) = self
+            .dsos
+            .iter()
+            .filter_map(|d| d.cache_detail.as_deref())
+            .find(|d| is_unwritable(d))
+        {
+            self.notes.push(format!("build-ID cache: {d}"));
+        }
+        self.cache = Some(t);
+    }
+
+    /// The build-ID cache entries of its DSOs (directories relative to the cache),
+    /// what `--archive` packs.
+    pub fn cache_entries(&self) -> impl Iterator<Item = &str> {
+        self.dsos.iter().filter_map(|d| d.cache_entry.as_deref())
+    }
+
     /// Writes the short human summary.
     pub fn print_human(&self, w: &mut dyn Write) -> std::io::Result<()> {
         let name = |s: &str, dash: &'static str| {
@@ -294,33 +316,7 @@ const GROUP_OVER: usize = 5;
 /// Examples named on a grouped line.
 const GROUP_EXAMPLES: usize = 3;
 
-/// Makes a string from a recording safe to print on a terminal: control characters
-/// (a newline would forge summary lines, ESC drives the terminal) become `\n`, `\t`,
-/// `\r`, `\e` or `\xNN`, bidirectional overrides `\u{NNNN}`, and a backslash is
-/// doubled so an escaped name cannot pass for another (as perf and `ls -b` do).
-pub fn escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\t' => out.push_str("\\t"),
-            '\r' => out.push_str("\\r"),
-            '\x1b' => out.push_str("\\e"),
-            c if (c as u32) < 0x20 || c as u32 == 0x7f => {
-                out.push_str(&format!("\\x{:02x}", c as u32));
-            }
-            c if (0x80..0xa0).contains(&(c as u32))
-                || (0x202a..=0x202e).contains(&(c as u32))
-                || (0x2066..=0x2069).contains(&(c as u32)) =>
-            {
-                out.push_str(&format!("\\u{{{:04x}}}", c as u32));
-            }
-            c => out.push(c),
-        }
-    }
-    out
-}
+pub use crate::format::escape;
 
 /// Refuses a `--report` path that is the input or the output (same name, or the same
 /// file by device and inode): the report would overwrite the recording.

@@ -5,10 +5,10 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use pdinject::buildid::RecordingStart;
+use pdinject::buildid::{LocalFiles, RecordingStart};
 use pdinject::format::Endian;
 use pdinject::format::record::{FileIdent, Mmap, misc};
-use pdinject::model::{Model, ModelBuilder};
+use pdinject::model::{Key, Model, ModelBuilder};
 use pdinject::resolve::unwind::{
     Arch, SampleStack, UnwindConfig, UnwindMode, UnwindTables, Worker, unwind,
 };
@@ -54,7 +54,7 @@ fn state() -> &'static State {
                 filename: f[5].as_bytes(),
             };
             // Over the model budget: the rest of the maps are left out.
-            if b.mmap((0, i as u64), misc::USER, &m).is_err() {
+            if b.mmap(Key::new(0, i as u64), misc::USER, &m).is_err() {
                 break;
             }
             ranges.push((a, z));
@@ -63,7 +63,7 @@ fn state() -> &'static State {
         let mut tables = UnwindTables::default();
         tables.grow(&model);
         // Times never make a file stale here: the fuzzer drives the unwinder.
-        tables.set_proof(true, RecordingStart::Known(i128::MAX));
+        tables.set_proof(LocalFiles::Trusted, RecordingStart::Known(i128::MAX));
         State {
             model,
             tables,

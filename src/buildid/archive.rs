@@ -4,7 +4,6 @@
 //! `tar xf FILE.tar -C ~/.debug` on another machine lets `perf report` symbolise.
 //! Written as a GNU tar (ustar headers; GNU long-name records for long paths).
 
-use crate::report::Report;
 use crate::{Error, Result};
 use std::fs::File;
 use std::io::{BufWriter, Read, Write};
@@ -19,13 +18,14 @@ pub struct ArchiveSummary {
     pub bytes: u64,
 }
 
-/// Writes the archive of the report's cached DSOs to `out` (temp file and rename).
-pub fn write(report: &Report, cache_dir: &Path, out: &Path) -> Result<ArchiveSummary> {
-    let mut entries: Vec<&str> = report
-        .dsos
-        .iter()
-        .filter_map(|d| d.cache_entry.as_deref())
-        .collect();
+/// Writes the archive of the cache `entries` (directories relative to `cache_dir`,
+/// as the report lists them) to `out` (temp file and rename).
+pub fn write<'a>(
+    entries: impl IntoIterator<Item = &'a str>,
+    cache_dir: &Path,
+    out: &Path,
+) -> Result<ArchiveSummary> {
+    let mut entries: Vec<&str> = entries.into_iter().collect();
     entries.sort_unstable();
     entries.dedup();
     // The outputs' temp file: removed on error and on every signal, a FIFO or

@@ -20,7 +20,6 @@ use super::elf::{open_regular, read_build_id};
 use super::{Group, HostTrust, Outcome, Source, host};
 use crate::format::buildid::BuildId;
 use crate::model::DsoKind;
-use crate::report::Report;
 use rayon::prelude::*;
 use std::ffi::CString;
 use std::fs::File;
@@ -52,7 +51,7 @@ impl BuildIdCache {
             return Ok(d.to_path_buf());
         }
         let home = std::env::var_os("HOME").map(PathBuf::from);
-        let dir = perfconfig_value("buildid", "dir");
+        let dir = crate::perfconfig::value("buildid", "dir");
         if let Some(v) = dir {
             return Ok(match (v.strip_prefix("~/"), &home) {
                 (Some(rest), Some(h)) => h.join(rest),
@@ -62,66 +61,6 @@ impl BuildIdCache {
         // Without HOME perf uses `.debug` in the current directory; so does pdinject.
         Ok(home.map_or_else(|| PathBuf::from(".debug"), |h| h.join(".debug")))
     }
-}
-
-/// `section.key` of perf's configuration: `$HOME/.perfconfig` over
-/// `/etc/perfconfig` (skipped with PERF_CONFIG_NOSYSTEM, as perf does).
-pub fn perfconfig_value(section: &str, key: &str) -> Option<String> {
-    let mut files = Vec::new();
-    if std::env::var_os("PERF_CONFIG_NOSYSTEM").is_none() {
-        files.push(PathBuf::from("/etc/perfconfig"));
-    }
-    if let Some(h) = std::env::var_os("HOME") {
-        files.push(PathBuf::from(h).join(".perfconfig"));
-    }
-    let mut found = None;
-    for f in files {
-        if let Ok(text) = std::fs::read_to_string(&f)
-            && let Some(v) = config_value(&text, section, key)
-        {
-            found = Some(v);
-        }
-    }
-    found
-}
-
-/// The last `section.key` value of a git-style config text (perf's perfconfig).
-pub fn config_value(text: &str, section: &str, key: &str) -> Option<String> {
-    let mut in_section = false;
-    let mut found = None;
-    for line in text.lines() {
-        let line = line.trim();
-        if line.is_empty() || line.starts_with('#') || line.starts_with(';') {
-            continue;
-        }
-        if let Some(rest) = line.strip_prefix('[') {
-            let name = rest.split(']').next().unwrap_or("").trim();
-            in_section = name.eq_ignore_ascii_case(section);
-            continue;
-        }
-        if !in_section {
-            continue;
-        }
-        let Some((k, v)) = line.split_once('=') else {
-            continue;
-        };
-        if !k.trim().eq_ignore_ascii_case(key) {
-            continue;
-        }
-        let mut v = v.trim();
-        // A trailing comment, then quotes.
-        if !v.starts_with('"')
-            && let Some(i) = v.find([' ', '\t'])
-            && v[i..].trim_start().starts_with(['#', ';'])
-        {
-            v = v[..i].trim_end();
-        }
-        if v.len() >= 2 && v.starts_with('"') && v.ends_with('"') {
-            v = &v[1..v.len() - 1];
-        }
-        found = Some(v.to_string());
-    }
-    found
 }
 
 /// What happened to one DSO's cache entry.
@@ -177,32 +116,31 @@ pub struct CacheTotals {
     pub not_cached: usize,
 }
 
-/// Fills in the run totals (and the cache directory) from the report's DSO lines.
-pub fn totals(report: &mut Report, dir: &Path) {
-    let mut t = CacheTotals {
-        dir: dir.display().to_string(),
-        ..CacheTotals::default()
-    };
-    for d in &report.dsos {
-        match d.cached {
-            Some(CacheState::Added) => t.added += 1,
-            Some(CacheState::Present) => t.present += 1,
-            Some(CacheState::Fetched) => t.fetched += 1,
-            Some(CacheState::NotCached) => t.not_cached += 1,
-            None => {}
+impl CacheTotals {
+    /// The totals of the cache at `dir` from what happened to each DSO's entry.
+    pub fn of(dir: &Path, states: impl IntoIterator<Item = Option<CacheState>>) -> CacheTotals {
+        let mut t = CacheTotals {
+            dir: dir.display().to_string(),
+            ..CacheTotals::default()
+        };
+        for s in states {
+            match s {
+                Some(CacheState::Added) => t.added += 1,
+                Some(CacheState::Present) => t.present += 1,
+                Some(CacheState::Fetched) => t.fetched += 1,
+                Some(CacheState::NotCached) => t.not_cached += 1,
+                None => {}
+            }
         }
+        t
     }
-    // A cache that cannot be written is worth a note (the per-DSO details say the
-    // rest: other builds, other boots, files not here).
-    if let Some(d) = report
-        .dsos
-        .iter()
-        .filter_map(|d| d.cache_detail.as_deref())
-        .find(|d| d.starts_with("cannot create") || d.starts_with("cannot write"))
-    {
-        report.notes.push(format!("build-ID cache: {d}"));
-    }
-    report.cache = Some(t);
+}
+
+/// Whether a DSO's cache detail says the cache itself cannot be written: worth a
+/// note for the whole run (the per-DSO details say the rest: other builds, other
+/// boots, files not here).
+pub fn is_unwritable(detail: &str) -> bool {
+    detail.starts_with("cannot create") || detail.starts_with("cannot write")
 }
 
 /// /proc/kallsyms read ahead, beside the stages ([`prefetch_kallsyms`]).
@@ -253,7 +191,7 @@ pub fn fill(
         .par_iter()
         .zip(outcomes.par_iter())
         .filter_map(|(g, o)| {
-            let id = o.build_id?;
+            let id = o.build_id()?;
             let r = add(cache, g, o, id, trust);
             let (state, entry, detail) = match r {
                 Ok((state, entry)) => (state, Some(entry), None),
@@ -332,7 +270,7 @@ fn add(
             if g.name != "[kernel.kallsyms]" {
                 return Err(format!("{} is not this host's kernel image", g.name));
             }
-            let this_boot = o.source == Some(Source::KernelNotes)
+            let this_boot = o.source() == Some(Source::KernelNotes)
                 || (trust.kernel.is_ok() && host::kernel_build_id() == Some(id));
             if !this_boot {
                 return Err(
@@ -357,7 +295,7 @@ fn add(
             if g.name != "[vdso]" {
                 return Err(format!("{} images are not cached", g.name));
             }
-            let this_boot = o.source == Some(Source::Vdso)
+            let this_boot = o.source() == Some(Source::Vdso)
                 || (trust.kernel.is_ok() && host::vdso_build_id() == Some(id));
             if !this_boot {
                 return Err(
@@ -451,7 +389,7 @@ fn find_file(
     o: &Outcome,
     id: BuildId,
 ) -> Result<Arc<File>, String> {
-    if let Some(f) = &o.file {
+    if let Some(f) = o.file() {
         return Ok(f.clone());
     }
     let path = match &cache.symfs {
@@ -625,7 +563,9 @@ fn cstr(p: &Path) -> Result<CString, String> {
 
 /// Test hook for the crash-safety test: `PDINJECT_TEST_CACHE_ABORT=N` ends the
 /// process with SIGKILL right before its N-th commit (a temp file written, not yet
-/// renamed), the state a `kill -9` can leave at any moment.
+/// renamed), the state a `kill -9` can leave at any moment. Built only with the
+/// `test-hooks` feature (`cargo test` turns it on; a release build lacks it).
+#[cfg(feature = "test-hooks")]
 fn crash_point() {
     static AT: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
     static DONE: AtomicU64 = AtomicU64::new(0);
@@ -639,6 +579,9 @@ fn crash_point() {
         unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
     }
 }
+
+#[cfg(not(feature = "test-hooks"))]
+fn crash_point() {}
 
 /// Moves `tmp` to `target` unless `target` exists (another run won: its entry is
 /// complete too, and this one is dropped). Added when this run's copy went in.
@@ -753,18 +696,6 @@ fn write_new(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn perfconfig() {
-        let t =
-            "# c\n[core]\n dir = x\n[buildid]\n\tdir = /a/b ; comment\n[BuildID]\nDir = \"/c d\"\n";
-        assert_eq!(config_value(t, "buildid", "dir").as_deref(), Some("/c d"));
-        assert_eq!(
-            config_value("[buildid]\ndir=/x\n", "buildid", "dir").as_deref(),
-            Some("/x")
-        );
-        assert_eq!(config_value("[other]\ndir=/x\n", "buildid", "dir"), None);
-    }
 
     #[test]
     fn zstd_module_id_is_read_from_the_decompressed_image() {

@@ -23,7 +23,7 @@ const TIMEOUT: Duration = Duration::from_secs(30);
 pub fn urls(flag: Option<&str>) -> Result<Vec<String>, String> {
     let chosen = match flag {
         Some(v) => Some(v.to_string()),
-        None => super::cache::perfconfig_value("buildid-cache", "debuginfod"),
+        None => crate::perfconfig::value("buildid-cache", "debuginfod"),
     };
     let v = match chosen.as_deref() {
         None => return Ok(Vec::new()),

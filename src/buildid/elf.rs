@@ -9,50 +9,7 @@ use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
 use std::sync::Arc;
 
-/// Why a file gives no ID.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Reason {
-    /// The file changed since the recording (other inode/device/generation, modified).
-    Stale,
-    /// The path was mapped from two different files during the recording.
-    Ambiguous,
-    /// No file at the path.
-    Missing,
-    /// The file exists but cannot be read.
-    Unreadable,
-    /// The file has no build-ID note.
-    NoNote,
-    /// The recording was made on another host or kernel; no local file is trusted.
-    OtherHost,
-    /// Not a regular file.
-    NotRegular,
-    /// Nothing says when the recording was made (a replayed stream), so no local file
-    /// can be shown unchanged since.
-    Undated,
-    /// The mapping was of a file already deleted at recording time.
-    Deleted,
-    /// Something pdinject does not handle (said in the detail).
-    Unsupported,
-    /// The input claims this DSO's ID for another file too (or this boot's notes
-    /// contradict it), and nothing proves which is right.
-    ConflictingClaim,
-}
-
-/// A failed proof: the reason and a sentence for the user.
-pub type Refusal = (Reason, String);
-
-/// The recording's start in wall-clock ns since the epoch, or why it is not known.
-/// "Unknown" refuses every local file ([`Reason::Undated`]); there is no value that
-/// skips the staleness check.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum RecordingStart {
-    /// Samples may have been taken from this moment on: files modified after it are stale.
-    Known(i128),
-    /// Nothing dates the recording (a replayed stream): no local file can be shown
-    /// unchanged since, so none is used.
-    Unknown(String),
-}
+pub use super::proof::{FileTimes, Place, Proven, Reason, RecordingStart, Refusal};
 
 /// The GNU build ID of an ELF image in memory (a vdso, a download, a decompressed
 /// module), by the same rules as [`read_build_id`].
@@ -335,19 +292,6 @@ fn fmt_time(ns: i128) -> String {
     format!("{secs}.{:09}", ns.rem_euclid(1_000_000_000))
 }
 
-/// A local file proven to be the one a recording mapped, still open (so what is read
-/// next, and what the build-ID cache links or copies, comes from the file that was
-/// checked, not whatever the path names later).
-#[derive(Clone, Debug)]
-pub struct Proven {
-    /// Its build ID.
-    pub build_id: BuildId,
-    /// The open file.
-    pub file: Arc<File>,
-    /// `(st_dev, st_ino)`: the same file reached by two paths is the same key.
-    pub key: (u64, u64),
-}
-
 /// Opens a regular file for reading without side effects. The path's type is checked
 /// with stat() first, so a recording naming a device (`/dev/tty`), a FIFO or a socket
 /// never gets it opened (opening a FIFO blocks, a tty may become our controlling
@@ -530,9 +474,10 @@ pub fn prove_and_read(
     ident: &FileIdent,
     exec_maps: &ExecMaps,
     start: &RecordingStart,
+    memo: Option<&super::memo::Memo>,
 ) -> Result<Proven, Refusal> {
-    // A batch proves each file once (the memo re-checks the file is the same).
-    if let Some(r) = super::memo::lookup(path, ident, exec_maps, start) {
+    // A run (a batch) proves each file once (the memo re-checks the file is the same).
+    if let Some(r) = memo.and_then(|m| super::memo::lookup(m, path, ident, exec_maps, start)) {
         return r;
     }
     prove(path, Some(ident), exec_maps, start)
@@ -550,59 +495,6 @@ pub fn prove_in_sysroot(
     start: &RecordingStart,
 ) -> Result<Proven, Refusal> {
     prove(path, None, exec_maps, start)
-}
-
-/// What a file's inode says about when it changed (ns since the epoch), as the proof
-/// read it.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct FileTimes {
-    /// Last modification of its bytes (settable: `touch -d`, `cp -p`).
-    pub mtime: i128,
-    /// Last change of the inode (bytes, links, mode, owner, times); not settable.
-    pub ctime: i128,
-    /// Creation of the inode, when the filesystem reports it (statx); not settable.
-    pub btime: Option<i128>,
-}
-
-impl FileTimes {
-    /// The times in `meta` (std reads it with statx, which gives the birth time).
-    pub fn of(meta: &std::fs::Metadata) -> FileTimes {
-        let ns = |s: i64, n: i64| s as i128 * 1_000_000_000 + n as i128;
-        let btime = meta
-            .created()
-            .ok()
-            .map(|t| match t.duration_since(std::time::UNIX_EPOCH) {
-                Ok(d) => d.as_nanos() as i128,
-                Err(e) => -(e.duration().as_nanos() as i128),
-            });
-        FileTimes {
-            mtime: ns(meta.mtime(), meta.mtime_nsec()),
-            ctime: ns(meta.ctime(), meta.ctime_nsec()),
-            btime,
-        }
-    }
-}
-
-/// Which file a proof is about: what its inode's times can show.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Place {
-    /// On this machine, the inode the records named (device, inode and, when both
-    /// sides know it, generation checked).
-    RecordedInode,
-    /// On this machine; the records name no inode (MMAP records, build-ID MMAP2).
-    Local,
-    /// Under `--symfs`: a copy, whose ctime and birth time are the copy's own.
-    Sysroot,
-}
-
-impl Place {
-    /// The place of a local file mapped with `ident` (once its inode is checked).
-    pub fn of(ident: &FileIdent) -> Place {
-        match ident {
-            FileIdent::Inode { .. } => Place::RecordedInode,
-            FileIdent::None | FileIdent::BuildId(_) => Place::Local,
-        }
-    }
 }
 
 /// The rules on times that need nothing read from the file.
@@ -914,6 +806,7 @@ mod proof_tests {
             &FileIdent::None,
             &ExecMaps::default(),
             &unknown,
+            None,
         );
         assert_eq!(r.err().map(|e| e.0), Some(Reason::Undated));
         let r = prove_and_read(
@@ -921,6 +814,7 @@ mod proof_tests {
             &FileIdent::None,
             &ExecMaps::default(),
             &RecordingStart::Known(0),
+            None,
         );
         assert_eq!(r.err().map(|e| e.0), Some(Reason::Missing));
     }

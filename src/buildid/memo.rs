@@ -10,8 +10,9 @@
 //! too.
 //!
 //! Only [`elf::prove_and_read`](super::elf::prove_and_read) uses the memo, through one
-//! call at its top ([`lookup`]). The memo is off unless a batch installs one
-//! ([`install`]): single-file runs behave exactly as before.
+//! call at its top ([`lookup`]), when the run hands it one
+//! ([`crate::Options::memo`]: a batch shares one across its inputs, a single run owns
+//! one); without one every proof reads its file.
 //!
 //! Assumption this relies on (checked by the unit test below only for today's proof):
 //! the proof's use of the recording's start time is a comparison with the file's mtime,
@@ -27,7 +28,7 @@ use std::collections::HashMap;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// What a file is right now: `(st_dev, st_ino, size, mtime ns, ctime ns)`.
 type FileKey = (u64, u64, u64, i128, i128);
@@ -49,7 +50,7 @@ struct ProofKey {
 /// checks it is still the same file) or the refusal.
 type Answer = Result<BuildId, Refusal>;
 
-/// The memo of one batch. Share it with [`install`].
+/// The memo of one run or batch: hand it to the proofs in [`crate::Options::memo`].
 #[derive(Default)]
 pub struct Memo {
     proofs: Mutex<HashMap<ProofKey, Arc<OnceLock<Option<Answer>>>>>,
@@ -86,29 +87,12 @@ impl Memo {
     }
 }
 
-static ACTIVE: RwLock<Option<Arc<Memo>>> = RwLock::new(None);
-
-/// Uninstalls the memo when dropped.
-pub struct Installed(());
-
-impl Drop for Installed {
-    fn drop(&mut self) {
-        if let Ok(mut a) = ACTIVE.write() {
-            *a = None;
-        }
+impl std::fmt::Debug for Memo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Memo")
+            .field("stats", &self.stats())
+            .finish_non_exhaustive()
     }
-}
-
-/// Makes `memo` the one every proof in this process consults until the guard drops.
-pub fn install(memo: Arc<Memo>) -> Installed {
-    if let Ok(mut a) = ACTIVE.write() {
-        *a = Some(memo);
-    }
-    Installed(())
-}
-
-fn active() -> Option<Arc<Memo>> {
-    ACTIVE.read().ok()?.clone()
 }
 
 fn file_key(m: &std::fs::Metadata) -> FileKey {
@@ -129,9 +113,10 @@ fn open(path: &Path) -> std::io::Result<std::fs::File> {
         .open(path)
 }
 
-/// The hook at the top of the proof. `None`: no memo is installed, the file cannot be
-/// keyed (missing, not regular), or this is the memo's own call: prove as usual.
+/// The hook at the top of the proof. `None`: the file cannot be keyed (missing, not
+/// regular): prove as usual.
 pub(crate) fn lookup(
+    memo: &Memo,
     path: &Path,
     ident: &FileIdent,
     exec_maps: &ExecMaps,
@@ -141,7 +126,6 @@ pub(crate) fn lookup(
     let RecordingStart::Known(start) = *times else {
         return None;
     };
-    let memo = active()?;
     let meta = std::fs::metadata(path).ok().filter(|m| m.is_file())?;
     let file = file_key(&meta);
     let key = ProofKey {
@@ -257,12 +241,17 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("libx.so");
         std::fs::write(&p, elf_with_id(&[0xaa; 20])).unwrap();
-        let memo = Arc::new(Memo::new());
-        let _g = install(memo.clone());
+        let memo = Memo::new();
         // Times never make a file stale here.
         let t = RecordingStart::Known(i128::MAX);
         let prove = |p: &Path| {
-            super::super::elf::prove_and_read(p, &FileIdent::None, &ExecMaps::default(), &t)
+            super::super::elf::prove_and_read(
+                p,
+                &FileIdent::None,
+                &ExecMaps::default(),
+                &t,
+                Some(&memo),
+            )
         };
         for _ in 0..3 {
             assert_eq!(prove(&p).unwrap().build_id.to_string(), "aa".repeat(20));

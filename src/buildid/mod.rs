@@ -19,40 +19,19 @@ pub mod debuginfod;
 pub mod elf;
 pub mod host;
 pub mod memo;
+pub mod proof;
 
 use crate::format::buildid::{BuildId, BuildIdTable, TableEntry};
 use crate::format::record::FileIdent;
 use crate::model::{DsoId, DsoKind, Model};
-pub use elf::{Reason, RecordingStart, Refusal};
 use host::HostInfo;
+pub use proof::{
+    Contradiction, FileTimes, Found, InTable, LocalFiles, NAMED_CLAIMANTS, Outcome, Place, Proven,
+    Reason, RecordingStart, Refusal, Refused, Source, Verdict,
+};
 use rayon::prelude::*;
 use std::collections::{BTreeSet, HashMap};
-use std::fs::File;
 use std::path::Path;
-use std::sync::Arc;
-
-/// Where an ID came from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Source {
-    /// A build-ID MMAP2 record of the recording.
-    Mmap2,
-    /// The input's BUILD_ID table or its HEADER_BUILD_ID records.
-    InputTable,
-    /// `--known-build-ids`.
-    Known,
-    /// The ELF note of the file, proven to be the recorded one.
-    Elf,
-    /// `/sys/kernel/notes` of this host, proven to be the recorded kernel.
-    KernelNotes,
-    /// `/sys/module/NAME/notes` of this host.
-    ModuleNotes,
-    /// This host's vdso image.
-    Vdso,
-    /// The ELF note of a file under `--symfs`, not modified since the recording
-    /// started (no device/inode proof applies to a sysroot copy).
-    Symfs,
-}
 
 /// The DSOs of one build-ID table entry: one name in one address space.
 #[derive(Clone, Debug)]
@@ -80,61 +59,6 @@ impl Group {
             })
     }
 }
-
-/// The answer for one group.
-#[derive(Clone, Debug, Default)]
-pub struct Outcome {
-    /// The ID, if one is known for certain.
-    pub build_id: Option<BuildId>,
-    /// Where it came from.
-    pub source: Option<Source>,
-    /// Why there is none.
-    pub reason: Option<Reason>,
-    /// Words for the user.
-    pub detail: Option<String>,
-    /// The input's table already lists this name (its entry is kept verbatim).
-    pub in_input_table: bool,
-    /// The file the ID was read from, still open ([`Source::Elf`], [`Source::Symfs`]):
-    /// the build-ID cache links or copies this very file, never the path again.
-    pub file: Option<Arc<File>>,
-    /// The input's claim for this DSO was contradicted, and what became of it.
-    pub contradiction: Option<Contradiction>,
-}
-
-/// What became of a contradicted claim.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Verdict {
-    /// A proof (the file proven unchanged since the recording, this boot's notes)
-    /// gives the claimed ID: it is kept.
-    Confirmed,
-    /// A proof gives another ID: that one is written, the claim nowhere.
-    Corrected,
-    /// Nothing proves either way: no ID ([`Reason::ConflictingClaim`]).
-    Refused,
-}
-
-/// An ID the input claims for a DSO that the input contradicts (it claims the same
-/// ID for another file) or that this boot's kernel or module notes contradict.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Contradiction {
-    /// The contradicted ID.
-    pub claimed: BuildId,
-    /// Other DSOs the input claims it for, sorted, at most [`NAMED_CLAIMANTS`]
-    /// (empty when this boot's notes contradict it).
-    pub others: Vec<String>,
-    /// How many other DSOs claim it.
-    pub others_total: usize,
-    /// The input's own build-ID MMAP2 records carry it (they are passed on as they
-    /// are: records stay byte for byte).
-    pub in_records: bool,
-    /// What became of the claim.
-    pub verdict: Verdict,
-}
-
-/// Other claimants named in a [`Contradiction`] (the perf 6.17 bug makes every
-/// module claim one ID: a hundred names per module would say nothing more).
-pub const NAMED_CLAIMANTS: usize = 8;
 
 /// What one file is, as far as the input can tell: claims of one file under two
 /// names (a module as `[name]` and by path, hard links, a bind mount) are one claim.
@@ -285,23 +209,6 @@ fn is_guest(e: &TableEntry) -> bool {
     matches!(e.cpumode, misc::GUEST_KERNEL | misc::GUEST_USER)
 }
 
-impl Outcome {
-    fn found(id: BuildId, source: Source) -> Self {
-        Outcome {
-            build_id: Some(id),
-            source: Some(source),
-            ..Default::default()
-        }
-    }
-    fn refused((reason, detail): Refusal) -> Self {
-        Outcome {
-            reason: Some(reason),
-            detail: Some(detail),
-            ..Default::default()
-        }
-    }
-}
-
 /// Whether the recording's host, and its kernel, are this machine's.
 #[derive(Clone, Debug)]
 pub struct HostTrust {
@@ -373,6 +280,8 @@ pub struct Evidence<'a> {
     pub times: RecordingStart,
     /// `--symfs`: user DSOs are read under this sysroot instead of `/`.
     pub symfs: Option<&'a Path>,
+    /// The run's memo of file proofs, if it keeps one.
+    pub memo: Option<&'a memo::Memo>,
 }
 
 fn same_space(e: &TableEntry, kind: DsoKind) -> bool {
@@ -414,9 +323,10 @@ pub fn identify(groups: &[Group], model: &Model, ev: &Evidence<'_>) -> Vec<Outco
         .par_iter()
         .map(|g| {
             let mut o = identify_one(g, model, ev, &kernel_id, &vdso_id);
-            if o.file.is_some() && kept.fetch_add(1, std::sync::atomic::Ordering::Relaxed) >= budget
+            if o.file().is_some()
+                && kept.fetch_add(1, std::sync::atomic::Ordering::Relaxed) >= budget
             {
-                o.file = None;
+                o = o.without_file();
             }
             o
         })
@@ -484,8 +394,8 @@ fn identify_one(
     let prove = || prove_group(g, &dsos, &inodes, ev, kernel_id, vdso_id);
 
     if let Some(e) = table {
-        let mut o = Outcome::found(e.build_id, Source::InputTable);
-        o.in_input_table = true;
+        let mut o = Found::of(e.build_id, Source::InputTable);
+        o.table = InTable::Listed;
         if ambiguous {
             o.detail = Some(
                 "mapped from several files during the recording; the input's own entry is kept"
@@ -538,7 +448,7 @@ fn identify_one(
     if let Some(&id) = ids.first() {
         return check_claim(
             g,
-            Outcome::found(id, Source::Mmap2),
+            Found::of(id, Source::Mmap2),
             &claimed,
             &ids,
             false,
@@ -547,7 +457,7 @@ fn identify_one(
         );
     }
     if let Some(e) = streamed {
-        let o = Outcome::found(e.build_id, Source::InputTable);
+        let o = Found::of(e.build_id, Source::InputTable);
         return check_claim(g, o, &claimed, &ids, false, ev, prove);
     }
     if let Some((id, _)) = ev.known.iter().find(|(_, p)| *p == g.name) {
@@ -564,30 +474,28 @@ fn identify_one(
 /// the claim, another ID replaces it, no proof refuses it.
 fn check_claim(
     g: &Group,
-    o: Outcome,
+    o: Found,
     claimed: &[BuildId],
     recorded: &[BuildId],
     ambiguous: bool,
     ev: &Evidence<'_>,
     prove: impl FnOnce() -> Outcome,
 ) -> Outcome {
-    let Some(id) = o.build_id else { return o };
+    let id = o.build_id;
     let space = g.kind.is_kernel_space();
     let Some(c) = ev.claims.contest(space, &g.name, claimed) else {
-        if o.source == Some(Source::InputTable) && !ambiguous && zero_padded(&id) {
+        if o.source == Source::InputTable && !ambiguous && zero_padded(&id) {
             return check_padded(o, id, prove());
         }
         // Nothing else claims it; the kernel's and a module's ID still meet this
         // boot's notes (perf 6.17/6.18 gave each module after the first the first
         // one's ID).
         if !space || ambiguous || ev.trust.kernel.is_err() {
-            return o;
+            return Outcome::Found(o);
         }
-        let p = prove();
-        return match p.build_id {
-            Some(n) if n != id => {
-                let how = proof_words(p.source);
-                let mut p = p;
+        return match prove() {
+            Outcome::Found(mut p) if p.build_id != id => {
+                let (how, n) = (proof_words(p.source), p.build_id);
                 p.detail = Some(format!(
                     "the input claims {id} for it, {how} {n}: the notes are written, the claim nowhere"
                 ));
@@ -598,9 +506,9 @@ fn check_claim(
                     in_records: recorded.contains(&id),
                     verdict: Verdict::Corrected,
                 });
-                p
+                Outcome::Found(p)
             }
-            _ => o,
+            _ => Outcome::Found(o),
         };
     };
     let also = format!(
@@ -617,34 +525,34 @@ fn check_claim(
             verdict,
         })
     };
-    let refuse = |why: &str| Outcome {
-        contradiction: contradiction(Verdict::Refused),
-        ..Outcome::refused((
-            Reason::ConflictingClaim,
-            format!("{also}, and nothing proves which is right ({why})"),
-        ))
+    let refuse = |why: &str| {
+        Outcome::Refused(Refused {
+            reason: Reason::ConflictingClaim,
+            detail: format!("{also}, and nothing proves which is right ({why})"),
+            contradiction: contradiction(Verdict::Refused),
+        })
     };
     if ambiguous {
         // No one file to prove: the path was mapped from several.
         return refuse("this path was mapped from several files during the recording");
     }
-    let p = prove();
-    match p.build_id {
-        Some(n) if n == id => Outcome {
-            detail: Some(format!("{also}; {} {n}: kept", proof_words(p.source))),
+    match prove() {
+        Outcome::Found(p) if p.build_id == id => Outcome::Found(Found {
+            detail: Some(format!("{also}; {} {id}: kept", proof_words(p.source))),
             contradiction: contradiction(Verdict::Confirmed),
             file: p.file,
             ..o
-        },
-        Some(n) => Outcome {
+        }),
+        Outcome::Found(p) => Outcome::Found(Found {
             detail: Some(format!(
-                "{also}; {} {n}, which is written instead",
-                proof_words(p.source)
+                "{also}; {} {}, which is written instead",
+                proof_words(p.source),
+                p.build_id
             )),
             contradiction: contradiction(Verdict::Corrected),
             ..p
-        },
-        None => refuse(p.detail.as_deref().unwrap_or("no proof")),
+        }),
+        Outcome::Refused(r) => refuse(&r.detail),
     }
 }
 
@@ -664,10 +572,13 @@ fn zero_padded(id: &BuildId) -> bool {
 /// the modern form when the claim is it padded (or when the proof contradicts the
 /// claim outright); the claim as it is when nothing proves the file, as perf reads
 /// it.
-fn check_padded(o: Outcome, id: BuildId, p: Outcome) -> Outcome {
-    let Some(n) = p.build_id else { return o };
+fn check_padded(o: Found, id: BuildId, p: Outcome) -> Outcome {
+    let Outcome::Found(p) = p else {
+        return Outcome::Found(o);
+    };
+    let n = p.build_id;
     if n == id {
-        return Outcome { file: p.file, ..o };
+        return Outcome::Found(Found { file: p.file, ..o });
     }
     let (short, rest) = id.as_bytes().split_at(n.as_bytes().len().min(20));
     let detail = if short == n.as_bytes() && rest.iter().all(|&x| x == 0) {
@@ -682,7 +593,7 @@ fn check_padded(o: Outcome, id: BuildId, p: Outcome) -> Outcome {
             proof_words(p.source)
         )
     };
-    Outcome {
+    Outcome::Found(Found {
         detail: Some(detail),
         contradiction: Some(Contradiction {
             claimed: id,
@@ -692,7 +603,7 @@ fn check_padded(o: Outcome, id: BuildId, p: Outcome) -> Outcome {
             verdict: Verdict::Corrected,
         }),
         ..p
-    }
+    })
 }
 
 /// "a, b and 3 more".
@@ -705,13 +616,13 @@ fn claimant_list(names: &[String], total: usize) -> String {
 }
 
 /// How a proof's source says what the ID is, in words.
-fn proof_words(source: Option<Source>) -> &'static str {
+fn proof_words(source: Source) -> &'static str {
     match source {
-        Some(Source::Elf) => "its file, proven unchanged since the recording, has",
-        Some(Source::Symfs) => "its copy under --symfs has",
-        Some(Source::KernelNotes) => "this boot's /sys/kernel/notes has",
-        Some(Source::ModuleNotes) => "this boot's module notes have",
-        Some(Source::Vdso) => "this boot's vdso has",
+        Source::Elf => "its file, proven unchanged since the recording, has",
+        Source::Symfs => "its copy under --symfs has",
+        Source::KernelNotes => "this boot's /sys/kernel/notes has",
+        Source::ModuleNotes => "this boot's module notes have",
+        Source::Vdso => "this boot's vdso has",
         _ => "the proof gives",
     }
 }
@@ -743,11 +654,10 @@ fn prove_group(
                 // A sysroot speaks for any host: the recording's own files, copied.
                 let path = cache::under_root(root, &g.name);
                 return match elf::prove_in_sysroot(&path, &maps, &ev.times) {
-                    Ok(p) => {
-                        let mut o = Outcome::found(p.build_id, Source::Symfs);
-                        o.file = Some(p.file);
-                        o
-                    }
+                    Ok(p) => Outcome::Found(Found {
+                        file: Some(p.file),
+                        ..Found::of(p.build_id, Source::Symfs)
+                    }),
                     Err((r, d)) => Outcome::refused((r, format!("{} (in --symfs)", d))),
                 };
             }
@@ -755,12 +665,11 @@ fn prove_group(
                 return Outcome::refused(why.clone());
             }
             let ident = inodes.first().map(|i| **i).unwrap_or(FileIdent::None);
-            match elf::prove_and_read(Path::new(&g.name), &ident, &maps, &ev.times) {
-                Ok(p) => {
-                    let mut o = Outcome::found(p.build_id, Source::Elf);
-                    o.file = Some(p.file);
-                    o
-                }
+            match elf::prove_and_read(Path::new(&g.name), &ident, &maps, &ev.times, ev.memo) {
+                Ok(p) => Outcome::Found(Found {
+                    file: Some(p.file),
+                    ..Found::of(p.build_id, Source::Elf)
+                }),
                 Err(r) => Outcome::refused(r),
             }
         }
@@ -838,7 +747,7 @@ mod tests {
                 flags: 2,
                 filename: name.as_bytes(),
             };
-            b.mmap((i as u64, i as u64), *cpumode, &m)
+            b.mmap(crate::model::Key::new(i as u64, i as u64), *cpumode, &m)
                 .expect("within budget");
         }
         b.build()
@@ -923,20 +832,20 @@ mod tests {
         let short = BuildId::from_hex("11223344556677889900aabbccddeeff").expect("hex");
         let padded = BuildId::from_hex(&format!("{short}00000000")).expect("hex");
         assert!(zero_padded(&padded) && !zero_padded(&short) && !zero_padded(&id(1)));
-        let claim = Outcome::found(padded, Source::InputTable);
+        let claim = Found::of(padded, Source::InputTable);
         // Proven: the short ID, with its size; the input's entry is not passed on.
         let o = check_padded(claim.clone(), padded, Outcome::found(short, Source::Elf));
-        assert_eq!((o.build_id, o.source), (Some(short), Some(Source::Elf)));
-        let c = o.contradiction.expect("the padded entry is replaced");
+        assert_eq!((o.build_id(), o.source()), (Some(short), Some(Source::Elf)));
+        let c = o.contradiction().expect("the padded entry is replaced");
         assert_eq!((c.claimed, c.verdict), (padded, Verdict::Corrected));
         // Nothing proves the file: the claim as the input makes it.
         let none = Outcome::refused((Reason::OtherHost, "elsewhere".into()));
         let o = check_padded(claim.clone(), padded, none);
-        assert_eq!(o.build_id, Some(padded));
-        assert!(o.contradiction.is_none());
+        assert_eq!(o.build_id(), Some(padded));
+        assert!(o.contradiction().is_none());
         // A proof of the padded ID itself keeps it.
         let o = check_padded(claim, padded, Outcome::found(padded, Source::Elf));
-        assert!(o.build_id == Some(padded) && o.contradiction.is_none());
+        assert!(o.build_id() == Some(padded) && o.contradiction().is_none());
     }
 
     #[test]

@@ -1,20 +1,19 @@
 //! `pdinject batch`: the command line of batch mode (flags, progress bar, error lines,
-//! JSON-lines report, exit codes). The work is [`crate::batch`].
+//! summary). The work, the JSON-lines report included, is [`pdinject::batch`].
 
-use super::EngineArgs;
-use clap::Parser;
+use super::args::RunArgs;
+use super::exit::Exit;
+use indicatif::ProgressBar;
 use pdinject::batch::{
-    self, BatchOptions, CONCURRENT_BELOW, Dest, FileResult, SHARD_COUNT_ENV, Shard, Status,
-    WalkSkip,
+    self, BatchOptions, CONCURRENT_BELOW, Dest, FileResult, Input, LineReport, SHARD_COUNT_ENV,
+    Shard, Status, Summary, WalkSkip,
 };
-use pdinject::options::Options;
 use pdinject::{Error, Result};
-use std::io::{IsTerminal, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-const AFTER_HELP: &str = "\
+pub const AFTER_HELP: &str = "\
 Outputs keep each input's path relative to the inputs' common parent folder under
 --out-dir (fleets name every file perf.data), or go beside each input with --suffix.
 An output is skipped when it is up to date: written by this pdinject version with the
@@ -24,14 +23,25 @@ same options from the input as it is now (a marker in OUT/.pdinject/, or
 Exit codes: 0 every input done or up to date, 3 some failed, 1 all failed (or none
 found), 2 usage.";
 
-/// Writes build IDs into many perf.data files: one thread pool, one memo of DSO build
-/// IDs, per-file errors that never stop the batch.
-#[derive(Parser, Debug)]
-#[command(name = "pdinject batch", bin_name = "pdinject batch", version, after_help = AFTER_HELP)]
+/// The batch's help of the shared flags that mean more in a batch.
+pub fn help(c: clap::Command) -> clap::Command {
+    c.mut_arg("in_place", |a| {
+        a.help("Rewrite each input itself, only what changes, crash-safe (see \"In place\")")
+    })
+    .mut_arg("jobs", |a| a.help("Worker threads in all (default: all cores)"))
+    .mut_arg("report", |a| {
+        a.help("Write one JSON line per input to FILE (the single-file report's fields plus status, error and skipped), then one {\"summary\": ...} line")
+    })
+    .mut_arg("verbose", |a| a.help("Also print one summary line per input done"))
+    .mut_arg("quiet", |a| a.help("Only error lines on stderr (no progress, no summary)"))
+}
+
+/// The flags of `pdinject batch`.
+#[derive(clap::Args, Debug)]
 pub struct BatchArgs {
-    /// What the engine is asked (the flags of a single-file run).
+    /// The flags single runs share.
     #[command(flatten)]
-    pub engine: EngineArgs,
+    pub run: RunArgs,
     /// Write outputs under DIR, at each input's path relative to the inputs' common
     /// parent folder.
     #[arg(long = "out-dir", value_name = "DIR")]
@@ -39,9 +49,6 @@ pub struct BatchArgs {
     /// Write each output beside its input, named as the input plus SUFFIX (e.g. .bid).
     #[arg(long = "suffix", value_name = "SUFFIX")]
     pub suffix: Option<String>,
-    /// Rewrite each input itself, only what changes, crash-safe (see "In place").
-    #[arg(long = "in-place")]
-    pub in_place: bool,
     /// Also read input paths from FILE, one per line ('-': standard input).
     #[arg(long = "from", value_name = "FILE")]
     pub from: Vec<PathBuf>,
@@ -56,19 +63,6 @@ pub struct BatchArgs {
     /// Redo outputs that are up to date.
     #[arg(long = "force")]
     pub force: bool,
-    /// Worker threads in all (default: all cores).
-    #[arg(long = "jobs", value_name = "N")]
-    pub jobs: Option<usize>,
-    /// Write one JSON line per input to FILE (the single-file report's fields plus
-    /// status, error and skipped), then one {"summary": ...} line.
-    #[arg(long = "report", value_name = "FILE")]
-    pub report: Option<PathBuf>,
-    /// Also print one summary line per input done.
-    #[arg(short = 'v', long = "verbose")]
-    pub verbose: bool,
-    /// Only error lines on stderr (no progress, no summary).
-    #[arg(short = 'q', long = "quiet")]
-    pub quiet: bool,
     /// Inputs of this many bytes or more run one at a time with every thread; smaller
     /// ones side by side (for measurements).
     #[arg(long = "concurrent-below", value_name = "BYTES", default_value_t = CONCURRENT_BELOW, hide = true)]
@@ -78,39 +72,75 @@ pub struct BatchArgs {
     pub paths: Vec<PathBuf>,
 }
 
-/// Runs `pdinject batch ARGS` (`args` starts at `batch`); returns the exit code.
-pub fn main(args: impl IntoIterator<Item = std::ffi::OsString>) -> i32 {
-    let args = match BatchArgs::try_parse_from(args) {
-        Ok(a) => a,
-        Err(e) => {
-            let code = if e.use_stderr() { 2 } else { 0 };
-            let _ = e.print();
-            return code;
-        }
+/// Runs `pdinject batch`: every usage error before any input is touched, then the
+/// inputs this task owns.
+pub fn execute(args: &BatchArgs) -> Result<Exit> {
+    // The cache is filled as by single runs: one entry per DSO file, the later inputs
+    // finding it present.
+    let engine = args.run.engine.options(None)?;
+    let dest = destination(args)?;
+    args.run.check_jobs()?;
+    let shard = shard(args)?;
+    let paths = input_paths(args)?;
+    if let Dest::OutDir(d) = &dest {
+        std::fs::create_dir_all(d).map_err(|e| Error::io(d, e))?;
+    }
+    let listing = batch::collect(&paths, &WalkSkip::for_dest(&dest));
+    if listing.inputs.is_empty() {
+        eprintln!("pdinject batch: no perf.data files found");
+        return Ok(Exit::Failed);
+    }
+    let all = listing.inputs.len();
+    let inputs: Vec<Input> = match shard {
+        Some(s) => listing
+            .inputs
+            .into_iter()
+            .filter(|i| s.owns(&i.rel))
+            .collect(),
+        None => listing.inputs,
     };
-    match execute(&args) {
-        Ok(code) => code,
-        Err(Error::Usage(m)) => {
-            eprintln!("pdinject batch: {m}");
-            2
-        }
-        Err(e) => {
+    let report = args
+        .run
+        .report
+        .as_deref()
+        .map(LineReport::create)
+        .transpose()?;
+    let opts = BatchOptions {
+        engine,
+        dest,
+        jobs: args.run.jobs,
+        force: args.force,
+        concurrent_below: args.concurrent_below,
+    };
+    let tell = Tell::new(args, &inputs, report.as_ref());
+    let summary = batch::run(&inputs, &opts, &|r| tell.done(r));
+    tell.finish();
+    if let Some(r) = &report {
+        r.summary(&summary);
+    }
+    if !args.run.quiet {
+        print_summary(&summary, shard, all);
+    }
+    let exit = Exit::of_batch(&summary);
+    match report.and_then(LineReport::finish) {
+        // A batch whose report is lost did not do all it was asked.
+        Some(e) => {
             eprintln!("pdinject batch: {e}");
-            1
+            Ok(if exit == Exit::Done {
+                Exit::Failed
+            } else {
+                exit
+            })
         }
+        None => Ok(exit),
     }
 }
 
-fn engine_options(args: &BatchArgs) -> Result<Options> {
-    // The cache is filled as by single runs: one entry per DSO file, the later
-    // inputs finding it present.
-    args.engine.options(None)
-}
-
+/// Where outputs go, from `--out-dir`, `--suffix` and `--in-place`.
 fn destination(args: &BatchArgs) -> Result<Dest> {
-    if args.in_place {
+    if args.run.in_place {
         // Refused before any input is touched.
-        args.engine.attrs_for().check_in_place()?;
+        args.run.engine.attrs_for().check_in_place()?;
         return match (&args.out_dir, &args.suffix) {
             (None, None) => Ok(Dest::InPlace),
             _ => Err(Error::Usage(
@@ -134,6 +164,25 @@ fn destination(args: &BatchArgs) -> Result<Dest> {
     }
 }
 
+/// The shard this task processes, from `--shard` and `--shard-count`.
+fn shard(args: &BatchArgs) -> Result<Option<Shard>> {
+    let shard = match args.shard.as_deref() {
+        None => None,
+        Some("auto") => Some(Shard::from_env(
+            &|k| std::env::var(k).ok(),
+            args.shard_count,
+        )?),
+        Some(s) => Some(Shard::parse(s)?),
+    };
+    if args.shard_count.is_some() && args.shard.as_deref() != Some("auto") {
+        return Err(Error::Usage(format!(
+            "--shard-count goes with --shard auto (or set {SHARD_COUNT_ENV})"
+        )));
+    }
+    Ok(shard)
+}
+
+/// The paths named and those read from `--from` lists.
 fn input_paths(args: &BatchArgs) -> Result<Vec<PathBuf>> {
     let mut paths = args.paths.clone();
     let mut stdin_read = false;
@@ -159,150 +208,88 @@ fn input_paths(args: &BatchArgs) -> Result<Vec<PathBuf>> {
     Ok(paths)
 }
 
-fn execute(args: &BatchArgs) -> Result<i32> {
-    let engine = engine_options(args)?;
-    let dest = destination(args)?;
-    if args.jobs == Some(0) {
-        return Err(Error::Usage("--jobs must be at least 1".into()));
-    }
-    let shard = match args.shard.as_deref() {
-        None => None,
-        Some("auto") => Some(Shard::from_env(
-            &|k| std::env::var(k).ok(),
-            args.shard_count,
-        )?),
-        Some(s) => Some(Shard::parse(s)?),
-    };
-    if args.shard_count.is_some() && args.shard.as_deref() != Some("auto") {
-        return Err(Error::Usage(format!(
-            "--shard-count goes with --shard auto (or set {SHARD_COUNT_ENV})"
-        )));
-    }
-    let paths = input_paths(args)?;
-    if let Dest::OutDir(d) = &dest {
-        std::fs::create_dir_all(d).map_err(|e| Error::io(d, e))?;
-    }
-    let listing = batch::collect(&paths, &WalkSkip::for_dest(&dest));
-    if listing.inputs.is_empty() {
-        eprintln!("pdinject batch: no perf.data files found");
-        return Ok(1);
-    }
-    let all = listing.inputs.len();
-    let inputs: Vec<_> = match shard {
-        Some(s) => listing
-            .inputs
-            .into_iter()
-            .filter(|i| s.owns(&i.rel))
-            .collect(),
-        None => listing.inputs,
-    };
-    let report = match &args.report {
-        Some(p) => Some(Mutex::new(std::io::BufWriter::new(
-            std::fs::File::create(p).map_err(|e| Error::io(p, e))?,
-        ))),
-        None => None,
-    };
-    let total_bytes: u64 = inputs.iter().map(|i| i.bytes).sum();
-    let bar = (!args.quiet && std::io::stderr().is_terminal()).then(|| {
-        let b = indicatif::ProgressBar::with_draw_target(
-            Some(total_bytes),
-            indicatif::ProgressDrawTarget::stderr(),
+/// What is said as each input ends: its error or warning line, its summary with
+/// `--verbose`, its report line, the progress bar.
+struct Tell<'a> {
+    verbose: bool,
+    bar: Option<ProgressBar>,
+    report: Option<&'a LineReport>,
+    files: usize,
+    files_done: AtomicUsize,
+}
+
+impl<'a> Tell<'a> {
+    fn new(args: &BatchArgs, inputs: &[Input], report: Option<&'a LineReport>) -> Tell<'a> {
+        let bytes = inputs.iter().map(|i| i.bytes).sum();
+        let bar = super::progress::bar(
+            args.run.quiet,
+            bytes,
+            "{msg} [{bar:30}] {bytes}/{total_bytes} ({bytes_per_sec}, ETA {eta})",
         );
-        b.set_style(
-            indicatif::ProgressStyle::with_template(
-                "{msg} [{bar:30}] {bytes}/{total_bytes} ({bytes_per_sec}, ETA {eta})",
-            )
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
-            .progress_chars("=> "),
-        );
-        b.set_message(format!("0/{} files", inputs.len()));
-        b
-    });
-    let files_done = AtomicUsize::new(0);
-    let report_error = Mutex::new(None::<String>);
-    let say = |line: &str| match &bar {
-        Some(b) => b.println(line),
-        None => eprintln!("{line}"),
-    };
-    let done = |r: &FileResult| {
+        if let Some(b) = &bar {
+            b.set_message(format!("0/{} files", inputs.len()));
+        }
+        Tell {
+            verbose: args.run.verbose && !args.run.quiet,
+            bar,
+            report,
+            files: inputs.len(),
+            files_done: AtomicUsize::new(0),
+        }
+    }
+
+    /// A line on stderr, above the bar when there is one.
+    fn say(&self, line: &str) {
+        match &self.bar {
+            Some(b) => b.println(line),
+            None => eprintln!("{line}"),
+        }
+    }
+
+    fn done(&self, r: &FileResult) {
         if let Some(e) = &r.error {
-            say(&format!("pdinject batch: {e}"));
+            self.say(&format!("pdinject batch: {e}"));
         } else if let Some(w) = &r.warning {
-            say(&format!("pdinject batch: warning: {w}"));
-        } else if args.verbose && !args.quiet {
+            self.say(&format!("pdinject batch: warning: {w}"));
+        } else if self.verbose {
             let mut v = Vec::new();
             if r.status == Status::Skipped {
                 let _ = writeln!(v, "pdinject: {}: up to date", r.report.output);
             } else {
                 let _ = r.report.print_human(&mut v);
             }
-            say(String::from_utf8_lossy(&v).trim_end());
+            self.say(String::from_utf8_lossy(&v).trim_end());
         }
-        if let Some(w) = &report
-            && let Ok(mut w) = w.lock()
-        {
-            let line = serde_json::to_string(r).unwrap_or_default();
-            // Flushed line by line: an interrupted batch leaves a usable report.
-            if let Err(e) = writeln!(w, "{line}").and_then(|()| w.flush())
-                && let Ok(mut slot) = report_error.lock()
-            {
-                slot.get_or_insert_with(|| e.to_string());
-            }
+        if let Some(w) = self.report {
+            w.input(r);
         }
-        if let Some(b) = &bar {
-            let n = files_done.fetch_add(1, Ordering::Relaxed) + 1;
-            b.set_message(format!("{n}/{} files", inputs.len()));
+        if let Some(b) = &self.bar {
+            let n = self.files_done.fetch_add(1, Ordering::Relaxed) + 1;
+            b.set_message(format!("{n}/{} files", self.files));
             b.inc(r.input_bytes);
         }
-    };
-    let opts = BatchOptions {
-        engine,
-        dest,
-        jobs: args.jobs,
-        force: args.force,
-        concurrent_below: args.concurrent_below,
-    };
-    let summary = batch::run(&inputs, &opts, &done);
-    if let Some(b) = &bar {
-        b.finish_and_clear();
     }
-    if let Some(w) = &report
-        && let Ok(mut w) = w.lock()
-    {
-        let line = serde_json::json!({ "summary": &summary });
-        if let Err(e) = writeln!(w, "{line}").and_then(|()| w.flush())
-            && let Ok(mut slot) = report_error.lock()
-        {
-            slot.get_or_insert_with(|| e.to_string());
+
+    fn finish(&self) {
+        if let Some(b) = &self.bar {
+            b.finish_and_clear();
         }
     }
-    if !args.quiet {
-        let shard_note = match shard {
-            Some(s) => format!(" (shard {}/{} of {all})", s.index + 1, s.count),
-            None => String::new(),
-        };
-        eprintln!(
-            "pdinject batch: {} inputs{shard_note}: {} done, {} up to date, {} failed in {:.2} s; {} distinct DSO files read ({} lookups from the memo)",
-            summary.inputs,
-            summary.ok,
-            summary.skipped,
-            summary.failed,
-            summary.seconds,
-            summary.memo.dso_files_read,
-            summary.memo.memo_hits
-        );
-    }
-    if let Some(e) = report_error.into_inner().ok().flatten() {
-        let p = args.report.as_deref().unwrap_or(Path::new("report"));
-        eprintln!(
-            "pdinject batch: {}: cannot write the report: {e}",
-            p.display()
-        );
-        return Ok(if summary.exit_code() == 0 {
-            1
-        } else {
-            summary.exit_code()
-        });
-    }
-    Ok(summary.exit_code())
+}
+
+fn print_summary(summary: &Summary, shard: Option<Shard>, all: usize) {
+    let shard_note = match shard {
+        Some(s) => format!(" (shard {}/{} of {all})", s.index + 1, s.count),
+        None => String::new(),
+    };
+    eprintln!(
+        "pdinject batch: {} inputs{shard_note}: {} done, {} up to date, {} failed in {:.2} s; {} distinct DSO files read ({} lookups from the memo)",
+        summary.inputs,
+        summary.ok,
+        summary.skipped,
+        summary.failed,
+        summary.seconds,
+        summary.memo.dso_files_read,
+        summary.memo.memo_hits
+    );
 }

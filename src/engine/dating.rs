@@ -4,7 +4,7 @@
 
 use crate::format::feature::ClockData;
 
-pub use crate::buildid::RecordingStart;
+pub use crate::buildid::proof::RecordingStart;
 
 /// What the input tells about the end of the recording.
 #[derive(Clone, Debug)]

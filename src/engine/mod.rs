@@ -22,7 +22,9 @@ use crate::format::buildid::{
 };
 use crate::format::feature::{ClockData, parse_clock_data, parse_string};
 use crate::format::header::{FEAT_ARCH, FEAT_CLOCK_DATA, FEAT_HOSTNAME, FEAT_OSRELEASE};
-use crate::format::record::{TrailerLayout, misc, parse_mmap, rt};
+use crate::format::record::{
+    Comm, FeatureRecord, Fork, TrailerLayout, misc, mmap_fixed, parse_mmap, rt,
+};
 use crate::format::walk::{Chunk, Rec, Walker, Windows};
 use crate::input::DataFile;
 use crate::limits::StreamKept;
@@ -147,8 +149,8 @@ pub struct Decision {
 impl Decision {
     /// The ID a table entry must be added for: any ID the input's own table lacks.
     pub fn id_for_table(&self) -> Option<BuildId> {
-        (!self.outcome.in_input_table)
-            .then_some(self.outcome.build_id)
+        (!self.outcome.in_input_table())
+            .then_some(self.outcome.build_id())
             .flatten()
     }
 
@@ -156,7 +158,7 @@ impl Decision {
     /// itself (its table, its build-ID MMAP2 records, its HEADER_BUILD_ID records).
     pub fn id_for_stream(&self) -> Option<BuildId> {
         use buildid::Source::{InputTable, Mmap2};
-        if matches!(self.outcome.source, Some(InputTable | Mmap2)) {
+        if matches!(self.outcome.source(), Some(InputTable | Mmap2)) {
             return None;
         }
         self.id_for_table()
@@ -164,7 +166,7 @@ impl Decision {
 
     /// The ID came from the input itself (its table or records): not new.
     pub fn from_input(&self) -> bool {
-        self.outcome.in_input_table || self.outcome.source == Some(buildid::Source::InputTable)
+        self.outcome.in_input_table() || self.outcome.source() == Some(buildid::Source::InputTable)
     }
 
     /// The cpumode of its table entry or record.
@@ -257,7 +259,7 @@ pub struct Ahead {
     /// How stacks are walked.
     pub unwind: Option<UnwindConfig>,
     /// Local files may be read (the host, as far as the scan has seen).
-    pub allow_local: bool,
+    pub allow_local: buildid::LocalFiles,
     /// The recording's start as far as the scan has seen: never before the real one.
     pub start: RecordingStart,
     /// The `seq` of the first record not in the model.
@@ -535,8 +537,7 @@ impl<'a> Engine<'a> {
         match self.decided.get(&key) {
             Some(d) => d
                 .outcome
-                .contradiction
-                .as_ref()
+                .contradiction()
                 .is_none_or(|c| c.verdict == buildid::Verdict::Confirmed),
             None => !self.claims.is_contested(key.0, &key.1),
         }
@@ -649,7 +650,7 @@ impl<'a> Engine<'a> {
         Some(Ahead {
             unwind: self.unwind_config(&meta),
             time_mode: self.time_mode.unwrap_or(false),
-            allow_local: trust.local.is_ok(),
+            allow_local: buildid::LocalFiles::of(&trust.local),
             start,
             upto_seq: self.walker.seq,
             model,
@@ -682,7 +683,7 @@ impl<'a> Engine<'a> {
                 };
             in_order
                 && a.time_mode == time_mode
-                && a.allow_local == trust.local.is_ok()
+                && a.allow_local == buildid::LocalFiles::of(&trust.local)
                 && a.unwind.map(|c| c.mode) == unwind.map(|c| c.mode)
         }) && tables.still_proven(self.builder.dsos(), &start)
     }
@@ -724,14 +725,14 @@ impl<'a> Engine<'a> {
         match kind {
             rt::HEADER_ATTR if self.from_records => return self.attr_record(r),
             rt::HEADER_FEATURE if self.from_records => {
-                let id = e
-                    .u64(r.bytes, 8)
+                let f = FeatureRecord::parse(r.bytes, e)
                     .ok_or_else(|| Error::format(r.offset, "HEADER_FEATURE record is truncated"))?;
+                let id = f.id;
                 // A feature is kept by its payload: the end-of-features marker has none,
                 // whichever perf wrote it (32 before perf 7, 35 since; 32 is a feature
                 // in 7.x). See sink::stream for why outputs carry no marker.
-                if r.bytes.len() > 16 && id < 256 {
-                    let payload = r.bytes[16..].to_vec();
+                if !f.payload.is_empty() && id < 256 {
+                    let payload = f.payload.to_vec();
                     self.kept.features += payload.len() as u64;
                     if let Some(old) = self.stream_features.insert(id as u32, payload) {
                         self.kept.features -= old.len() as u64;
@@ -796,7 +797,7 @@ impl<'a> Engine<'a> {
             self.attrs.iter().all(|a| a.sample_type & st::TIME != 0)
                 && self.attrs[0].sample_id_all()
         });
-        let key = |t: Option<u64>| -> Key { (if time_mode { t.unwrap_or(0) } else { 0 }, r.seq) };
+        let key = |t: Option<u64>| Key::new(if time_mode { t.unwrap_or(0) } else { 0 }, r.seq);
         match kind {
             rt::SAMPLE => {
                 self.scan.samples += 1;
@@ -805,7 +806,7 @@ impl<'a> Engine<'a> {
                 }
             }
             rt::MMAP | rt::MMAP2 => {
-                let fixed = if kind == rt::MMAP { 40 } else { 72 };
+                let fixed = mmap_fixed(kind);
                 let body_end = r
                     .bytes
                     .len()
@@ -848,9 +849,9 @@ impl<'a> Engine<'a> {
                     if let Some(t) = sid.time {
                         self.span.note(t);
                     }
-                    let pid = e
-                        .u32(r.bytes, 8)
-                        .ok_or_else(|| Error::format(r.offset, "COMM record is truncated"))?;
+                    let pid = Comm::parse(r.bytes, e)
+                        .ok_or_else(|| Error::format(r.offset, "COMM record is truncated"))?
+                        .pid;
                     self.builder
                         .exec(key(sid.time), pid)
                         .map_err(|l| l.at(r.offset))?;
@@ -858,10 +859,13 @@ impl<'a> Engine<'a> {
             }
             _ => {
                 // FORK: pid, ppid, tid, ptid, time.
-                let (Some(pid), Some(ppid)) = (e.u32(r.bytes, 8), e.u32(r.bytes, 12)) else {
+                let Some(Fork {
+                    pid, ppid, time, ..
+                }) = Fork::parse(r.bytes, e)
+                else {
                     return Err(Error::format(r.offset, "FORK record is truncated"));
                 };
-                let t = trailer.read(r.bytes, e).time.or(e.u64(r.bytes, 24));
+                let t = trailer.read(r.bytes, e).time.or(time);
                 if let Some(t) = t {
                     self.span.note(t);
                 }
@@ -930,10 +934,13 @@ impl<'a> Engine<'a> {
         let time_mode = self.time_mode.unwrap_or(false);
 
         let t = Instant::now();
-        let tables = self.tables.get_or_insert_with(UnwindTables::default);
+        let memo = &self.opts.memo;
+        let tables = self
+            .tables
+            .get_or_insert_with(|| UnwindTables::new(memo.clone()));
         tables.grow(&model);
         // Unwind tables obey the proof the IDs obey, batch by batch.
-        tables.set_proof(trust.local.is_ok(), start.clone());
+        tables.set_proof(buildid::LocalFiles::of(&trust.local), start.clone());
         let mut resolver = Resolver::new(&model, &self.attrs, time_mode, self.e);
         if let Some(cfg) = unwind {
             resolver = resolver.with_unwinding(cfg, &*tables);
@@ -1000,9 +1007,9 @@ impl<'a> Engine<'a> {
             self.decided
                 .values()
                 .filter(|d| {
-                    d.outcome.contradiction.is_none()
+                    d.outcome.contradiction().is_none()
                         && matches!(
-                            d.outcome.source,
+                            d.outcome.source(),
                             Some(buildid::Source::Mmap2 | buildid::Source::InputTable)
                         )
                         && self
@@ -1023,6 +1030,7 @@ impl<'a> Engine<'a> {
             claims: &self.claims,
             times: start,
             symfs: self.opts.symfs.as_deref(),
+            memo: self.opts.memo.as_deref(),
         };
         // An ID no table entry or record can carry is refused before anything uses
         // it (the cache included).
@@ -1053,13 +1061,10 @@ impl<'a> Engine<'a> {
         let mut new = Vec::with_capacity(groups.len() + again.len());
         for (group, outcome) in again {
             let key = (group.kind.is_kernel_space(), group.name.clone());
-            if outcome.contradiction.is_some()
+            if outcome.contradiction().is_some()
                 && let Some(d) = self.decided.get_mut(&key)
             {
-                d.outcome = buildid::Outcome {
-                    file: None,
-                    ..outcome
-                };
+                d.outcome = outcome.without_file();
                 new.push(d.clone());
             }
         }
@@ -1071,10 +1076,7 @@ impl<'a> Engine<'a> {
                 .map(|i| cached.swap_remove(i));
             // The proven file was needed for the cache only: no descriptor outlives
             // the batch.
-            let outcome = buildid::Outcome {
-                file: None,
-                ..outcome
-            };
+            let outcome = outcome.without_file();
             let d = Decision {
                 outcome,
                 group,
@@ -1246,13 +1248,13 @@ impl<'a> Engine<'a> {
         let mut in_records = 0;
         for d in std::mem::take(&mut self.decided).into_values() {
             let o = d.outcome;
-            let detail = if d.later_file && o.build_id.is_some() {
+            let detail = if d.later_file && o.build_id().is_some() {
                 Some(
                     "mapped from another file later in the stream: the ID names the first one; the later file's samples have none"
                         .into(),
                 )
             } else {
-                o.detail
+                o.detail().map(str::to_string)
             };
             let hits = d
                 .group
@@ -1261,7 +1263,7 @@ impl<'a> Engine<'a> {
                 .map(|&i| self.hits.per_dso.get(i as usize).copied().unwrap_or(0))
                 .sum();
             r.dsos_hit += 1;
-            if o.build_id.is_some() {
+            if o.build_id().is_some() {
                 r.ids_written += 1;
             } else {
                 r.ids_missing += 1;
@@ -1270,20 +1272,19 @@ impl<'a> Engine<'a> {
                 Some(c) => (Some(c.state), c.entry, c.detail),
                 None => (None, None, None),
             };
-            if o.contradiction
-                .as_ref()
+            if o.contradiction()
                 .is_some_and(|c| c.verdict != buildid::Verdict::Confirmed && c.in_records)
             {
                 in_records += 1;
             }
             r.dsos.push(DsoReport {
-                claim: o.contradiction.as_ref().map(ClaimReport::from),
+                claim: o.contradiction().map(ClaimReport::from),
                 path: d.group.name,
                 kind: d.group.kind,
                 hits,
-                build_id: o.build_id.map(|b| b.to_string()),
-                source: o.source,
-                reason: o.reason,
+                build_id: o.build_id().map(|b| b.to_string()),
+                source: o.source(),
+                reason: o.reason(),
                 detail,
                 cached,
                 cache_entry,
@@ -1318,7 +1319,7 @@ fn batch_trust(trust: HostTrust, start: &RecordingStart) -> HostTrust {
 /// An outcome whose ID cannot be written as a table entry or record (a name longer
 /// than a record can hold) becomes a refusal: what perf cannot read is never written.
 fn encodable(g: &Group, o: Outcome, e: Endian) -> Outcome {
-    let Some(id) = o.build_id else { return o };
+    let Some(id) = o.build_id() else { return o };
     if encode_table_entry(
         &mut Vec::new(),
         e,
@@ -1328,15 +1329,14 @@ fn encodable(g: &Group, o: Outcome, e: Endian) -> Outcome {
     ) {
         return o;
     }
-    Outcome {
-        reason: Some(Reason::Unsupported),
-        detail: Some(format!(
+    Outcome::refused((
+        Reason::Unsupported,
+        format!(
             "the name is {} bytes; perf reads at most {} (PATH_MAX) and would crash on it",
             g.name.len(),
             crate::limits::MAX_DSO_NAME
-        )),
-        ..Outcome::default()
-    }
+        ),
+    ))
 }
 
 /// A sample's time: after IDENTIFIER, IP and TID in perf's fixed sample layout.

@@ -127,7 +127,7 @@ fn scan_file(
     let mut done = 0;
     let busy = AtomicBool::new(false);
     let finished: std::sync::Mutex<Vec<AheadDone>> = std::sync::Mutex::new(Vec::new());
-    let mut tables = Some(UnwindTables::default());
+    let mut tables = Some(UnwindTables::new(opts.memo.clone()));
     let attrs = engine.attrs().to_vec();
     let e = engine.endian();
     let files = &input.data_files;

@@ -180,7 +180,7 @@ pub fn read_attrs(
             ));
         }
     }
-    crate::limits::check_disjoint(regions, false)?;
+    super::header::check_disjoint(regions, super::header::Aliases::Refused)?;
     for i in 0..n {
         let off = base + i * header.attr_size;
         let entry = file

@@ -263,7 +263,7 @@ pub fn parse_event_desc(p: &[u8], e: Endian) -> Vec<String> {
 /// hardware or software event, else its type and config.
 pub fn describe(i: usize, name: Option<&str>, attr: &[u8], e: Endian) -> String {
     if let Some(n) = name.filter(|n| !n.is_empty()) {
-        return format!("event {i} ({})", crate::report::escape(n));
+        return format!("event {i} ({})", super::escape(n));
     }
     const HW: &[&str] = &[
         "cycles",

@@ -266,3 +266,70 @@ pub fn encode_pipe_header(e: Endian) -> [u8; 16] {
     h[8..].copy_from_slice(&e.put_u64(PIPE_HEADER_SIZE));
     h
 }
+
+/// Whether two regions may be the very same bytes (exact aliases of one section).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Aliases {
+    /// Feature sections: exact aliases are read once and written once.
+    Allowed,
+    /// Ids sections: every region owns its bytes.
+    Refused,
+}
+
+/// A region of the file that must not share bytes with another: `(what, section,
+/// offset of the field that points at it)`.
+pub type Region = (String, Section, u64);
+
+/// The section overlap rule: the regions given (ids sections of the attrs, feature
+/// sections) must not share a byte. Identical aliases are allowed with
+/// [`Aliases::Allowed`] (they are read and written once). perf never writes overlapping sections; without
+/// this rule 1,500 attrs whose ids all cover the whole file make 1,500 copies of it.
+pub fn check_disjoint(mut regions: Vec<Region>, aliases: Aliases) -> Result<()> {
+    // Empty sections own no bytes.
+    regions.retain(|(_, s, _)| s.size > 0);
+    regions.sort_by_key(|(_, s, _)| (s.offset, s.size));
+    // Furthest end so far and who reached it.
+    let mut reach: Option<(u64, usize)> = None;
+    for i in 0..regions.len() {
+        let (_, s, _) = &regions[i];
+        if let Some((end, j)) = reach {
+            let prev = &regions[j].1;
+            let alias = aliases == Aliases::Allowed && prev == s;
+            if s.offset < end && !alias {
+                let (what, _, at) = &regions[i];
+                return Err(Error::format(
+                    *at,
+                    format!(
+                        "{what} [{:#x}, +{:#x}) overlaps {} [{:#x}, +{:#x}): sections must not share bytes (see \"Limits\" in docs/guarantees.md)",
+                        s.offset, s.size, regions[j].0, prev.offset, prev.size
+                    ),
+                ));
+            }
+        }
+        let end = s.offset.saturating_add(s.size);
+        if reach.is_none_or(|(e, _)| end > e) {
+            reach = Some((end, i));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod disjoint_tests {
+    use super::*;
+
+    fn r(name: &str, offset: u64, size: u64) -> Region {
+        (name.to_string(), Section { offset, size }, 0)
+    }
+
+    #[test]
+    fn disjoint_rules() {
+        assert!(check_disjoint(vec![r("a", 0, 8), r("b", 8, 8)], Aliases::Refused).is_ok());
+        assert!(check_disjoint(vec![r("a", 0, 16), r("b", 8, 8)], Aliases::Refused).is_err());
+        assert!(check_disjoint(vec![r("a", 0, 16), r("b", 0, 16)], Aliases::Refused).is_err());
+        assert!(check_disjoint(vec![r("a", 0, 16), r("b", 0, 16)], Aliases::Allowed).is_ok());
+        assert!(check_disjoint(vec![r("a", 0, 16), r("b", 0, 8)], Aliases::Allowed).is_err());
+        // Empty sections own no bytes.
+        assert!(check_disjoint(vec![r("a", 0, 16), r("b", 4, 0)], Aliases::Refused).is_ok());
+    }
+}

@@ -87,3 +87,31 @@ pub fn c_str(data: &[u8]) -> &[u8] {
         None => data,
     }
 }
+
+/// Makes a string from a recording safe to print on a terminal: control characters
+/// (a newline would forge summary lines, ESC drives the terminal) become `\n`, `\t`,
+/// `\r`, `\e` or `\xNN`, bidirectional overrides `\u{NNNN}`, and a backslash is
+/// doubled so an escaped name cannot pass for another (as perf and `ls -b` do).
+pub fn escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\t' => out.push_str("\\t"),
+            '\r' => out.push_str("\\r"),
+            '\x1b' => out.push_str("\\e"),
+            c if (c as u32) < 0x20 || c as u32 == 0x7f => {
+                out.push_str(&format!("\\x{:02x}", c as u32));
+            }
+            c if (0x80..0xa0).contains(&(c as u32))
+                || (0x202a..=0x202e).contains(&(c as u32))
+                || (0x2066..=0x2069).contains(&(c as u32)) =>
+            {
+                out.push_str(&format!("\\u{{{:04x}}}", c as u32));
+            }
+            c => out.push(c),
+        }
+    }
+    out
+}

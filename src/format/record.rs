@@ -125,6 +125,92 @@ pub struct Mmap<'a> {
     pub filename: &'a [u8],
 }
 
+/// Bytes before an MMAP record's file name: the header, pid, tid, start, len and
+/// pgoff.
+pub const MMAP_FIXED: usize = 40;
+/// Bytes before an MMAP2 record's file name: an MMAP's, then the identity union
+/// ([`MMAP2_UNION`] bytes: maj, min, ino, generation, or the build ID), prot and
+/// flags.
+pub const MMAP2_FIXED: usize = 72;
+/// Bytes an MMAP record grows by when it is written as an MMAP2.
+pub const MMAP_TO_MMAP2: usize = MMAP2_FIXED - MMAP_FIXED;
+
+/// The fixed part of a mapping record of `kind` (MMAP, else MMAP2): its file name
+/// follows.
+pub fn mmap_fixed(kind: u32) -> usize {
+    if kind == rt::MMAP {
+        MMAP_FIXED
+    } else {
+        MMAP2_FIXED
+    }
+}
+
+/// A COMM record's ids (its name follows them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Comm {
+    /// Process id.
+    pub pid: u32,
+    /// Thread id (`None`: the record ends before it).
+    pub tid: Option<u32>,
+}
+
+impl Comm {
+    /// The ids of COMM record `rec` (header included); `None` when it holds no pid.
+    pub fn parse(rec: &[u8], e: Endian) -> Option<Comm> {
+        Some(Comm {
+            pid: e.u32(rec, 8)?,
+            tid: e.u32(rec, 12),
+        })
+    }
+}
+
+/// A FORK (or EXIT) record: pid, ppid, tid, ptid, time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fork {
+    /// The new process.
+    pub pid: u32,
+    /// Its parent.
+    pub ppid: u32,
+    /// The new thread (`None`: the record ends before it; likewise below).
+    pub tid: Option<u32>,
+    /// The parent thread.
+    pub ptid: Option<u32>,
+    /// The record's own time field (the sample-id trailer may carry one too).
+    pub time: Option<u64>,
+}
+
+impl Fork {
+    /// FORK record `rec` (header included); `None` when it holds no pid and ppid.
+    pub fn parse(rec: &[u8], e: Endian) -> Option<Fork> {
+        Some(Fork {
+            pid: e.u32(rec, 8)?,
+            ppid: e.u32(rec, 12)?,
+            tid: e.u32(rec, 16),
+            ptid: e.u32(rec, 20),
+            time: e.u64(rec, 24),
+        })
+    }
+}
+
+/// A HEADER_FEATURE record: the feature's bit and its payload.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FeatureRecord<'a> {
+    /// The feature bit.
+    pub id: u64,
+    /// Its payload (empty for perf's end-of-features marker).
+    pub payload: &'a [u8],
+}
+
+impl<'a> FeatureRecord<'a> {
+    /// HEADER_FEATURE record `rec` (header included); `None` when it holds no id.
+    pub fn parse(rec: &'a [u8], e: Endian) -> Option<FeatureRecord<'a>> {
+        Some(FeatureRecord {
+            id: e.u64(rec, 8)?,
+            payload: rec.get(16..).unwrap_or_default(),
+        })
+    }
+}
+
 /// PROT_EXEC.
 pub const PROT_EXEC: u32 = 4;
 /// MAP_HUGETLB.
@@ -143,7 +229,7 @@ pub fn parse_mmap<'a>(
     let len = e.u64(rec, 24)?;
     let pgoff = e.u64(rec, 32)?;
     if h.kind == rt::MMAP {
-        let name = rec.get(40..body_end)?;
+        let name = rec.get(MMAP_FIXED..body_end)?;
         return Some(Mmap {
             pid,
             tid,
@@ -174,7 +260,7 @@ pub fn parse_mmap<'a>(
             generation: e.u64(rec, 56)?,
         }
     };
-    let name = rec.get(72..body_end)?;
+    let name = rec.get(MMAP2_FIXED..body_end)?;
     Some(Mmap {
         pid,
         tid,
@@ -278,28 +364,28 @@ pub fn encode_build_id_mmap2(
     union[0] = raw.len() as u8;
     union[4..4 + raw.len()].copy_from_slice(raw);
     match h.kind {
-        rt::MMAP2 if rec.len() >= 72 => {
+        rt::MMAP2 if rec.len() >= MMAP2_FIXED => {
             let mut out = rec.to_vec();
             out[4..6].copy_from_slice(&e.put_u16(h.misc | misc::MMAP_BUILD_ID));
-            out[40..64].copy_from_slice(&union);
+            out[MMAP_FIXED..MMAP_FIXED + MMAP2_UNION].copy_from_slice(&union);
             Some(out)
         }
-        rt::MMAP if rec.len() >= 40 => {
-            let size = u16::try_from(rec.len() + 32).ok()?;
+        rt::MMAP if rec.len() >= MMAP_FIXED => {
+            let size = u16::try_from(rec.len() + MMAP_TO_MMAP2).ok()?;
             let prot = if kernel_space || h.misc & misc::MMAP_DATA != 0 {
                 0
             } else {
                 PROT_EXEC
             };
-            let mut out = Vec::with_capacity(rec.len() + 32);
+            let mut out = Vec::with_capacity(rec.len() + MMAP_TO_MMAP2);
             out.extend_from_slice(&e.put_u32(rt::MMAP2));
             out.extend_from_slice(&e.put_u16(h.misc | misc::MMAP_BUILD_ID));
             out.extend_from_slice(&e.put_u16(size));
-            out.extend_from_slice(&rec[8..40]);
+            out.extend_from_slice(&rec[8..MMAP_FIXED]);
             out.extend_from_slice(&union);
             out.extend_from_slice(&e.put_u32(prot));
             out.extend_from_slice(&e.put_u32(0));
-            out.extend_from_slice(&rec[40..]);
+            out.extend_from_slice(&rec[MMAP_FIXED..]);
             Some(out)
         }
         _ => None,
@@ -370,5 +456,52 @@ mod mmap2_tests {
         );
         assert_eq!(e.u32(&v3, 64), Some(PROT_EXEC), "an MMAP is executable");
         assert!(encode_build_id_mmap2(&v3[..50], e, &id, false).is_none());
+    }
+}
+
+#[cfg(test)]
+mod view_tests {
+    use super::*;
+
+    /// The typed views read the fields where perf's layouts put them, in either
+    /// byte order, and refuse a record too short for the fields they require.
+    #[test]
+    fn fork_comm_and_feature_records_by_their_layout() {
+        for e in [Endian::Little, Endian::Big] {
+            let mut fork = vec![0u8; 8];
+            for v in [10u32, 20, 11, 21] {
+                fork.extend_from_slice(&e.put_u32(v));
+            }
+            fork.extend_from_slice(&e.put_u64(99));
+            let f = Fork::parse(&fork, e).expect("a whole FORK");
+            assert_eq!(
+                (f.pid, f.ppid, f.tid, f.ptid, f.time),
+                (10, 20, Some(11), Some(21), Some(99))
+            );
+            let short = Fork::parse(&fork[..16], e).expect("pid and ppid");
+            assert_eq!((short.tid, short.time), (None, None));
+            assert_eq!(Fork::parse(&fork[..15], e), None);
+            assert_eq!(
+                Comm::parse(&fork, e),
+                Some(Comm {
+                    pid: 10,
+                    tid: Some(20)
+                })
+            );
+            assert_eq!(Comm::parse(&fork[..11], e), None);
+            let mut feat = vec![0u8; 8];
+            feat.extend_from_slice(&e.put_u64(7));
+            assert_eq!(
+                FeatureRecord::parse(&feat, e).map(|f| f.payload.len()),
+                Some(0)
+            );
+            feat.extend_from_slice(b"abcd");
+            let f = FeatureRecord::parse(&feat, e).expect("id and payload");
+            assert_eq!((f.id, f.payload), (7, &b"abcd"[..]));
+            assert_eq!(FeatureRecord::parse(&feat[..15], e), None);
+        }
+        assert_eq!(mmap_fixed(rt::MMAP), 40);
+        assert_eq!(mmap_fixed(rt::MMAP2), 72);
+        assert_eq!(MMAP_TO_MMAP2, 32);
     }
 }

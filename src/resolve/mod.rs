@@ -319,7 +319,7 @@ impl<'a> Resolver<'a> {
             hits.guest_samples += 1;
             return Ok(());
         }
-        let key: Key = (
+        let key = Key::new(
             if self.time_mode {
                 s.time.unwrap_or(0)
             } else {

@@ -32,7 +32,9 @@ use crate::buildid::inode_conflict;
 use crate::engine::{Decision, Engine, MappingRecord};
 use crate::format::buildid::BuildId;
 use crate::format::header::FileHeader;
-use crate::format::record::{FileIdent, RecordHeader, encode_build_id_mmap2, parse_mmap, rt};
+use crate::format::record::{
+    FileIdent, MMAP_TO_MMAP2, RecordHeader, encode_build_id_mmap2, parse_mmap, rt,
+};
 use crate::input::PerfInput;
 use crate::model::{DsoId, DsoKind};
 use crate::write::clone::{Piece, write_pieces};
@@ -69,10 +71,10 @@ impl Splice {
 /// The ID a DSO's mapping records may carry: decided, for every mapping of the path
 /// (no ambiguity note, no later file), and file-backed.
 fn record_id(d: &Decision) -> Option<BuildId> {
-    if d.outcome.detail.is_some() || d.later_file || d.group.kind == DsoKind::Vdso {
+    if d.outcome.detail().is_some() || d.later_file || d.group.kind == DsoKind::Vdso {
         return None;
     }
-    d.outcome.build_id
+    d.outcome.build_id()
 }
 
 /// Decides which mapping records become build-ID MMAP2 records. `read(file, offset)`
@@ -554,7 +556,7 @@ impl Sink for Mmap2Sink<'_> {
                 let bytes: &[u8] = if sp.is_empty() {
                     bytes
                 } else {
-                    conv = Vec::with_capacity(bytes.len() + 32 * sp.len());
+                    conv = Vec::with_capacity(bytes.len() + MMAP_TO_MMAP2 * sp.len());
                     splice_into(&mut conv, *offset, bytes, &sp);
                     &conv
                 };

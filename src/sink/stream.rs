@@ -11,7 +11,7 @@ use crate::format::Endian;
 use crate::format::attr_compat;
 use crate::format::buildid::{BuildId, TableEntry, encode_table_entry, parse_build_id_entry};
 use crate::format::header::{FEAT_BUILD_ID, encode_pipe_header};
-use crate::format::record::rt;
+use crate::format::record::{FeatureRecord, rt};
 use crate::format::walk::first_sampleish;
 use crate::input::PerfInput;
 use crate::options::AttrsFor;
@@ -213,7 +213,7 @@ impl<'w> StreamSink<'w> {
                 rt::HEADER_FEATURE if is_end_marker(rec, e) => {
                     self.fixes
                         .end_markers
-                        .insert(e.u64(rec, 8).unwrap_or_default());
+                        .insert(FeatureRecord::parse(rec, e).map_or(0, |f| f.id));
                     Some(Vec::new())
                 }
                 _ => None,
@@ -421,7 +421,7 @@ fn user_record_positions(bytes: &[u8], e: Endian) -> Vec<usize> {
 /// `--group` force its leader once the features are in. So pdinject writes none and
 /// leaves the input's out. A feature without payload carries nothing to lose.
 fn is_end_marker(rec: &[u8], e: Endian) -> bool {
-    rec.len() == 16 && e.u64(rec, 8).is_some_and(|id| id >= 32)
+    FeatureRecord::parse(rec, e).is_some_and(|f| f.payload.is_empty() && f.id >= 32)
 }
 
 /// Appends a HEADER_BUILD_ID record for `name` in the modern form (the same bytes as

@@ -31,7 +31,8 @@
 //! cut short or fails its checksum was being written when the run died, before the
 //! file was touched: it is removed.
 //!
-//! `PDINJECT_CRASH_AT=N` (a test hook, documented in docs/in-place.md) kills the process
+//! `PDINJECT_CRASH_AT=N` (a test hook, documented in docs/in-place.md, built only with
+//! the `test-hooks` feature that `cargo test` turns on) kills the process
 //! with SIGKILL right after its Nth step (a write, fsync, truncate, unlink or time
 //! change of the file, its journal or the directory); it never changes what is
 //! written. The kill-point test walks N from 1 until a run finishes.
@@ -41,7 +42,6 @@ use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 const MAGIC: &[u8; 8] = b"PDIJRNL1";
@@ -75,13 +75,21 @@ impl Plan {
 
 static STEPS: AtomicU64 = AtomicU64::new(0);
 
+/// The step `PDINJECT_CRASH_AT` names; a build without the `test-hooks` feature (any
+/// `cargo build --release`) has no hook and never reads the variable.
+#[cfg(feature = "test-hooks")]
 fn crash_at() -> Option<u64> {
-    static AT: OnceLock<Option<u64>> = OnceLock::new();
+    static AT: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
     *AT.get_or_init(|| {
         std::env::var("PDINJECT_CRASH_AT")
             .ok()
             .and_then(|v| v.trim().parse().ok())
     })
+}
+
+#[cfg(not(feature = "test-hooks"))]
+fn crash_at() -> Option<u64> {
+    None
 }
 
 /// One durable step done: the test hook may kill the process here.

@@ -717,3 +717,40 @@ fn batch_in_place() {
     let s = summary(&report);
     assert_eq!(s["skipped"].as_u64(), Some(3), "a rerun skips: {s}");
 }
+
+/// One parser for `pdinject IN OUT` and `pdinject batch`: `batch` is a subcommand
+/// only as the first word (after a flag or a path it is a file name, as when argv[1]
+/// alone could say batch), `help` is a file name, the shared flags are checked the same
+/// in both, and the top-level help names the subcommand.
+#[test]
+fn one_parser_for_single_runs_and_batches() {
+    let tmp = tempfile::tempdir().unwrap();
+    let expect = |args: &[&str], code: i32, says: &str| {
+        let o = run(pdinject().current_dir(tmp.path()).args(args));
+        let err = String::from_utf8_lossy(&o.stderr);
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert_eq!(o.status.code(), Some(code), "{args:?}: {err}{out}");
+        assert!(
+            err.contains(says) || out.contains(says),
+            "{args:?}: wants {says:?}: {err}{out}"
+        );
+    };
+    // A word after a flag is a path: the single run opens a file named batch.
+    expect(&["-b", "batch", "out.data"], 1, "pdinject: batch:");
+    expect(&["--", "batch", "out.data"], 1, "pdinject: batch:");
+    // `help` is not a command: a single run missing its output.
+    expect(&["help"], 2, "give an input and an output");
+    expect(&["--help"], 0, "Commands:\n  batch");
+    expect(&["batch", "--version"], 0, "pdinject batch ");
+    // --jobs is checked the same way in both (a batch took any count before).
+    for j in ["0", "100000"] {
+        let says = if j == "0" {
+            "at least 1"
+        } else {
+            "over the limit"
+        };
+        expect(&["--jobs", j, "in.data", "out.data"], 2, says);
+        expect(&["batch", "--jobs", j, "--out-dir", "o", "."], 2, says);
+    }
+    expect(&["batch", "--archive", "a.tar"], 2, "unexpected argument");
+}

@@ -520,6 +520,7 @@ fn killed_runs_leave_only_complete_entries() {
     };
     let rec = record_prog(&st, &["-B"], "rec.data");
     let dir = st.dir.join("c");
+    let mut killed = 0;
     for n in 1..=24 {
         let o = run(pdinject()
             .env("PDINJECT_TEST_CACHE_ABORT", n.to_string())
@@ -533,7 +534,11 @@ fn killed_runs_leave_only_complete_entries() {
         if o.status.success() {
             break;
         }
+        killed += 1;
     }
+    // The hook is built only with the test-hooks feature: a build without it would
+    // pass this test without killing anything.
+    assert!(killed > 0, "PDINJECT_TEST_CACHE_ABORT never killed a run");
     let out = st.dir.join("out.data");
     let (_, r) = pdinject_ok(&rec, &out, &["--buildid-dir", &s(&dir)]);
     assert_eq!(r["cache"]["not_cached"], 0, "{r}");

@@ -1,0 +1,130 @@
+//! The resume fingerprint: the options that change an output, stored in each marker
+//! so a rerun with other options redoes the output.
+//!
+//! [`Fingerprint::of`] takes [`Options`] apart field by field with no `..`: a new
+//! option does not compile until it is either carried here or said, beside its `_`,
+//! not to change what is written. [`Fingerprint`]'s rendering destructures it the same
+//! way, so a carried field cannot be left out of the string either.
+
+use crate::format::buildid::BuildId;
+use crate::options::{AttrsFor, Mode, Options, UnwindChoice};
+use std::fmt;
+use std::path::Path;
+use std::time::Duration;
+
+/// Every option that changes an output.
+#[derive(Clone, Copy, Debug)]
+pub struct Fingerprint<'a> {
+    mode: Mode,
+    known: &'a [(BuildId, String)],
+    unwind: UnwindChoice,
+    unwind_budget: Duration,
+    max_frames: usize,
+    symfs: Option<&'a Path>,
+    mmap2: bool,
+    attrs_for: AttrsFor,
+    jit: crate::jit::JitChoice,
+}
+
+impl<'a> Fingerprint<'a> {
+    /// The fingerprint of `o`.
+    pub fn of(o: &'a Options) -> Fingerprint<'a> {
+        let Options {
+            mode,
+            known,
+            unwind,
+            unwind_budget,
+            max_frames,
+            symfs,
+            mmap2,
+            attrs_for,
+            jit,
+            // How fast, not what: threads and progress.
+            jobs: _,
+            progress: _,
+            // The cache is filled beside the output, never written into it.
+            cache: _,
+            // The destination has markers of its own (batch::Dest).
+            in_place: _,
+            // The same results either way (engine::Engine::ahead_holds).
+            resolve_ahead: _,
+            // A limit: a stream over it fails and leaves no output.
+            stream_memory: _,
+            // Proofs answered from the memo are the proofs run again (it is exact).
+            memo: _,
+        } = o;
+        Fingerprint {
+            mode: *mode,
+            known,
+            unwind: *unwind,
+            unwind_budget: *unwind_budget,
+            max_frames: *max_frames,
+            symfs: symfs.as_deref(),
+            mmap2: *mmap2,
+            attrs_for: *attrs_for,
+            jit: *jit,
+        }
+    }
+}
+
+/// The marker's `options` string, as earlier versions wrote it (their markers still
+/// match): an option added later is named only when it is not its default.
+impl fmt::Display for Fingerprint<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let Fingerprint {
+            mode,
+            known,
+            unwind,
+            unwind_budget,
+            max_frames,
+            symfs,
+            mmap2,
+            attrs_for,
+            jit,
+        } = self;
+        let known: Vec<String> = known.iter().map(|(id, p)| format!("{id} {p}")).collect();
+        write!(
+            f,
+            "mode={mode:?};known={};unwind={unwind:?};unwind_budget_ns={};max_frames={max_frames};symfs={symfs:?};mmap2={mmap2}",
+            known.join(","),
+            unwind_budget.as_nanos(),
+        )?;
+        match attrs_for {
+            AttrsFor::Verbatim => {}
+            a => write!(f, ";attrs_for={}", a.perf())?,
+        }
+        match jit {
+            crate::jit::JitChoice::Off => Ok(()),
+            crate::jit::JitChoice::Inject => write!(f, ";jit=inject"),
+        }
+    }
+}
+
+/// The options that change an output, as one string (stored in each marker).
+pub fn fingerprint(o: &Options) -> String {
+    Fingerprint::of(o).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_string_markers_hold() {
+        // Pinned: markers written by earlier versions must still match.
+        assert_eq!(
+            fingerprint(&Options::default()),
+            "mode=Hit;known=;unwind=Auto;unwind_budget_ns=1000000;max_frames=512;symfs=None;mmap2=false"
+        );
+        let o = Options {
+            symfs: Some("/sysroot".into()),
+            attrs_for: AttrsFor::Perf6_1,
+            jobs: Some(3),
+            ..Options::default()
+        };
+        assert_eq!(
+            fingerprint(&o),
+            "mode=Hit;known=;unwind=Auto;unwind_budget_ns=1000000;max_frames=512;symfs=Some(\"/sysroot\");mmap2=false;attrs_for=6.1"
+        );
+    }
+}

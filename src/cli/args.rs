@@ -1,0 +1,217 @@
+//! The flags single runs and batches share: what the engine is asked ([`EngineArgs`])
+//! and how a run writes and speaks ([`RunArgs`]), each declared once.
+
+use pdinject::options::{AttrsFor, DEFAULT_MAX_FRAMES, Mode, Options, UnwindChoice, parse_known};
+use pdinject::{Error, Result};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// The flags of every run, single or batch. Their help speaks of a single run;
+/// `pdinject batch` words it for many ([`super::batch::help`]).
+#[derive(clap::Args, Debug)]
+pub struct RunArgs {
+    /// What the engine is asked.
+    #[command(flatten)]
+    pub engine: EngineArgs,
+    /// Rewrite IN itself (only what changes, crash-safe); no OUT.
+    #[arg(long = "in-place")]
+    pub in_place: bool,
+    /// Worker threads (default: all cores). Long form only: `-j` is perf's --jit.
+    #[arg(long = "jobs", value_name = "N")]
+    pub jobs: Option<usize>,
+    /// Also write the summary as JSON to FILE.
+    #[arg(long = "report", value_name = "FILE")]
+    pub report: Option<PathBuf>,
+    /// Also print how long each stage took.
+    #[arg(short = 'v', long = "verbose")]
+    pub verbose: bool,
+    /// No summary on stderr.
+    #[arg(short = 'q', long = "quiet")]
+    pub quiet: bool,
+}
+
+impl RunArgs {
+    /// `--jobs` within its limits.
+    pub fn check_jobs(&self) -> Result<()> {
+        match self.jobs {
+            Some(j) => pdinject::limits::check_jobs(j),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Values of `--unwind`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum UnwindArg {
+    /// DWARF when samples carry user stacks, else nothing.
+    Auto,
+    /// Never unwind.
+    None,
+    /// Frame pointers only.
+    Fp,
+    /// DWARF CFI, frame pointers where CFI is missing.
+    Dwarf,
+}
+
+/// Values of `--attrs-for`: a perf version, since what a user knows is which perf
+/// refuses the file ("incompatible file format"), not the size of its attr struct.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum AttrsForArg {
+    /// 128-byte attrs (PERF_ATTR_SIZE_VER7), what perf 6.1 reads.
+    #[value(name = "6.1")]
+    Perf6_1,
+    /// 136-byte attrs (PERF_ATTR_SIZE_VER8, with config3), what perf 6.12 reads.
+    #[value(name = "6.12")]
+    Perf6_12,
+}
+
+/// The flags of a run that single-file and batch runs share.
+#[derive(clap::Args, Debug)]
+pub struct EngineArgs {
+    /// Table entries for every DSO a sample touches (the default).
+    #[arg(short = 'b', long = "buildids", visible_alias = "build-ids")]
+    pub buildids: bool,
+    /// Table entries for every mapped DSO, hit or not.
+    #[arg(long = "buildid-all")]
+    pub buildid_all: bool,
+    /// Every mapping record of a DSO mapped as code, in build-ID MMAP2 form (as perf
+    /// 6.12's --mmap2-buildid-all), and its ID in the table.
+    #[arg(long = "mmap2-buildid-all")]
+    pub mmap2_buildid_all: bool,
+    /// Mapping records of the DSOs samples touch, in build-ID MMAP2 form (perf 7.3's
+    /// `-B, --mmap2-buildids`).
+    #[arg(short = 'B', long = "mmap2-buildids")]
+    pub mmap2_buildids: bool,
+    /// Build IDs to use for paths: 'HEX PATH,HEX PATH' (as perf inject).
+    #[arg(long = "known-build-ids", value_name = "LIST")]
+    pub known_build_ids: Option<String>,
+    /// How user stacks of `--call-graph dwarf` samples are walked.
+    #[arg(long = "unwind", value_enum, default_value = "auto")]
+    pub unwind: UnwindArg,
+    /// Time allowed to unwind one sample (e.g. 500us, 1ms, 2s); a sample over it keeps
+    /// the DSOs found so far and is counted in the summary.
+    #[arg(long = "unwind-budget", value_name = "DURATION", value_parser = parse_duration, default_value = "1ms")]
+    pub unwind_budget: Duration,
+    /// Frames walked at most per sample.
+    #[arg(long = "unwind-max-frames", value_name = "N", default_value_t = DEFAULT_MAX_FRAMES)]
+    pub unwind_max_frames: usize,
+    /// perf's build-ID cache directory to fill (default: buildid.dir of perfconfig,
+    /// else ~/.debug).
+    #[arg(long = "buildid-dir", value_name = "DIR")]
+    pub buildid_dir: Option<PathBuf>,
+    /// Do not add the DSOs to perf's build-ID cache.
+    #[arg(short = 'N', long = "no-buildid-cache")]
+    pub no_buildid_cache: bool,
+    /// Look user DSOs up under this sysroot (a copy of the recorded machine's files).
+    #[arg(long = "symfs", value_name = "DIR")]
+    pub symfs: Option<PathBuf>,
+    /// Memory a stream input may keep across its batches: the process model, the
+    /// build-ID records it carries, its events and features (e.g. 512M, 2G; see
+    /// "Limits" in docs/guarantees.md). A stream that needs more stops with an error.
+    #[arg(long = "stream-memory", value_name = "SIZE", value_parser = pdinject::limits::parse_size, default_value = pdinject::limits::DEFAULT_STREAM_MEMORY_ARG)]
+    pub stream_memory: u64,
+    /// Write the event attributes at the size this perf reads (an older perf refuses
+    /// larger ones); refused when a field that size has no room for is not zero.
+    /// Default: the input's attrs as they are.
+    #[arg(long = "attrs-for", value_name = "PERF", value_enum)]
+    pub attrs_for: Option<AttrsForArg>,
+    /// JIT code as DSOs (perf inject's -j, --jit): each jitdump a process mapped
+    /// (jit-PID.dump) becomes one ELF image beside it and an MMAP2 record per code
+    /// load, at its time (see docs/jit.md). Record with perf record -k 1.
+    #[arg(short = 'j', long = "jit")]
+    pub jit: bool,
+}
+
+impl EngineArgs {
+    /// `--attrs-for` as the library takes it.
+    pub fn attrs_for(&self) -> AttrsFor {
+        match self.attrs_for {
+            None => AttrsFor::Verbatim,
+            Some(AttrsForArg::Perf6_1) => AttrsFor::Perf6_1,
+            Some(AttrsForArg::Perf6_12) => AttrsFor::Perf6_12,
+        }
+    }
+
+    /// The engine's options; `debuginfod` as `--debuginfod` gave it (single runs).
+    pub fn options(&self, debuginfod: Option<&str>) -> Result<Options> {
+        if self.unwind_max_frames == 0 {
+            return Err(Error::Usage(
+                "--unwind-max-frames must be at least 1".into(),
+            ));
+        }
+        pdinject::limits::check_stream_memory(self.stream_memory)?;
+        if let Some(root) = &self.symfs
+            && !root.is_dir()
+        {
+            return Err(Error::Usage(format!(
+                "--symfs {}: not a directory",
+                root.display()
+            )));
+        }
+        let cache = if self.no_buildid_cache {
+            None
+        } else {
+            let dir = pdinject::buildid::cache::BuildIdCache::locate(self.buildid_dir.as_deref())
+                .map_err(Error::Usage)?;
+            Some(pdinject::buildid::cache::BuildIdCache {
+                dir,
+                symfs: self.symfs.clone(),
+                debuginfod: pdinject::buildid::debuginfod::urls(debuginfod)
+                    .map_err(Error::Usage)?,
+            })
+        };
+        Ok(Options {
+            mode: if self.buildid_all || self.mmap2_buildid_all {
+                Mode::All
+            } else {
+                Mode::Hit
+            },
+            known: match &self.known_build_ids {
+                Some(s) => parse_known(s)?,
+                None => Vec::new(),
+            },
+            unwind: match self.unwind {
+                UnwindArg::Auto => UnwindChoice::Auto,
+                UnwindArg::None => UnwindChoice::None,
+                UnwindArg::Fp => UnwindChoice::Fp,
+                UnwindArg::Dwarf => UnwindChoice::Dwarf,
+            },
+            unwind_budget: self.unwind_budget,
+            max_frames: self.unwind_max_frames,
+            mmap2: self.mmap2_buildid_all || self.mmap2_buildids,
+            attrs_for: self.attrs_for(),
+            cache,
+            symfs: self.symfs.clone(),
+            stream_memory: self.stream_memory,
+            jit: if self.jit {
+                pdinject::jit::JitChoice::Inject
+            } else {
+                pdinject::jit::JitChoice::Off
+            },
+            ..Options::default()
+        })
+    }
+}
+
+/// Parses `500us`, `1ms`, `2s`, `100ns` (a bare number is milliseconds).
+pub fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let v: f64 = num
+        .parse()
+        .map_err(|_| format!("'{s}' is not a duration like 500us, 1ms or 2s"))?;
+    let ns = match unit.trim() {
+        "ns" => v,
+        "us" | "µs" => v * 1e3,
+        "" | "ms" => v * 1e6,
+        "s" => v * 1e9,
+        u => return Err(format!("unknown duration unit '{u}' (ns, us, ms, s)")),
+    };
+    if !ns.is_finite() || !(0.0..=3.6e12).contains(&ns) {
+        return Err(format!("'{s}' is out of range"));
+    }
+    Ok(Duration::from_nanos(ns as u64))
+}

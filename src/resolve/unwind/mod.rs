@@ -1,0 +1,59 @@
+//! DWARF unwinding of the user stacks that `perf record --call-graph dwarf` copies into
+//! samples (PERF_SAMPLE_REGS_USER + PERF_SAMPLE_STACK_USER), with framehop.
+//!
+//! Why framehop rather than a hand-written gimli loop: it already evaluates CFI from
+//! `.eh_frame` (indexed by `.eh_frame_hdr`) and `.debug_frame`, caches the rule per
+//! address (a direct-mapped cache that makes repeated return addresses nearly free),
+//! analyses x86_64 epilogues and falls back to frame pointers where CFI is missing,
+//! while recovering only the registers return addresses need. A gimli loop would redo
+//! all of that for no measurable gain.
+//!
+//! Unwind sections are loaded once per DSO (keyed by its model identity), when a walk
+//! first reaches it, and shared by every process and worker. Each worker unwinds in
+//! one address space of DSO images shared by all processes (see [`Worker`]), so the
+//! rule found for a return address in libc serves every process that maps libc.
+//! Section data is read into memory (not mapped), so a file changing under us cannot
+//! fault the process.
+//!
+//! One file per idea: [`tables`] (loading and proving unwind tables), [`image`] (the
+//! image address space a worker unwinds in), [`arch`] (architecture dispatch and
+//! registers), [`clock`] (the CPU-budget clock), [`walk`] (the walk: [`unwind`] is
+//! the entry point, handing out each [`Frame`]).
+
+mod arch;
+mod clock;
+mod image;
+mod tables;
+mod walk;
+
+pub use arch::Arch;
+pub use image::{Shared, Worker};
+pub use tables::{Bytes, DsoUnwind, UnwindTables};
+pub use walk::{Frame, Outcome, SampleStack, unwind};
+
+use std::time::Duration;
+
+/// How user stacks are walked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum UnwindMode {
+    /// Not at all.
+    None,
+    /// Frame pointers only (no unwind tables are read).
+    Fp,
+    /// DWARF CFI, frame pointers where CFI is missing.
+    #[default]
+    Dwarf,
+}
+
+/// Unwinding settings.
+#[derive(Clone, Copy, Debug)]
+pub struct UnwindConfig {
+    /// Mode.
+    pub mode: UnwindMode,
+    /// Architecture.
+    pub arch: Arch,
+    /// Time allowed per sample.
+    pub budget: Duration,
+    /// Frames walked at most per sample.
+    pub max_frames: usize,
+}
