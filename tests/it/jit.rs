@@ -322,6 +322,52 @@ fn jit_minijit_dump_of_another_process_is_left_out() {
 }
 
 #[test]
+fn jit_minijit_recording_of_another_host_is_left_out() {
+    let t = "jit_minijit_recording_of_another_host_is_left_out";
+    let Some(perf) = common::can_record(t) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (data, _) = record_minijit(&perf, dir.path(), &[]);
+    // The HOSTNAME feature (`u32 len; name, NUL-padded`) after the data: the same
+    // length, another name.
+    let host =
+        String::from_utf8_lossy(&common::run_ok(&mut Command::new("uname").arg("-n")).stdout)
+            .trim()
+            .to_string();
+    let mut bytes = fs::read(&data).unwrap();
+    let (_, data_end) = {
+        let (off, size) = common::data_section(&data);
+        (off, off + size)
+    };
+    let mut needle = host.as_bytes().to_vec();
+    needle.push(0);
+    let at = bytes[data_end as usize..]
+        .windows(needle.len())
+        .position(|w| w == needle.as_slice())
+        .map(|p| p + data_end as usize)
+        .expect("the HOSTNAME feature");
+    for b in &mut bytes[at..at + host.len()] {
+        *b = if *b == b'x' { b'y' } else { b'x' };
+    }
+    let other = dir.path().join("other-host.data");
+    fs::write(&other, &bytes).unwrap();
+    let ours = dir.path().join("ours.data");
+    let report = pdinject_jit(&other, &ours, &[]);
+    assert!(
+        notes(&report).contains("was made on host"),
+        "{}",
+        notes(&report)
+    );
+    assert!(
+        images(dir.path(), "jit-").is_empty(),
+        "an image was written"
+    );
+    let syms = symbols(&perf, &ours, &[]);
+    assert!(!syms.iter().any(|s| s == "fnA" || s == "fnB"));
+}
+
+#[test]
 fn jit_dash_j_with_a_number_says_jobs() {
     let o = common::pdinject_run(["-j", "4", "in.data", "out.data"]);
     assert_eq!(o.status.code(), Some(2), "{}", common::tail(&o.stderr));
