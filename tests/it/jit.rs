@@ -331,10 +331,9 @@ fn jit_minijit_recording_of_another_host_is_left_out() {
     let (data, _) = record_minijit(&perf, dir.path(), &[]);
     // The HOSTNAME feature (`u32 len; name, NUL-padded`) after the data: the same
     // length, another name.
-    let host =
-        String::from_utf8_lossy(&common::run_ok(&mut Command::new("uname").arg("-n")).stdout)
-            .trim()
-            .to_string();
+    let host = String::from_utf8_lossy(&common::run_ok(Command::new("uname").arg("-n")).stdout)
+        .trim()
+        .to_string();
     let mut bytes = fs::read(&data).unwrap();
     let (_, data_end) = {
         let (off, size) = common::data_section(&data);
