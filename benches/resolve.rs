@@ -1,4 +1,4 @@
-//! `run::analyse`: the engine with no output (scan, model, resolve with DWARF
+//! `driver::analyse`: the engine with no output (scan, model, resolve with DWARF
 //! unwinding of `--call-graph dwarf` samples, identify) on one file, with unwinding
 //! and without, with one worker thread and with every core (the pool is made per
 //! run, well under a millisecond). Throughput is in samples, so
@@ -12,8 +12,8 @@
 //! Run: `cargo bench --bench resolve` (add `-- --quick` for a short run).
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use pdinject::driver::analyse;
 use pdinject::options::{Options, UnwindChoice};
-use pdinject::run::analyse;
 use std::hint::black_box;
 use std::path::{Path, PathBuf};
 

@@ -69,7 +69,8 @@ for f in "$@"; do
     for which in old new; do
         bin=${!which}
         "$gnu_time" -f "%e %M" -o "$out/t" "$bin" -q -N "$f" "$out/t.data" 2>/dev/null || true
-        read -r secs kb <"$out/t"
+        # /usr/bin/time writes a line of its own before the figures when the run fails.
+        read -r secs kb < <(tail -n 1 "$out/t")
         printf '%-16s %-20s %s s, %s MB\n' "$name" "time $which" "$secs" "$((kb / 1024))"
         rm -rf "$out/t.data"
     done

@@ -75,7 +75,7 @@ pub fn jobs_hint(args: impl Iterator<Item = std::ffi::OsString>) -> Option<Strin
 
 /// Runs the binary.
 pub fn main() -> Exit {
-    pdinject::write::interrupt::install();
+    pdinject::signals::install();
     if let Some(m) = jobs_hint(std::env::args_os().skip(1)) {
         eprintln!("pdinject: {m}");
         return Exit::Usage;

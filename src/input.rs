@@ -11,6 +11,9 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+/// Window of a data file mapped at once by the scan.
+pub const WINDOW_BYTES: u64 = 64 << 20;
+
 /// Where a data stream's bytes live.
 #[derive(Debug)]
 pub enum Backing {
@@ -332,7 +335,7 @@ impl PerfInput {
             Some(fmeta.mtime() as i128 * 1_000_000_000 + fmeta.mtime_nsec() as i128)
         };
         // A truncation while mapped raises SIGBUS: its handler names this input.
-        crate::write::interrupt::input_opened(path);
+        crate::signals::input_opened(path);
         let mut input = Self::from_backing(path, &header_path, Backing::File(file), fmeta.len())
             .map_err(|e| e.in_file(&header_path))?;
         input.is_dir = is_dir;

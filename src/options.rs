@@ -1,6 +1,8 @@
 //! What a run is asked to do: the mode, the build IDs the user knows, the worker
-//! count, unwinding and progress reporting. Filled in by the command line (or any
-//! other caller of the library); read by the engine and the sinks.
+//! count, the output's form, unwinding and progress reporting. Filled in by the
+//! command line (or any other caller of the library); read by the driver, the engine
+//! and the sinks. Imports only `format` (IDs), `buildid::cache` (the cache to fill)
+//! and `limits`.
 
 use crate::format::buildid::BuildId;
 use crate::{Error, Result};
@@ -14,6 +16,21 @@ pub enum Mode {
     Hit,
     /// Every DSO mapped as code (`--buildid-all`).
     All,
+}
+
+/// The form in which the output carries the IDs it gains. Which output (a file, a
+/// stream, the input itself) is the driver's [`crate::driver::Output`]; any form
+/// goes with any output. A conversion of the samples (coming) is a choice of its own
+/// beside this one, not a third form.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Form {
+    /// perf's own: a BUILD_ID table in a file, HEADER_BUILD_ID records in a stream.
+    #[default]
+    Table,
+    /// Besides, the mapping records of DSOs with a decided ID are written in
+    /// build-ID form (`--mmap2-buildids` with [`Mode::Hit`], `--mmap2-buildid-all`
+    /// with [`Mode::All`]); see [`crate::sink::mmap2`].
+    Mmap2,
 }
 
 /// `--unwind`: how user stacks (`--call-graph dwarf` samples) are walked.
@@ -30,56 +47,17 @@ pub enum UnwindChoice {
     Dwarf,
 }
 
-/// `--attrs-for`: the perf whose attr size the output's event attributes are
-/// written at. perf refuses a perf.data file whose attrs are larger than its own
-/// `struct perf_event_attr` ("incompatible file format"), so a file recorded by a
-/// newer perf can be read by an older one only with its attrs cut to the older
-/// size, which is lossless only when the fields cut off are zero
-/// ([`crate::format::attr_compat`]).
+pub use crate::format::attr_compat::AttrsFor;
+
+/// `--jit`: whether jitdumps are turned into images and mapping records first
+/// (`crate::jit`, which the driver runs before the engine).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum AttrsFor {
-    /// The input's attrs as they are (the default).
+pub enum JitChoice {
+    /// Jitdump markers stay as they are (the default).
     #[default]
-    Verbatim,
-    /// perf 6.1: attrs of 128 bytes (`PERF_ATTR_SIZE_VER7`, up to `sig_data`).
-    Perf6_1,
-    /// perf 6.12: attrs of 136 bytes (`PERF_ATTR_SIZE_VER8`, up to `config3`).
-    Perf6_12,
-}
-
-impl AttrsFor {
-    /// The attr size to write at most (`None`: verbatim).
-    pub fn size(self) -> Option<usize> {
-        match self {
-            AttrsFor::Verbatim => None,
-            AttrsFor::Perf6_1 => Some(128),
-            AttrsFor::Perf6_12 => Some(136),
-        }
-    }
-
-    /// Refuses `--in-place` with a size to write: cutting the attrs rewrites the
-    /// header's attr fields and the attrs section, which the crash-safe in-place
-    /// writer ([`crate::write::inplace`]) neither journals nor switches in one
-    /// write; a new file is written whole or not at all.
-    pub fn check_in_place(self) -> Result<()> {
-        if self == AttrsFor::Verbatim {
-            return Ok(());
-        }
-        Err(Error::Usage(format!(
-            "--attrs-for {} cannot rewrite a file in place (the attrs section and the header would change in more than one write, which the crash-safe in-place writer does not do); write a new file: pdinject --attrs-for {} IN OUT",
-            self.perf(),
-            self.perf()
-        )))
-    }
-
-    /// The perf version, as the user gave it.
-    pub fn perf(self) -> &'static str {
-        match self {
-            AttrsFor::Verbatim => "",
-            AttrsFor::Perf6_1 => "6.1",
-            AttrsFor::Perf6_12 => "6.12",
-        }
-    }
+    Off,
+    /// Inject, as `perf inject --jit`.
+    Inject,
 }
 
 /// Progress callback: `(stage, done, total)` in bytes.
@@ -112,25 +90,20 @@ pub struct Options {
     pub cache: Option<crate::buildid::cache::BuildIdCache>,
     /// `--symfs`: user DSOs are read under this sysroot.
     pub symfs: Option<std::path::PathBuf>,
-    /// Mapping records of DSOs with a decided ID are written in build-ID form
-    /// (`--mmap2-buildids` with [`Mode::Hit`], `--mmap2-buildid-all` with
-    /// [`Mode::All`]); see [`crate::sink::mmap2`].
-    pub mmap2: bool,
-    /// Rewrite the input itself, only what changes, crash-safe
-    /// ([`crate::write::inplace`]).
-    pub in_place: bool,
+    /// How the output carries the IDs.
+    pub form: Form,
     /// A file is resolved while it is scanned, a batch each time the scan has gone
     /// this many bytes further and the previous batch is done (`None`: after the
     /// whole scan, as one batch). Results are the same either way
-    /// ([`crate::engine::Engine::ahead_holds`]).
+    /// ([`crate::engine::Beside`]).
     pub resolve_ahead: Option<u64>,
     /// Bytes a stream may keep across its batches (`--stream-memory`; see
     /// [`crate::limits::StreamKept`]).
     pub stream_memory: u64,
     /// `--attrs-for`: the attr size of the output (default: the input's).
     pub attrs_for: AttrsFor,
-    /// `--jit`: jitdumps become images and mapping records first ([`crate::jit`]).
-    pub jit: crate::jit::JitChoice,
+    /// `--jit`: jitdumps become images and mapping records first (`crate::jit`).
+    pub jit: JitChoice,
     /// The memo of file proofs the run consults (a batch shares one across its
     /// inputs; `None`: every proof reads its file).
     pub memo: Option<std::sync::Arc<crate::buildid::memo::Memo>>,
@@ -148,12 +121,11 @@ impl Default for Options {
             max_frames: DEFAULT_MAX_FRAMES,
             cache: None,
             symfs: None,
-            mmap2: false,
-            in_place: false,
+            form: Form::Table,
             resolve_ahead: Some(DEFAULT_RESOLVE_AHEAD),
             stream_memory: crate::limits::DEFAULT_STREAM_MEMORY,
             attrs_for: AttrsFor::Verbatim,
-            jit: crate::jit::JitChoice::Off,
+            jit: JitChoice::Off,
             memo: None,
         }
     }
@@ -177,8 +149,7 @@ impl std::fmt::Debug for Options {
             .field("max_frames", &self.max_frames)
             .field("cache", &self.cache)
             .field("symfs", &self.symfs)
-            .field("mmap2", &self.mmap2)
-            .field("in_place", &self.in_place)
+            .field("form", &self.form)
             .field("resolve_ahead", &self.resolve_ahead)
             .field("stream_memory", &self.stream_memory)
             .field("attrs_for", &self.attrs_for)

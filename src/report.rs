@@ -94,6 +94,21 @@ pub struct InPlaceReport {
     pub no_room: Option<String>,
 }
 
+/// What a sink tells the report.
+#[derive(Debug, Default)]
+pub struct SinkReport {
+    /// IDs the output gained (table entries or records pdinject wrote).
+    pub ids_new: usize,
+    /// IDs decided that the output cannot hold (no table can be added to it).
+    pub ids_lost: usize,
+    /// Things the user should know about the output.
+    pub notes: Vec<String>,
+    /// Wall time of the sink's own stages.
+    pub timings: std::collections::BTreeMap<&'static str, std::time::Duration>,
+    /// `--in-place`: how the file was changed.
+    pub in_place: Option<InPlaceReport>,
+}
+
 /// The whole report.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Report {

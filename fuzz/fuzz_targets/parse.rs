@@ -1,4 +1,4 @@
-//! Bytes → the engine alone (`run::validate_bytes`: scan, model, resolve, identify
+//! Bytes → the engine alone (`driver::validate_bytes`: scan, model, resolve, identify
 //! from the input itself), file or stream format. Must never panic, whatever the bytes.
 #![no_main]
 
@@ -6,5 +6,5 @@ use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     // The engine alone, sample bodies decoded, nothing outside the input read.
-    let _ = pdinject::run::validate_bytes(data);
+    let _ = pdinject::driver::validate_bytes(data);
 });

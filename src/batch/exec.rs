@@ -85,9 +85,9 @@ fn process(input: &Input, opts: &BatchOptions, fp: &str, pool: &rayon::ThreadPoo
         // panic, so this only turns a bug into that input's error line.
         let report = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             if in_place {
-                crate::run::run_in_place_in(cx, &input.path)
+                crate::driver::run_in_place_in(cx, &input.path)
             } else {
-                crate::run::run_in(cx, &input.path, &output)
+                crate::driver::run_in(cx, &input.path, &output)
             }
         }))
         .map_err(|p| {

@@ -7,7 +7,7 @@
 //! way, so a carried field cannot be left out of the string either.
 
 use crate::format::buildid::BuildId;
-use crate::options::{AttrsFor, Mode, Options, UnwindChoice};
+use crate::options::{AttrsFor, Form, Mode, Options, UnwindChoice};
 use std::fmt;
 use std::path::Path;
 use std::time::Duration;
@@ -23,7 +23,7 @@ pub struct Fingerprint<'a> {
     symfs: Option<&'a Path>,
     mmap2: bool,
     attrs_for: AttrsFor,
-    jit: crate::jit::JitChoice,
+    jit: crate::options::JitChoice,
 }
 
 impl<'a> Fingerprint<'a> {
@@ -36,7 +36,7 @@ impl<'a> Fingerprint<'a> {
             unwind_budget,
             max_frames,
             symfs,
-            mmap2,
+            form,
             attrs_for,
             jit,
             // How fast, not what: threads and progress.
@@ -44,9 +44,7 @@ impl<'a> Fingerprint<'a> {
             progress: _,
             // The cache is filled beside the output, never written into it.
             cache: _,
-            // The destination has markers of its own (batch::Dest).
-            in_place: _,
-            // The same results either way (engine::Engine::ahead_holds).
+            // The same results either way (engine::Beside).
             resolve_ahead: _,
             // A limit: a stream over it fails and leaves no output.
             stream_memory: _,
@@ -60,7 +58,7 @@ impl<'a> Fingerprint<'a> {
             unwind_budget: *unwind_budget,
             max_frames: *max_frames,
             symfs: symfs.as_deref(),
-            mmap2: *mmap2,
+            mmap2: *form == Form::Mmap2,
             attrs_for: *attrs_for,
             jit: *jit,
         }
@@ -94,8 +92,8 @@ impl fmt::Display for Fingerprint<'_> {
             a => write!(f, ";attrs_for={}", a.perf())?,
         }
         match jit {
-            crate::jit::JitChoice::Off => Ok(()),
-            crate::jit::JitChoice::Inject => write!(f, ";jit=inject"),
+            crate::options::JitChoice::Off => Ok(()),
+            crate::options::JitChoice::Inject => write!(f, ";jit=inject"),
         }
     }
 }

@@ -178,15 +178,19 @@ impl EngineArgs {
             },
             unwind_budget: self.unwind_budget,
             max_frames: self.unwind_max_frames,
-            mmap2: self.mmap2_buildid_all || self.mmap2_buildids,
+            form: if self.mmap2_buildid_all || self.mmap2_buildids {
+                pdinject::options::Form::Mmap2
+            } else {
+                pdinject::options::Form::Table
+            },
             attrs_for: self.attrs_for(),
             cache,
             symfs: self.symfs.clone(),
             stream_memory: self.stream_memory,
             jit: if self.jit {
-                pdinject::jit::JitChoice::Inject
+                pdinject::options::JitChoice::Inject
             } else {
-                pdinject::jit::JitChoice::Off
+                pdinject::options::JitChoice::Off
             },
             ..Options::default()
         })

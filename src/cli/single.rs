@@ -90,7 +90,6 @@ fn execute_with(args: &SingleArgs, input: &Path, output: Option<&PathBuf>) -> Re
     let opts = Options {
         jobs: args.run.jobs,
         progress,
-        in_place: output.is_none(),
         // One proof per DSO file: the unwind tables and the identify stage both prove
         // the files they read, and the memo (exact: keyed by what the file is now and
         // what the recording says of it) answers the second from the first.
@@ -132,14 +131,14 @@ fn run(
         if let Some(r) = report_path {
             pdinject::report::check_report_path(r, input, input)?;
         }
-        let mut report = pdinject::run::run_in_place(input, opts)?;
+        let mut report = pdinject::driver::run_in_place(input, opts)?;
         finish(&mut report)?;
         if let Some(r) = report_path {
             pdinject::report::stage_json(&report, r)?.commit()?;
         }
         return Ok(report);
     };
-    pdinject::run::run_staged(input, output, opts, report_path, &mut finish)
+    pdinject::driver::run_staged(input, output, opts, report_path, &mut finish)
 }
 
 /// The cache's totals in `report`, and the archive of its entries when asked.

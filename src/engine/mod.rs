@@ -1,39 +1,46 @@
 //! The one engine: scan → model → resolve → identify, over a sequence of batches.
 //!
 //! A mapped file is one batch that ends at its end; a stream is many. The engine does
-//! not know which sink the bytes go to: after each batch it hands the sink the bytes
+//! not know which sink the bytes go to: after each batch the driver hands the sink the bytes
 //! that are final and the DSOs whose IDs those bytes need first ([`crate::sink`]).
 //! Everything that decides an ID lives here once: the scan of records into the model,
 //! dating the recording, whether this host may speak for it, the unwind
 //! configuration, grouping DSOs into table entries, and the counts of the report.
-//! [`source`] holds the two ways batches arrive: a file, or a stream read in batches.
+//! The two ways batches arrive (a file, or a stream read in batches) are the
+//! driver's ([`crate::driver`]), which calls the engine and hands the sinks what it
+//! decided. The engine imports no sink and nothing of the driver.
+//!
+//! Imports: `resolve`, `buildid`, `model`, `input`, `format`, `limits`, `options`,
+//! `report`.
 
+mod ahead;
 pub mod dating;
+mod decide;
 mod flat;
+mod header;
 pub mod rounds;
-pub mod source;
+
+pub use ahead::{Ahead, Beside};
+use decide::batch_trust;
+pub use header::Metadata;
 
 use crate::buildid::{self, Evidence, Group, HostTrust, Outcome, Reason, host::HostInfo};
 use crate::format::Endian;
 use crate::format::attr::{Attr, st};
 use crate::format::buildid::parse_build_id_entry;
-use crate::format::buildid::{
-    BuildId, BuildIdTable, TableEntry, encode_table_entry, parse_build_id_table,
-};
-use crate::format::feature::{ClockData, parse_clock_data, parse_string};
-use crate::format::header::{FEAT_ARCH, FEAT_CLOCK_DATA, FEAT_HOSTNAME, FEAT_OSRELEASE};
+use crate::format::buildid::{BuildId, TableEntry, encode_table_entry};
 use crate::format::record::{
     Comm, FeatureRecord, Fork, TrailerLayout, misc, mmap_fixed, parse_mmap, rt,
 };
 use crate::format::walk::{Chunk, Rec, Walker, Windows};
 use crate::input::DataFile;
 use crate::limits::StreamKept;
-use crate::model::{DsoId, DsoKind, Key, Model, ModelBuilder};
-use crate::options::{Mode, Options, UnwindChoice};
+use crate::model::{DsoId, DsoKind, Key, ModelBuilder};
+use crate::options::{Mode, Options};
+use crate::report::SinkReport;
 use crate::report::{ClaimReport, DsoReport, Report};
-use crate::resolve::unwind::{Arch, UnwindConfig, UnwindMode, UnwindTables};
+use crate::resolve::unwind::{UnwindConfig, UnwindTables};
 use crate::resolve::{Hits, Resolver};
-use crate::sink::SinkReport;
 use crate::{Error, Result};
 use dating::{Dating, RecordingStart, Span};
 use rounds::{Point, Rounds};
@@ -72,37 +79,6 @@ pub struct Context<'a> {
     pub pool: &'a rayon::ThreadPool,
     /// Whether the host may speak for recordings.
     pub host: Host,
-}
-
-/// What the recording says about itself, read once for either input format.
-#[derive(Clone, Debug, Default)]
-pub struct Metadata {
-    /// HOSTNAME feature.
-    pub hostname: Option<String>,
-    /// OSRELEASE feature.
-    pub release: Option<String>,
-    /// ARCH feature.
-    pub arch: Option<String>,
-    /// CLOCK_DATA feature.
-    pub clock: Option<ClockData>,
-    /// The input's BUILD_ID table (file format only; a stream carries records).
-    pub table: BuildIdTable,
-}
-
-impl Metadata {
-    /// Reads the features through `feature` (payload by feature bit).
-    pub fn read(e: Endian, feature: impl Fn(u32) -> Option<Vec<u8>>, table: Option<&[u8]>) -> Self {
-        let s = |bit| feature(bit).and_then(|p| parse_string(&p, e));
-        Metadata {
-            hostname: s(FEAT_HOSTNAME),
-            release: s(FEAT_OSRELEASE),
-            arch: s(FEAT_ARCH),
-            clock: feature(FEAT_CLOCK_DATA).and_then(|p| parse_clock_data(&p, e)),
-            table: table
-                .map(|t| parse_build_id_table(t, e))
-                .unwrap_or_default(),
-        }
-    }
 }
 
 /// What the scan counts and collects besides the model.
@@ -247,25 +223,6 @@ impl Cuts {
     }
 }
 
-/// A batch of a file resolved while its scan goes on: the model as far as the scan
-/// has gone and the settings as far as it can tell ([`Engine::ahead`]). perf's round
-/// rule (see [`rounds`]) says which records such a model already serves;
-/// [`Engine::ahead_holds`] checks, once the scan has ended, that it did.
-pub struct Ahead {
-    /// The model of the records scanned.
-    pub model: Model,
-    /// Samples are keyed by time.
-    pub time_mode: bool,
-    /// How stacks are walked.
-    pub unwind: Option<UnwindConfig>,
-    /// Local files may be read (the host, as far as the scan has seen).
-    pub allow_local: buildid::LocalFiles,
-    /// The recording's start as far as the scan has seen: never before the real one.
-    pub start: RecordingStart,
-    /// The `seq` of the first record not in the model.
-    pub upto_seq: u64,
-}
-
 /// The engine's state over one input.
 pub struct Engine<'a> {
     opts: &'a Options,
@@ -295,7 +252,7 @@ pub struct Engine<'a> {
     trust: Option<HostTrust>,
     unwind: Option<Option<UnwindConfig>>,
     tables: Option<UnwindTables>,
-    /// Hits of batches resolved ahead of the scan (see [`Engine::ahead`]).
+    /// Hits of batches resolved ahead of the scan (see [`Beside`]).
     prior: Option<Hits>,
     /// Batches resolved ahead of the scan and kept; whether they were thrown away.
     ahead_stat: (u64, bool),
@@ -447,12 +404,10 @@ impl<'a> Engine<'a> {
         self.user_records.drain(..n);
     }
 
-    /// Offsets in `[from, to)` of a stream's HEADER_ATTR, HEADER_FEATURE and
-    /// HEADER_BUILD_ID records outside compressed data, ascending.
-    pub fn user_records_in(&self, from: u64, to: u64) -> &[u64] {
-        let a = self.user_records.partition_point(|&o| o < from);
-        let b = self.user_records.partition_point(|&o| o < to);
-        &self.user_records[a..b]
+    /// Offsets of a stream's HEADER_ATTR, HEADER_FEATURE and HEADER_BUILD_ID records
+    /// outside compressed data not yet written, ascending.
+    pub fn user_records(&self) -> &[u64] {
+        &self.user_records
     }
 
     /// A stream's records whose size is not a multiple of 8, but HEADER_FEATURE and
@@ -523,6 +478,21 @@ impl<'a> Engine<'a> {
         self.decided.values()
     }
 
+    /// Every decision so far, by address space (kernel or not) and name.
+    pub fn decided(&self) -> &BTreeMap<(bool, String), Decision> {
+        &self.decided
+    }
+
+    /// The number the scan gives the next record.
+    pub fn next_seq(&self) -> u64 {
+        self.walker.seq
+    }
+
+    /// What the run is asked to do.
+    pub fn opts(&self) -> &Options {
+        self.opts
+    }
+
     /// Whether an entry of the input's table (or a HEADER_BUILD_ID record of the
     /// input, written into a table or turned into a record) may be passed on: not
     /// when its DSO's claim was contradicted and not confirmed (the decided ID, if
@@ -541,18 +511,6 @@ impl<'a> Engine<'a> {
                 .is_none_or(|c| c.verdict == buildid::Verdict::Confirmed),
             None => !self.claims.is_contested(key.0, &key.1),
         }
-    }
-
-    /// The recording's start as far as the records seen so far tell.
-    pub fn start(&self) -> RecordingStart {
-        let clock = match &self.meta {
-            Some(m) => m.clock,
-            None => self
-                .stream_features
-                .get(&FEAT_CLOCK_DATA)
-                .and_then(|p| parse_clock_data(p, self.e)),
-        };
-        self.dating.start(self.span, clock.as_ref())
     }
 
     /// Adds `d` to the time of `stage` in the report.
@@ -633,71 +591,6 @@ impl<'a> Engine<'a> {
             (Err(Error::Stopped), Some(p)) => Ok(Some(p)),
             (r, _) => r.map(|_| None).map_err(|e| e.in_file(&self.name)),
         }
-    }
-
-    /// What resolving the records scanned so far needs, taken now: the model so far
-    /// and the proof as far as the scan can tell (see [`Ahead`]). `None` when this
-    /// input is not resolved ahead of its scan: compressed data (resolved in order
-    /// by one decompressor) or records before any attr.
-    pub fn ahead(&mut self) -> Option<Ahead> {
-        if self.attrs.is_empty() || self.scan.compressed > 0 || self.time_mode.is_none() {
-            return None;
-        }
-        let model = self.builder.snapshot();
-        let meta = self.metadata();
-        let start = self.start();
-        let trust = batch_trust(self.decide_trust(&meta, model.kernel_ref.as_ref()), &start);
-        Some(Ahead {
-            unwind: self.unwind_config(&meta),
-            time_mode: self.time_mode.unwrap_or(false),
-            allow_local: buildid::LocalFiles::of(&trust.local),
-            start,
-            upto_seq: self.walker.seq,
-            model,
-        })
-    }
-
-    /// Whether what batches resolved ahead of the scan found is what resolving them
-    /// now would find: the scan has ended (call before the last [`Engine::resolve`])
-    /// and `done` lists each batch's settings and the newest sample time it met.
-    /// Samples see the mappings made before them, in time: a batch is right when no
-    /// mapping, fork or exec scanned after it is older than its newest sample (perf's
-    /// round rule promises that; a file that breaks it is resolved again whole), and
-    /// when it trusted local files and walked stacks as the whole recording says
-    /// (its start, its kernel, the executable offsets of each DSO).
-    pub fn ahead_holds(&mut self, done: &[(&Ahead, Option<u64>)], tables: &UnwindTables) -> bool {
-        if self.scan.compressed > 0 || done.is_empty() {
-            return done.is_empty();
-        }
-        let meta = self.metadata();
-        let start = self.start();
-        let kernel_ref = self.builder.kernel_ref.clone();
-        let trust = self.effective_trust(&meta, kernel_ref.as_ref(), &start);
-        let unwind = self.unwind_config(&meta);
-        let time_mode = self.time_mode.unwrap_or(false);
-        done.iter().all(|(a, newest)| {
-            let in_order = !time_mode
-                || match (newest, self.builder.oldest_event_from(a.upto_seq)) {
-                    (Some(s), Some(e)) => e >= *s,
-                    _ => true,
-                };
-            in_order
-                && a.time_mode == time_mode
-                && a.allow_local == buildid::LocalFiles::of(&trust.local)
-                && a.unwind.map(|c| c.mode) == unwind.map(|c| c.mode)
-        }) && tables.still_proven(self.builder.dsos(), &start)
-    }
-
-    /// Hits of `batches` resolved ahead of the scan, merged into the next resolve's.
-    pub fn add_prior(&mut self, hits: Hits, tables: UnwindTables, batches: u64) {
-        self.prior = Some(hits);
-        self.tables = Some(tables);
-        self.ahead_stat = (batches, false);
-    }
-
-    /// Batches resolved ahead of the scan were thrown away (to be resolved again).
-    pub fn ahead_redone(&mut self) {
-        self.ahead_stat = (0, true);
     }
 
     /// One record of the scan.
@@ -1095,92 +988,6 @@ impl<'a> Engine<'a> {
         Ok(new)
     }
 
-    /// The metadata: a file's from its header; a stream's from its HEADER_FEATURE
-    /// records, fixed at the first batch that needs them (perf sends them first).
-    fn metadata(&mut self) -> Metadata {
-        let (e, f) = (self.e, &self.stream_features);
-        self.meta
-            .get_or_insert_with(|| Metadata::read(e, |bit| f.get(&bit).cloned(), None))
-            .clone()
-    }
-
-    /// Host trust for this batch: decided once from the metadata and the kernel map;
-    /// local files are refused, with their own reason, while the recording cannot be
-    /// dated.
-    fn effective_trust(
-        &mut self,
-        meta: &Metadata,
-        kernel_ref: Option<&(String, u64)>,
-        start: &RecordingStart,
-    ) -> HostTrust {
-        let trust = match &self.trust {
-            Some(t) => t.clone(),
-            None => self
-                .trust
-                .insert(self.decide_trust(meta, kernel_ref))
-                .clone(),
-        };
-        batch_trust(trust, start)
-    }
-
-    /// Host trust from the metadata and the kernel reference map.
-    fn decide_trust(&self, meta: &Metadata, kernel_ref: Option<&(String, u64)>) -> HostTrust {
-        match self.host {
-            Host::Closed => {
-                let no = || Err((Reason::OtherHost, "the host was not consulted".to_string()));
-                HostTrust {
-                    local: no(),
-                    kernel: no(),
-                }
-            }
-            Host::Consult => HostTrust::decide(
-                meta.hostname.as_deref(),
-                meta.release.as_deref(),
-                kernel_ref.map(|(s, a)| (s.as_str(), *a)),
-                &HostInfo::detect(),
-            ),
-        }
-    }
-
-    /// How user stacks are walked, decided once from `--unwind`, the events and ARCH.
-    fn unwind_config(&mut self, meta: &Metadata) -> Option<UnwindConfig> {
-        if let Some(c) = self.unwind {
-            return c;
-        }
-        let has_stacks = self
-            .attrs
-            .iter()
-            .any(|a| a.sample_type & st::STACK_USER != 0 && a.sample_type & st::REGS_USER != 0);
-        let choice = match (self.opts.unwind, has_stacks) {
-            (UnwindChoice::None, _) | (UnwindChoice::Auto, false) => None,
-            (choice, _) => Some(choice),
-        };
-        let arch = meta.arch.as_deref();
-        let cfg = choice.and_then(|choice| match arch.and_then(Arch::from_perf) {
-            Some(arch) => Some(UnwindConfig {
-                mode: if choice == UnwindChoice::Fp {
-                    UnwindMode::Fp
-                } else {
-                    UnwindMode::Dwarf
-                },
-                arch,
-                budget: self.opts.unwind_budget,
-                max_frames: self.opts.max_frames,
-            }),
-            None => {
-                if has_stacks {
-                    self.notes.push(format!(
-                        "user stacks are not unwound: architecture {} is not supported (x86_64, aarch64)",
-                        arch.unwrap_or("unknown")
-                    ));
-                }
-                None
-            }
-        });
-        self.unwind = Some(cfg);
-        cfg
-    }
-
     /// The report: counts, notes and one line per decided DSO. `sink` says how many
     /// entries the output gained and what the user should know about it.
     pub fn finish(mut self, sink: SinkReport, jobs: usize) -> Report {
@@ -1300,19 +1107,6 @@ impl<'a> Engine<'a> {
             ));
         }
         r
-    }
-}
-
-/// Host trust for one batch: while the recording cannot be dated, local files are
-/// refused as `undated`; every other refusal (another host, another boot) keeps its
-/// own reason.
-fn batch_trust(trust: HostTrust, start: &RecordingStart) -> HostTrust {
-    match start {
-        RecordingStart::Unknown(why) if trust.local.is_ok() => HostTrust {
-            local: Err((Reason::Undated, why.clone())),
-            ..trust
-        },
-        _ => trust,
     }
 }
 

@@ -10,8 +10,59 @@
 //! field, rather than written without it.
 
 use super::Endian;
-use crate::options::AttrsFor;
 use crate::{Error, Result};
+
+/// `--attrs-for`: the perf whose attr size the output's event attributes are
+/// written at. perf refuses a perf.data file whose attrs are larger than its own
+/// `struct perf_event_attr` ("incompatible file format"), so a file recorded by a
+/// newer perf can be read by an older one only with its attrs cut to the older
+/// size, which is lossless only when the fields cut off are zero
+/// (this module).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum AttrsFor {
+    /// The input's attrs as they are (the default).
+    #[default]
+    Verbatim,
+    /// perf 6.1: attrs of 128 bytes (`PERF_ATTR_SIZE_VER7`, up to `sig_data`).
+    Perf6_1,
+    /// perf 6.12: attrs of 136 bytes (`PERF_ATTR_SIZE_VER8`, up to `config3`).
+    Perf6_12,
+}
+
+impl AttrsFor {
+    /// The attr size to write at most (`None`: verbatim).
+    pub fn size(self) -> Option<usize> {
+        match self {
+            AttrsFor::Verbatim => None,
+            AttrsFor::Perf6_1 => Some(128),
+            AttrsFor::Perf6_12 => Some(136),
+        }
+    }
+
+    /// Refuses `--in-place` with a size to write: cutting the attrs rewrites the
+    /// header's attr fields and the attrs section, which the crash-safe in-place
+    /// writer ([`crate::write::inplace`]) neither journals nor switches in one
+    /// write; a new file is written whole or not at all.
+    pub fn check_in_place(self) -> Result<()> {
+        if self == AttrsFor::Verbatim {
+            return Ok(());
+        }
+        Err(Error::Usage(format!(
+            "--attrs-for {} cannot rewrite a file in place (the attrs section and the header would change in more than one write, which the crash-safe in-place writer does not do); write a new file: pdinject --attrs-for {} IN OUT",
+            self.perf(),
+            self.perf()
+        )))
+    }
+
+    /// The perf version, as the user gave it.
+    pub fn perf(self) -> &'static str {
+        match self {
+            AttrsFor::Verbatim => "",
+            AttrsFor::Perf6_1 => "6.1",
+            AttrsFor::Perf6_12 => "6.12",
+        }
+    }
+}
 
 /// Fields of `struct perf_event_attr` past perf 6.1's 128 bytes: (offset, name).
 const NEWER_FIELDS: &[(usize, &str)] = &[(128, "config3"), (136, "config4")];
@@ -154,38 +205,6 @@ pub fn note(from: usize, to: usize, attrs_for: AttrsFor) -> String {
         "event attrs cut from {from} to {to} bytes for perf {} (--attrs-for; the bytes cut off were zero)",
         attrs_for.perf()
     )
-}
-
-/// Checks that every attr of a file input can be written at `to.size()`, before
-/// anything is written (the output sinks cut them, or refuse, as they write).
-pub fn check_input(input: &crate::input::PerfInput, to: AttrsFor) -> Result<()> {
-    let Some(n) = to.size() else {
-        return Ok(());
-    };
-    let h = &input.header;
-    let entry = h.attr_size as usize;
-    let attr_len = entry - 16;
-    if attr_len <= n {
-        return Ok(());
-    }
-    let raw = input.data_files[0].read_at(h.attrs.offset, h.attrs.size)?;
-    let names = input
-        .feature(FEAT_EVENT_DESC)
-        .map(|p| parse_event_desc(&p, h.endian))
-        .unwrap_or_default();
-    for (i, ent) in raw.chunks_exact(entry).enumerate() {
-        let event = || {
-            describe(
-                i,
-                names.get(i).map(String::as_str),
-                &ent[..attr_len],
-                h.endian,
-            )
-        };
-        shrink(&ent[..attr_len], h.endian, to, &event)
-            .map_err(|e| e.in_file(&input.header_path))?;
-    }
-    Ok(())
 }
 
 /// Feature bit of EVENT_DESC (the events' names).

@@ -45,15 +45,7 @@ use std::io::{BufReader, BufWriter, Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-/// `--jit`: whether jitdumps are turned into images and mapping records.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum JitChoice {
-    /// Jitdump markers stay as they are (the default).
-    #[default]
-    Off,
-    /// Inject, as `perf inject --jit`.
-    Inject,
-}
+pub use crate::options::JitChoice;
 
 /// CLOCK_MONOTONIC, the clock of jitdump timestamps.
 const CLOCK_MONOTONIC: u32 = 1;

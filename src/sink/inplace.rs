@@ -15,10 +15,10 @@
 
 use super::mmap2::{Splice, carried_by_records, mapping_note, plan as mmap2_plan, read_record};
 use super::table::{table_plan, table_plan_where};
-use super::{Batch, Begin, Sink, SinkReport};
-use crate::engine::Engine;
+use super::{Batch, Begin, Facts, Sink, SinkReport};
 use crate::format::header::{FEAT_BUILD_ID, Section};
 use crate::input::PerfInput;
+use crate::options::Form;
 use crate::report::{InPlaceReport, TableWrite};
 use crate::write::fit::fit_tail;
 use crate::write::inplace::{Change, Plan, apply};
@@ -30,15 +30,16 @@ use std::time::Instant;
 
 /// Rewrites a file-format input in place.
 pub struct InplaceSink {
-    mmap2: bool,
+    form: Form,
     report: SinkReport,
 }
 
 impl InplaceSink {
-    /// `mmap2`: mapping records are written in build-ID form too.
-    pub fn new(mmap2: bool) -> Self {
+    /// The IDs are written in `form` ([`Form::Mmap2`]: mapping records in build-ID
+    /// form too).
+    pub fn new(form: Form) -> Self {
         InplaceSink {
-            mmap2,
+            form,
             report: SinkReport::default(),
         }
     }
@@ -171,8 +172,8 @@ fn fit_changes(input: &PerfInput, tail: Vec<u8>, had: bool, plan: &mut Plan) -> 
 }
 
 /// The DSOs given new table entries, for the summary (a few names, then a count).
-fn table_names(engine: &Engine<'_>, need: &[bool]) -> String {
-    let names: Vec<String> = engine
+fn table_names(facts: &Facts<'_>, need: &[bool]) -> String {
+    let names: Vec<String> = facts
         .decisions()
         .enumerate()
         .filter(|(i, d)| need.get(*i).copied().unwrap_or(true) && d.id_for_table().is_some())
@@ -203,7 +204,7 @@ impl Sink for InplaceSink {
         }
     }
 
-    fn batch(&mut self, batch: &Batch<'_>, engine: &Engine<'_>) -> Result<()> {
+    fn batch(&mut self, batch: &Batch<'_>, facts: &Facts<'_>) -> Result<()> {
         let Batch::File { input, .. } = batch else {
             return Err(Error::Internal("in-place sink: stream bytes".into()));
         };
@@ -212,19 +213,15 @@ impl Sink for InplaceSink {
         // mmap2 modes: which decisions still need a table entry (no record carries
         // their ID).
         let mut need: Option<Vec<bool>> = None;
-        if self.mmap2 {
-            let splices: Vec<Splice> = mmap2_plan(
-                engine,
-                engine.mapping_records(),
-                true,
-                false,
-                &mut |f, o| read_record(input, f, o),
-            )
-            .into_iter()
-            .filter(|s| s.file == 0 && s.grows() == 0)
-            .collect();
-            let carried =
-                carried_by_records(engine, &splices, &mut |f, o| read_record(input, f, o));
+        if self.form == Form::Mmap2 {
+            let splices: Vec<Splice> =
+                mmap2_plan(facts, facts.mapping_records, true, false, &mut |f, o| {
+                    read_record(input, f, o)
+                })
+                .into_iter()
+                .filter(|s| s.file == 0 && s.grows() == 0)
+                .collect();
+            let carried = carried_by_records(facts, &splices, &mut |f, o| read_record(input, f, o));
             need = Some(carried.iter().map(|c| !c).collect());
             plan.records = splices
                 .into_iter()
@@ -238,8 +235,8 @@ impl Sink for InplaceSink {
                 .push(mapping_note(plan.records.len() as u64, 0));
         }
         let tp = match &need {
-            Some(n) => table_plan_where(input, engine, &|i, _| n.get(i).copied().unwrap_or(true)),
-            None => table_plan(input, engine),
+            Some(n) => table_plan_where(input, facts, &|i, _| n.get(i).copied().unwrap_or(true)),
+            None => table_plan(input, facts),
         };
         self.report.ids_new = tp.ids_new;
         self.report.ids_lost = tp.ids_lost;
@@ -263,7 +260,7 @@ impl Sink for InplaceSink {
                     fit_changes(input, fit.tail, had, &mut plan)?;
                     ip.table = TableWrite::Rewritten;
                     ip.strings_repadded = fit.repadded;
-                    let names = table_names(engine, need.as_deref().unwrap_or_default());
+                    let names = table_names(facts, need.as_deref().unwrap_or_default());
                     self.report.notes.push(format!(
                         "in place: the BUILD_ID table ({names}: what no mapping record carries) written over the feature tail{}; the file keeps its size",
                         match fit.repadded {
@@ -308,7 +305,7 @@ impl Sink for InplaceSink {
         Ok(())
     }
 
-    fn finish(&mut self, _: &Engine<'_>) -> Result<SinkReport> {
+    fn finish(&mut self, _: &Facts<'_>) -> Result<SinkReport> {
         Ok(std::mem::take(&mut self.report))
     }
 }

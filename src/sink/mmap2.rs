@@ -27,9 +27,9 @@
 
 use super::stream::StreamSink;
 use super::table::{TableSink, table_plan};
-use super::{Batch, Begin, Sink, SinkReport};
+use super::{Batch, Begin, Facts, Sink, SinkReport};
 use crate::buildid::inode_conflict;
-use crate::engine::{Decision, Engine, MappingRecord};
+use crate::engine::{Decision, MappingRecord};
 use crate::format::buildid::BuildId;
 use crate::format::header::FileHeader;
 use crate::format::record::{
@@ -83,15 +83,15 @@ fn record_id(d: &Decision) -> Option<BuildId> {
 /// disagree about the file behind it is refused here too; `grow` whether an MMAP may
 /// become a longer MMAP2.
 pub fn plan(
-    engine: &Engine<'_>,
+    facts: &Facts<'_>,
     records: &[MappingRecord],
     whole: bool,
     grow: bool,
     read: &mut dyn FnMut(usize, u64) -> Option<Vec<u8>>,
 ) -> Vec<Splice> {
-    let e = engine.endian();
+    let e = facts.endian;
     let mut ids: HashMap<DsoId, (usize, BuildId, bool)> = HashMap::new();
-    for (i, d) in engine.decisions().enumerate() {
+    for (i, d) in facts.decisions().enumerate() {
         if let Some(id) = record_id(d) {
             for &dso in &d.group.dsos {
                 ids.insert(dso, (i, id, d.group.kind.is_kernel_space()));
@@ -185,17 +185,17 @@ pub fn plan(
 /// and for every DSO when the input has compressed data (records inside it are not
 /// listed, and stay as they are).
 pub fn carried_by_records(
-    engine: &Engine<'_>,
+    facts: &Facts<'_>,
     splices: &[Splice],
     read: &mut dyn FnMut(usize, u64) -> Option<Vec<u8>>,
 ) -> Vec<bool> {
-    let e = engine.endian();
-    let n = engine.decisions().count();
-    if engine.compressed_records() > 0 {
+    let e = facts.endian;
+    let n = facts.decisions().count();
+    if facts.compressed_records > 0 {
         return vec![false; n];
     }
     let mut of_dso: HashMap<DsoId, (usize, BuildId)> = HashMap::new();
-    for (i, d) in engine.decisions().enumerate() {
+    for (i, d) in facts.decisions().enumerate() {
         if let Some(id) = record_id(d) {
             for &dso in &d.group.dsos {
                 of_dso.insert(dso, (i, id));
@@ -206,7 +206,7 @@ pub fn carried_by_records(
         splices.iter().map(|s| (s.file, s.offset)).collect();
     // None: no record seen yet.
     let mut carried: Vec<Option<bool>> = vec![None; n];
-    for m in engine.mapping_records() {
+    for m in facts.mapping_records {
         let Some(&(i, id)) = of_dso.get(&m.dso) else {
             continue;
         };
@@ -317,23 +317,17 @@ impl<'w> Mmap2Sink<'w> {
     fn write_file(
         &mut self,
         input: &PerfInput,
-        engine: &Engine<'_>,
+        facts: &Facts<'_>,
         out: &Path,
         dir: Option<&Path>,
     ) -> Result<()> {
         let t = Instant::now();
-        let plan_t = table_plan(input, engine);
+        let plan_t = table_plan(input, facts);
         let can_grow = plan_t.write && !input.header.data_size_repaired;
-        let mut splices = plan(
-            engine,
-            engine.mapping_records(),
-            true,
-            can_grow,
-            &mut |f, o| {
-                // Records of data.N files keep their size: no header there to grow.
-                read_record(input, f, o)
-            },
-        );
+        let mut splices = plan(facts, facts.mapping_records, true, can_grow, &mut |f, o| {
+            // Records of data.N files keep their size: no header there to grow.
+            read_record(input, f, o)
+        });
         splices.retain(|s| s.file == 0 || s.grows() == 0);
         self.count(&splices);
         self.report.ids_new = plan_t.ids_new;
@@ -520,35 +514,35 @@ impl Sink for Mmap2Sink<'_> {
         }
     }
 
-    fn batch(&mut self, batch: &Batch<'_>, engine: &Engine<'_>) -> Result<()> {
+    fn batch(&mut self, batch: &Batch<'_>, facts: &Facts<'_>) -> Result<()> {
         match batch {
             Batch::File { input, new } => match &mut self.inner {
                 Inner::File { out, dir } => {
                     let (out, dir) = (out.clone(), dir.clone());
-                    self.write_file(input, engine, &out, dir.as_deref())
+                    self.write_file(input, facts, &out, dir.as_deref())
                 }
                 Inner::Stream(s) => {
                     // The stream's data section is the header file's records only.
-                    let mut sp = plan(engine, engine.mapping_records(), true, true, &mut |f, o| {
+                    let mut sp = plan(facts, facts.mapping_records, true, true, &mut |f, o| {
                         read_record(input, f, o)
                     });
                     sp.retain(|s| s.file == 0);
                     self.converted += sp.len() as u64;
                     self.grown += sp.iter().filter(|s| s.grows() > 0).count() as u64;
                     s.set_splices(sp);
-                    s.batch(batch, engine)
+                    s.batch(batch, facts)
                 }
-                Inner::Table(t) => t.batch(&Batch::File { input, new }, engine),
+                Inner::Table(t) => t.batch(&Batch::File { input, new }, facts),
             },
             Batch::Bytes { bytes, offset, new } => {
                 let end = offset + bytes.len() as u64;
-                let recs = engine.mapping_records();
+                let recs = facts.mapping_records;
                 let a = recs.partition_point(|m| m.offset < *offset);
                 let b = recs.partition_point(|m| m.offset < end);
-                let sp = plan(engine, &recs[a..b], false, true, &mut |_, o| {
+                let sp = plan(facts, &recs[a..b], false, true, &mut |_, o| {
                     let i = usize::try_from(o - offset).ok()?;
                     let fr =
-                        crate::format::walk::frame(bytes.get(i..)?, engine.endian(), o).ok()??;
+                        crate::format::walk::frame(bytes.get(i..)?, facts.endian, o).ok()??;
                     bytes.get(i..i + fr.size()).map(<[u8]>::to_vec)
                 });
                 self.count(&sp);
@@ -566,11 +560,11 @@ impl Sink for Mmap2Sink<'_> {
                     new,
                 };
                 match &mut self.inner {
-                    Inner::Table(t) => t.batch(&b, engine),
+                    Inner::Table(t) => t.batch(&b, facts),
                     Inner::Stream(s) => {
                         // An MMAP grown into an MMAP2 moves the records after it.
                         s.set_moved(sp.iter().any(|x| x.grows() > 0));
-                        s.batch(&b, engine)
+                        s.batch(&b, facts)
                     }
                     Inner::File { .. } => Err(Error::Internal(
                         "mmap2 sink: stream bytes for a file input".into(),
@@ -580,11 +574,11 @@ impl Sink for Mmap2Sink<'_> {
         }
     }
 
-    fn finish(&mut self, engine: &Engine<'_>) -> Result<SinkReport> {
+    fn finish(&mut self, facts: &Facts<'_>) -> Result<SinkReport> {
         let mut r = match &mut self.inner {
             Inner::File { .. } => std::mem::take(&mut self.report),
-            Inner::Table(t) => t.finish(engine)?,
-            Inner::Stream(s) => s.finish(engine)?,
+            Inner::Table(t) => t.finish(facts)?,
+            Inner::Stream(s) => s.finish(facts)?,
         };
         r.notes.push(mapping_note(self.converted, self.grown));
         Ok(r)

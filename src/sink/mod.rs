@@ -12,21 +12,30 @@
 //! * [`mmap2::Mmap2Sink`]: either of those with the mapping records of decided
 //!   DSOs in build-ID form (`--mmap2-buildid-all`, `--mmap2-buildids`).
 //!
-//! The engine does not know which sink it feeds; a new output form is a new sink.
+//! The engine does not know which sink it feeds, and a sink does not reach into the
+//! engine: the driver ([`crate::driver`]) hands it [`Facts`], what the engine has read
+//! and decided, as a value. A new output form is a new sink.
+//!
+//! Imports: `format`, `input`, `model`, `buildid`, `write`, `options`, `report`, and the
+//! engine's plain data (`engine::{Decision, MappingRecord}`); never the engine itself
+//! or the driver.
 
 pub mod inplace;
 pub mod mmap2;
 pub mod stream;
 pub mod table;
 
-use crate::engine::{Decision, Engine};
+use crate::engine::{Decision, MappingRecord};
 use crate::format::Endian;
+use crate::format::attr::Attr;
+use crate::format::buildid::TableEntry;
 use crate::input::PerfInput;
+use crate::report::SinkReport;
 use crate::{Error, Result};
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
-use std::time::Duration;
 
 /// How the input starts.
 pub enum Begin<'a> {
@@ -61,19 +70,63 @@ pub enum Batch<'a> {
     },
 }
 
-/// What a sink tells the report.
-#[derive(Debug, Default)]
-pub struct SinkReport {
-    /// IDs the output gained (table entries or records pdinject wrote).
-    pub ids_new: usize,
-    /// IDs decided that the output cannot hold (no table can be added to it).
-    pub ids_lost: usize,
-    /// Things the user should know about the output.
-    pub notes: Vec<String>,
-    /// Wall time of the sink's own stages.
-    pub timings: BTreeMap<&'static str, Duration>,
-    /// `--in-place`: how the file was changed.
-    pub in_place: Option<crate::report::InPlaceReport>,
+/// What the engine has read and decided, as a sink needs it: built by the driver
+/// for each batch and for the end, borrowed from the engine for that call only.
+pub struct Facts<'a> {
+    /// The input's name in messages.
+    pub name: &'a Path,
+    /// The input's byte order.
+    pub endian: Endian,
+    /// The events so far.
+    pub attrs: &'a [Attr],
+    /// The bodies of a stream's HEADER_ATTR records (attr bytes, then u64 ids).
+    pub attr_records: &'a [Vec<u8>],
+    /// Feature payloads a stream carried in HEADER_FEATURE records, by bit.
+    pub stream_features: &'a BTreeMap<u32, Vec<u8>>,
+    /// Every decision so far, in table order (address space, then name).
+    pub decided: &'a BTreeMap<(bool, String), Decision>,
+    /// The mapping records outside compressed data not yet written, in input order.
+    pub mapping_records: &'a [MappingRecord],
+    /// Offsets of a stream's HEADER_ATTR, HEADER_FEATURE and HEADER_BUILD_ID records
+    /// outside compressed data not yet written, ascending.
+    pub user_records: &'a [u64],
+    /// COMPRESSED records seen so far (their inner mapping records are not in
+    /// `mapping_records`).
+    pub compressed_records: u64,
+    /// A stream's records whose size is not a multiple of 8, but HEADER_FEATURE and
+    /// COMPRESSED ones (which perf 7.3 reads unaligned).
+    pub unaligned_records: u64,
+    /// Whether an entry of the input's table (or a HEADER_BUILD_ID record of the
+    /// input) may be passed on: the engine's judgement of what the input claims.
+    pub passes_on: &'a dyn Fn(&TableEntry) -> bool,
+    /// A sink that keeps `bytes` of a stream's records for the end of its output
+    /// checks them, with everything the stream keeps, against its budget; the second
+    /// argument is the offset of the record that grew them.
+    pub output_kept: &'a dyn Fn(u64, u64) -> Result<()>,
+}
+
+impl<'a> Facts<'a> {
+    /// Every decision so far, in table order.
+    pub fn decisions(&self) -> impl Iterator<Item = &'a Decision> + use<'a> {
+        self.decided.values()
+    }
+
+    /// See [`Facts::passes_on`](field@Facts::passes_on).
+    pub fn passes_on(&self, e: &TableEntry) -> bool {
+        (self.passes_on)(e)
+    }
+
+    /// See [`Facts::output_kept`](field@Facts::output_kept).
+    pub fn check_output_kept(&self, bytes: u64, offset: u64) -> Result<()> {
+        (self.output_kept)(bytes, offset)
+    }
+
+    /// Offsets in `[from, to)` of [`Facts::user_records`](field@Facts::user_records).
+    pub fn user_records_in(&self, from: u64, to: u64) -> &'a [u64] {
+        let a = self.user_records.partition_point(|&o| o < from);
+        let b = self.user_records.partition_point(|&o| o < to);
+        &self.user_records[a..b]
+    }
 }
 
 /// An output form.
@@ -83,12 +136,12 @@ pub trait Sink {
     /// their next chunk.
     fn begin(&mut self, begin: &Begin<'_>, stop: &Arc<AtomicBool>) -> Result<()>;
     /// One batch.
-    fn batch(&mut self, batch: &Batch<'_>, engine: &Engine<'_>) -> Result<()>;
+    fn batch(&mut self, batch: &Batch<'_>, facts: &Facts<'_>) -> Result<()>;
     /// After the last batch.
-    fn finish(&mut self, engine: &Engine<'_>) -> Result<SinkReport>;
+    fn finish(&mut self, facts: &Facts<'_>) -> Result<SinkReport>;
     /// Bytes of the input that work beside the stages keeps mapped at a time (the
     /// copy's window): the scan keeps less for the resolve, so the two stay within
-    /// one bound of resident memory (`engine::source::KEEP_BYTES`).
+    /// one bound of resident memory ([`crate::driver::file::KEEP_BYTES`]).
     fn mapped_beside(&self) -> u64 {
         0
     }
@@ -106,10 +159,10 @@ impl Sink for NullSink {
     fn begin(&mut self, _: &Begin<'_>, _: &Arc<AtomicBool>) -> Result<()> {
         Ok(())
     }
-    fn batch(&mut self, _: &Batch<'_>, _: &Engine<'_>) -> Result<()> {
+    fn batch(&mut self, _: &Batch<'_>, _: &Facts<'_>) -> Result<()> {
         Ok(())
     }
-    fn finish(&mut self, _: &Engine<'_>) -> Result<SinkReport> {
+    fn finish(&mut self, _: &Facts<'_>) -> Result<SinkReport> {
         Ok(SinkReport::default())
     }
 }

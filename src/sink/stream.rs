@@ -5,8 +5,8 @@
 //! HEADER_ATTR for each event, HEADER_FEATURE for each feature a record can hold,
 //! HEADER_TRACING_DATA, and the input's table as HEADER_BUILD_ID records.
 
-use super::{Batch, Begin, Sink, SinkReport};
-use crate::engine::{Decision, Engine};
+use super::{Batch, Begin, Facts, Sink, SinkReport};
+use crate::engine::Decision;
 use crate::format::Endian;
 use crate::format::attr_compat;
 use crate::format::buildid::{BuildId, TableEntry, encode_table_entry, parse_build_id_entry};
@@ -91,13 +91,13 @@ impl<'w> StreamSink<'w> {
 
     /// Checks, before a stream batch writes anything, that every attr seen so far
     /// can be cut to the `--attrs-for` size (each attr once).
-    fn check_attrs(&mut self, engine: &Engine<'_>) -> Result<()> {
-        let bodies = engine.attr_records();
+    fn check_attrs(&mut self, facts: &Facts<'_>) -> Result<()> {
+        let bodies = facts.attr_records;
         if self.attrs_for == AttrsFor::Verbatim || bodies.len() <= self.attrs_checked {
             return Ok(());
         }
-        let names = engine
-            .stream_features()
+        let names = facts
+            .stream_features
             .get(&attr_compat::FEAT_EVENT_DESC)
             .map(|p| attr_compat::parse_event_desc(p, self.e))
             .unwrap_or_default();
@@ -106,7 +106,7 @@ impl<'w> StreamSink<'w> {
             let attr = &body[..size];
             let event = || attr_compat::describe(i, names.get(i).map(String::as_str), attr, self.e);
             attr_compat::shrink(attr, self.e, self.attrs_for, &event)
-                .map_err(|e| e.in_file(engine.name()))?;
+                .map_err(|e| e.in_file(facts.name))?;
         }
         self.attrs_checked = bodies.len();
         Ok(())
@@ -140,7 +140,7 @@ impl<'w> StreamSink<'w> {
     /// records that need nothing are written as they are; only the records the
     /// engine's scan marked are looked at (all record headers only when records
     /// moved, see [`StreamSink::set_moved`]).
-    fn pass_on(&mut self, bytes: &[u8], offset: u64, engine: &Engine<'_>) -> Result<()> {
+    fn pass_on(&mut self, bytes: &[u8], offset: u64, facts: &Facts<'_>) -> Result<()> {
         let e = self.e;
         let mut clean_from = 0usize;
         let end = offset + bytes.len() as u64;
@@ -149,7 +149,7 @@ impl<'w> StreamSink<'w> {
         let positions: Vec<usize> = if self.moved {
             user_record_positions(bytes, e)
         } else {
-            engine
+            facts
                 .user_records_in(offset, end)
                 .iter()
                 .filter_map(|&m| usize::try_from(m - offset).ok())
@@ -175,7 +175,7 @@ impl<'w> StreamSink<'w> {
             let rec = &bytes[at..at + size];
             if f.header.kind == rt::HEADER_BUILD_ID
                 && let Some(b) = parse_build_id_entry(&f.header, rec)
-                && !engine.passes_on(&TableEntry {
+                && !facts.passes_on(&TableEntry {
                     cpumode: b.cpumode,
                     pid: b.pid,
                     build_id: b.build_id,
@@ -253,7 +253,7 @@ impl<'w> StreamSink<'w> {
         &mut self,
         input: &PerfInput,
         new: &[Decision],
-        engine: &Engine<'_>,
+        facts: &Facts<'_>,
     ) -> Result<()> {
         let e = self.e;
         let h = &input.header;
@@ -342,7 +342,7 @@ impl<'w> StreamSink<'w> {
             let mut dropped = 0;
             for entry in crate::format::buildid::parse_build_id_table(&table, e).entries {
                 // An entry whose claim is contradicted is not passed on.
-                if !engine.passes_on(&entry) {
+                if !facts.passes_on(&entry) {
                     dropped += 1;
                     continue;
                 }
@@ -364,7 +364,7 @@ impl<'w> StreamSink<'w> {
         let (start, end) = (src.range.offset, src.range.offset + src.range.size);
         let mut at = start;
         while at < end {
-            let n = (end - at).min(crate::engine::source::WINDOW_BYTES);
+            let n = (end - at).min(crate::input::WINDOW_BYTES);
             let win = src.window(at, n)?;
             if self.splices.is_empty() {
                 self.write(&win)?;
@@ -475,11 +475,11 @@ impl Sink for StreamSink<'_> {
         }
     }
 
-    fn batch(&mut self, batch: &Batch<'_>, engine: &Engine<'_>) -> Result<()> {
+    fn batch(&mut self, batch: &Batch<'_>, facts: &Facts<'_>) -> Result<()> {
         match batch {
-            Batch::File { input, new } => self.write_file_input(input, new, engine),
+            Batch::File { input, new } => self.write_file_input(input, new, facts),
             Batch::Bytes { bytes, new, offset } => {
-                self.check_attrs(engine)?;
+                self.check_attrs(facts)?;
                 let recs = self.id_records(new);
                 let at = if recs.is_empty() {
                     bytes.len()
@@ -487,14 +487,14 @@ impl Sink for StreamSink<'_> {
                     first_sampleish(bytes, self.e)
                 };
                 let (head, tail) = bytes.split_at(at);
-                self.pass_on(head, *offset, engine)?;
+                self.pass_on(head, *offset, facts)?;
                 self.write(&recs)?;
-                self.pass_on(tail, offset + at as u64, engine)
+                self.pass_on(tail, offset + at as u64, facts)
             }
         }
     }
 
-    fn finish(&mut self, engine: &Engine<'_>) -> Result<SinkReport> {
+    fn finish(&mut self, facts: &Facts<'_>) -> Result<SinkReport> {
         if let Some(h) = self.pending.take() {
             self.w.write_all(&h).map_err(|e| Error::io(&self.out, e))?;
         }
@@ -523,7 +523,7 @@ impl Sink for StreamSink<'_> {
                 .notes
                 .push(super::table::dropped_note(f.contradicted));
         }
-        let unaligned = f.unaligned + engine.unaligned_records();
+        let unaligned = f.unaligned + facts.unaligned_records;
         if unaligned > 0 {
             self.report.notes.push(format!(
                 "{unaligned} record(s) of the input have a size that is not a multiple of 8 and were passed on as they are (perf 7.3 refuses such streams)"

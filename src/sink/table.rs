@@ -8,9 +8,8 @@
 //! HEADER_TRACING_DATA, HEADER_BUILD_ID) become the attrs section and the features,
 //! the stream's build-ID records entries of the table.
 
-use super::{Batch, Begin, Sink, SinkReport};
-use crate::engine::source::is_header_record;
-use crate::engine::{Decision, Engine};
+use super::{Batch, Begin, Facts, Sink, SinkReport};
+use crate::engine::Decision;
 use crate::format::Endian;
 use crate::format::buildid::{encode_table_entry, retain_entries};
 use crate::format::header::{FEAT_BUILD_ID, FILE_HEADER_SIZE};
@@ -90,7 +89,7 @@ impl TableSink {
         input.header.header_size == FILE_HEADER_SIZE && input.header.data.size > 0
     }
 
-    fn finish_copy(&mut self, input: &PerfInput, engine: &Engine<'_>) -> Result<()> {
+    fn finish_copy(&mut self, input: &PerfInput, facts: &Facts<'_>) -> Result<()> {
         let State::Copy { copier, .. } = &mut self.state else {
             return Err(Error::Internal("table sink: no copy under way".into()));
         };
@@ -100,7 +99,7 @@ impl TableSink {
             .join()
             .map_err(|_| Error::Internal("the copy thread panicked".into()))??;
         self.report.timings.insert("copy", t_copy);
-        let plan = table_plan(input, engine);
+        let plan = table_plan(input, facts);
         self.report.ids_new = plan.ids_new;
         self.report.ids_lost = plan.ids_lost;
         self.report.notes.extend(plan.note);
@@ -133,20 +132,20 @@ pub(crate) struct TablePlan {
 }
 
 /// The BUILD_ID section for `input` after the engine's decisions.
-pub(crate) fn table_plan(input: &PerfInput, engine: &Engine<'_>) -> TablePlan {
-    table_plan_where(input, engine, &|_, _| true)
+pub(crate) fn table_plan(input: &PerfInput, facts: &Facts<'_>) -> TablePlan {
+    table_plan_where(input, facts, &|_, _| true)
 }
 
 /// [`table_plan`] with new entries only for the decisions `keep` takes (by their
 /// index in [`Engine::decisions`]); the input's entries stay whatever `keep` says.
 pub(crate) fn table_plan_where(
     input: &PerfInput,
-    engine: &Engine<'_>,
+    facts: &Facts<'_>,
     keep: &dyn Fn(usize, &Decision) -> bool,
 ) -> TablePlan {
     let mut entries = Vec::new();
     let mut added = 0;
-    for (i, d) in engine.decisions().enumerate() {
+    for (i, d) in facts.decisions().enumerate() {
         if let Some(id) = d.id_for_table().filter(|_| keep(i, d)) {
             encode_table_entry(
                 &mut entries,
@@ -169,7 +168,7 @@ pub(crate) fn table_plan_where(
     let legacy = table.as_ref().is_some_and(|t| t.legacy);
     let damaged = table.as_ref().filter(|t| t.malformed).map(|t| t.valid_len);
     // The input's entries whose claim is contradicted are not passed on.
-    let passes = |t: &crate::format::buildid::TableEntry| engine.passes_on(t);
+    let passes = |t: &crate::format::buildid::TableEntry| facts.passes_on(t);
     let dropped = match (&old, legacy) {
         (Some(p), false) => retain_entries(p, input.header.endian, &passes).1,
         _ => 0,
@@ -310,15 +309,15 @@ impl Sink for TableSink {
         Ok(())
     }
 
-    fn batch(&mut self, batch: &Batch<'_>, engine: &Engine<'_>) -> Result<()> {
+    fn batch(&mut self, batch: &Batch<'_>, facts: &Facts<'_>) -> Result<()> {
         match batch {
-            Batch::File { input, .. } => self.finish_copy(input, engine),
+            Batch::File { input, .. } => self.finish_copy(input, facts),
             Batch::Bytes { bytes, offset, .. } => {
                 let out = self.out.clone();
                 let State::Stream(s) = &mut self.state else {
                     return Err(Error::Internal("table sink: bytes without a stream".into()));
                 };
-                s.records(bytes, *offset, engine).map_err(|e| match e {
+                s.records(bytes, *offset, facts).map_err(|e| match e {
                     Error::Io { source, .. } => Error::io(&out, source),
                     other => other,
                 })
@@ -326,12 +325,12 @@ impl Sink for TableSink {
         }
     }
 
-    fn finish(&mut self, engine: &Engine<'_>) -> Result<SinkReport> {
+    fn finish(&mut self, facts: &Facts<'_>) -> Result<SinkReport> {
         if let State::Stream(s) = std::mem::replace(&mut self.state, State::Idle) {
             let t = Instant::now();
             let mut s = *s;
             self.report.ids_new =
-                s.write_header_sections(engine, &self.out, &mut self.report.notes)?;
+                s.write_header_sections(facts, &self.out, &mut self.report.notes)?;
             self.report.timings.insert("write-tail", t.elapsed());
         }
         Ok(std::mem::take(&mut self.report))
@@ -351,7 +350,7 @@ impl Sink for TableSink {
 impl FromStream {
     /// Appends a stream's records to the data section, keeping back the records a
     /// file holds in its header (counted in the stream's budget, `--stream-memory`).
-    fn records(&mut self, bytes: &[u8], offset: u64, engine: &Engine<'_>) -> Result<()> {
+    fn records(&mut self, bytes: &[u8], offset: u64, facts: &Facts<'_>) -> Result<()> {
         let e = self.e;
         let io = |err| Error::io("", err);
         let mut at = 0usize;
@@ -384,7 +383,7 @@ impl FromStream {
                 }
                 if matches!(kind, rt::HEADER_TRACING_DATA | rt::HEADER_BUILD_ID) {
                     let kept = (self.tracing.len() + self.entries.len()) as u64;
-                    engine.check_output_kept(kept, offset + at as u64)?;
+                    facts.check_output_kept(kept, offset + at as u64)?;
                 }
             }
             at = next;
@@ -398,20 +397,20 @@ impl FromStream {
     /// how many table entries pdinject added.
     fn write_header_sections(
         &mut self,
-        engine: &Engine<'_>,
+        facts: &Facts<'_>,
         out: &Path,
         notes: &mut Vec<String>,
     ) -> Result<usize> {
         let e = self.e;
         let io = |err| Error::io(out, err);
-        let attrs = engine.attrs();
-        let bodies = engine.attr_records();
+        let attrs = facts.attrs;
+        let bodies = facts.attr_records;
         if attrs.is_empty() {
             return Err(Error::format(
                 16,
                 "the stream declares no events (no HEADER_ATTR record): a perf.data file needs them",
             )
-            .in_file(engine.name()));
+            .in_file(facts.name));
         }
         if self.data_size == 0 {
             // perf reads a data size of 0 as "to the end of the file": one
@@ -429,13 +428,13 @@ impl FromStream {
                 self.too_long
             ));
         }
-        let (kept, dropped) = retain_entries(&self.entries, e, &|t| engine.passes_on(t));
+        let (kept, dropped) = retain_entries(&self.entries, e, &|t| facts.passes_on(t));
         if dropped > 0 {
             self.entries = kept;
             notes.push(dropped_note(dropped));
         }
         let mut added = 0;
-        for d in engine.decisions() {
+        for d in facts.decisions() {
             if let Some(id) = d.id_for_table()
                 && !d.from_input()
             {
@@ -449,8 +448,8 @@ impl FromStream {
                 added += 1;
             }
         }
-        let mut features: Vec<(u32, &[u8])> = engine
-            .stream_features()
+        let mut features: Vec<(u32, &[u8])> = facts
+            .stream_features
             .iter()
             .filter(|(bit, _)| ![FEAT_BUILD_ID, FEAT_TRACING_DATA].contains(bit))
             .map(|(b, p)| (*b, p.as_slice()))
@@ -536,4 +535,16 @@ impl FromStream {
         f.write_all(&h).map_err(io)?;
         Ok(added)
     }
+}
+
+/// The record types a stream carries that a file keeps in its header instead.
+fn is_header_record(kind: u32) -> bool {
+    matches!(
+        kind,
+        rt::HEADER_ATTR
+            | rt::HEADER_EVENT_TYPE
+            | rt::HEADER_TRACING_DATA
+            | rt::HEADER_BUILD_ID
+            | rt::HEADER_FEATURE
+    )
 }

@@ -540,7 +540,7 @@ fn records_waiting_for_a_round_count_and_are_resolved_past_the_budget() {
             ..Default::default()
         };
         let mut out = Vec::new();
-        let r = pdinject::run::stream(&mut &s[..], &mut out, &opts, 4 << 20).unwrap();
+        let r = pdinject::driver::stream(&mut &s[..], &mut out, &opts, 4 << 20).unwrap();
         assert!(out == s, "every record passed on as it was");
         r.stream_kept_bytes.unwrap()
     };

@@ -602,8 +602,7 @@ fn in_place_fit_mutants_never_panic() {
     }
     let opts = pdinject::Options {
         mode: pdinject::options::Mode::All,
-        mmap2: true,
-        in_place: true,
+        form: pdinject::options::Form::Mmap2,
         jobs: Some(1),
         ..Default::default()
     };
@@ -613,7 +612,7 @@ fn in_place_fit_mutants_never_panic() {
     for (what, bytes) in &mutants {
         std::fs::write(&f, bytes).unwrap();
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            pdinject::run::run_in_place(&f, &opts)
+            pdinject::driver::run_in_place(&f, &opts)
         }));
         let after = std::fs::read(&f).unwrap();
         match r {
@@ -639,7 +638,7 @@ fn in_place_fit_mutants_never_panic() {
                         bytes.len()
                     ));
                 }
-                if let Err(e) = pdinject::run::validate(&f) {
+                if let Err(e) = pdinject::driver::validate(&f) {
                     problems.push(format!("{what}: the result does not open: {e}"));
                 }
             }

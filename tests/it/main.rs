@@ -18,6 +18,7 @@ mod hostile;
 mod inplace;
 mod jit;
 mod large;
+mod layers;
 mod matrix;
 mod mmap2;
 mod mutation;

@@ -413,7 +413,7 @@ fn mutants_never_panic_and_fail_cleanly() {
                 }
                 Ok(Ok(_)) => {
                     ok += 1;
-                    let reopened = pdinject::run::validate(&out_path);
+                    let reopened = pdinject::driver::validate(&out_path);
                     if let Err(e) = reopened {
                         problems.push(format!("succeeded but its output does not open: {e}"));
                     }

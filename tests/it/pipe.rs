@@ -339,7 +339,7 @@ fn small_batches_match_one_batch() {
                 }),
                 ..Default::default()
             };
-            let r = pdinject::run::stream(&mut &bytes[..], &mut o, &opts, batch)
+            let r = pdinject::driver::stream(&mut &bytes[..], &mut o, &opts, batch)
                 .unwrap_or_else(|e| panic!("{name}: batch {batch}: {e}"));
             assert_eq!(r.ids_missing, 0, "{name}: batch {batch}: {r:?}");
             let p = st.dir.join(out);

@@ -635,8 +635,8 @@ fn a_claim_contradicted_in_a_later_batch_is_decided_again() {
         ..Default::default()
     };
     let mut out = Vec::new();
-    let r =
-        pdinject::run::stream(&mut &d[..], &mut out, &opts, 4096).unwrap_or_else(|e| panic!("{e}"));
+    let r = pdinject::driver::stream(&mut &d[..], &mut out, &opts, 4096)
+        .unwrap_or_else(|e| panic!("{e}"));
     let dso = |p: &str| {
         r.dsos
             .iter()

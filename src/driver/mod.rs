@@ -1,26 +1,37 @@
-//! One run from an input path to an output path: the input is classified once, the
-//! sink chosen by the output (`-` is a stream, anything else a file-format
-//! perf.data), and the engine driven by the input's kind. Any input reaches any sink.
+//! The driver: one run from an input path to an output path. The input is
+//! classified once, the sink chosen by the output (`-` is a stream, anything else a
+//! file-format perf.data), and the engine driven by the input's kind ([`file`]: one
+//! batch; [`stream`]: many), each batch's final bytes handed to the sink with the
+//! engine's [`Facts`]. Any input reaches any sink.
+//!
+//! The driver sits above the engine and the sinks and is the only room that calls
+//! both: it may import `engine`, `sink`, `input`, `format`, `write`, `report`,
+//! `options`, `signals`; nothing below imports it (but `batch`, which runs it per
+//! input).
+
+pub mod file;
+pub mod stream;
+
+pub use file::run_file;
+pub use stream::{BATCH_BYTES, StreamInput, date_saved_stream, is_stream_header, run_stream};
 
 use crate::engine::dating::{Dating, wall_ns};
-use crate::engine::source::{
-    BATCH_BYTES, StreamInput, date_saved_stream, is_stream_header, run_file, run_stream,
-};
-use crate::engine::{Context, Host, dating::RecordingStart};
+use crate::engine::{Context, Engine, Host, dating::RecordingStart};
 use crate::format::header::PIPE_HEADER_SIZE;
 use crate::input::PerfInput;
-use crate::options::Options;
+use crate::options::{AttrsFor, Form, Options};
 use crate::report::Report;
 use crate::sink::inplace::InplaceSink;
 use crate::sink::mmap2::Mmap2Sink;
 use crate::sink::stream::StreamSink;
 use crate::sink::table::TableSink;
-use crate::sink::{NullSink, Sink};
+use crate::sink::{Facts, NullSink, Sink};
 use crate::write::TempOutput;
 use crate::{Error, Result};
 use std::fs::File;
 use std::io::{BufWriter, IsTerminal, Read, Seek};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// What the input path names.
 pub enum Input {
@@ -55,7 +66,7 @@ impl Input {
         }
         if meta.is_file() {
             // A truncation while mapped (SIGBUS) names this input.
-            crate::write::interrupt::input_opened(path);
+            crate::signals::input_opened(path);
             let mut f = File::open(path).map_err(|e| Error::io(path, e))?;
             let mut head = [0u8; PIPE_HEADER_SIZE as usize];
             if f.read_exact(&mut head).is_ok() && is_stream_header(&head) {
@@ -131,15 +142,52 @@ pub fn run_in(cx: Context<'_>, input: &Path, output: &Path) -> Result<Report> {
     Ok(report)
 }
 
-/// The run, with a file output left in its temp file for the caller to commit.
-/// With `--jit`, the jitdumps are injected first into an intermediate recording
-/// beside the output ([`crate::jit`]), which the run then reads.
+/// Where a run's output goes, ready to be written. With the output's [`Form`] it
+/// picks the sink, once ([`sink_for`]).
+enum Output {
+    /// A stream on stdout (`-`).
+    Stdout,
+    /// A file-format perf.data (or a directory, `dir`, for a directory input),
+    /// written to a temp beside its path and committed at the end.
+    File { tmp: TempOutput, dir: bool },
+    /// The input itself, only what changes, crash-safe ([`crate::write::inplace`]).
+    InPlace,
+}
+
+/// The sink that writes `target` in `form`: the one place outputs and forms meet.
+fn sink_for(target: &Output, form: Form, attrs_for: AttrsFor) -> Box<dyn Sink> {
+    match target {
+        Output::Stdout => {
+            let w = BufWriter::with_capacity(1 << 20, std::io::stdout().lock());
+            let mut sink = StreamSink::new(Box::new(w), Path::new("<stdout>"));
+            sink.set_attrs_for(attrs_for);
+            match form {
+                Form::Table => Box::new(sink),
+                Form::Mmap2 => Box::new(Mmap2Sink::stream(sink)),
+            }
+        }
+        Output::File { tmp, dir } => {
+            let header_out = tmp.header_file_path();
+            let dir = dir.then_some(tmp.path.as_path());
+            match form {
+                Form::Table => Box::new(TableSink::new(&header_out, dir)),
+                Form::Mmap2 => Box::new(Mmap2Sink::file(&header_out, dir)),
+            }
+        }
+        Output::InPlace => Box::new(InplaceSink::new(form)),
+    }
+}
+
+/// The run into a new output (a file or stdout), with a file output left in its temp
+/// file for the caller to commit. With `--jit`, the jitdumps are injected first into
+/// an intermediate recording beside the output ([`crate::jit`]), which the run then
+/// reads.
 fn run_uncommitted(
     cx: Context<'_>,
     input: &Path,
     output: &Path,
 ) -> Result<(Report, Option<TempOutput>)> {
-    if cx.opts.jit == crate::jit::JitChoice::Off {
+    if cx.opts.jit == crate::options::JitChoice::Off {
         return run_plain(cx, input, output);
     }
     if !is_dash(input) && !is_dash(output) && (input == output || same_file(input, output)) {
@@ -163,11 +211,6 @@ fn run_plain(cx: Context<'_>, input: &Path, output: &Path) -> Result<(Report, Op
             output.display()
         )));
     }
-    if cx.opts.in_place {
-        return Err(Error::Usage(
-            "--in-place takes one file: pdinject --buildids --in-place FILE".into(),
-        ));
-    }
     if !is_dash(input) && crate::write::inplace::has_journal(input) {
         return Err(Error::unsupported(format!(
             "an in-place run was interrupted and left its undo journal {}; run pdinject --in-place on the file to restore and finish it",
@@ -179,7 +222,7 @@ fn run_plain(cx: Context<'_>, input: &Path, output: &Path) -> Result<(Report, Op
     // A file input's attrs are checked before anything is written (a stream's are
     // checked as its HEADER_ATTR records arrive).
     if let Input::File(i) = &src {
-        crate::format::attr_compat::check_input(i, cx.opts.attrs_for)?;
+        check_attrs_for(i, cx.opts.attrs_for)?;
     }
     let in_name = if is_dash(input) {
         PathBuf::from("<stdin>")
@@ -190,23 +233,13 @@ fn run_plain(cx: Context<'_>, input: &Path, output: &Path) -> Result<(Report, Op
         Input::File(i) => i.skipped.clone(),
         _ => Vec::new(),
     };
-    let (mut report, tmp) = if is_dash(output) {
+    let target = if is_dash(output) {
         if std::io::stdout().is_terminal() {
             return Err(Error::Usage(
                 "refusing to write perf data to a terminal; redirect or pipe the output".into(),
             ));
         }
-        let out = Path::new("<stdout>");
-        let w = BufWriter::with_capacity(1 << 20, std::io::stdout().lock());
-        let mut sink = StreamSink::new(Box::new(w), out);
-        sink.set_attrs_for(cx.opts.attrs_for);
-        let r = if cx.opts.mmap2 {
-            drive(cx, &in_name, src, &mut Mmap2Sink::stream(sink))?
-        } else {
-            let mut sink = sink;
-            drive(cx, &in_name, src, &mut sink)?
-        };
-        (r, None)
+        Output::Stdout
     } else {
         // perf.data holds secrets (paths, command lines, stacks): the output's mode
         // follows the input's; perf's 0600 for a stream read from stdin.
@@ -218,27 +251,33 @@ fn run_plain(cx: Context<'_>, input: &Path, output: &Path) -> Result<(Report, Op
                 .ok()
                 .map(|m| m.permissions().mode() & 0o7777)
         };
-        let tmp = TempOutput::create_with_mode(output, src.is_dir(), mode)?;
-        let header_out = tmp.header_file_path();
-        let dir = src.is_dir().then_some(tmp.path.as_path());
-        let r = if cx.opts.mmap2 {
-            drive(cx, &in_name, src, &mut Mmap2Sink::file(&header_out, dir))
-        } else {
-            drive(cx, &in_name, src, &mut TableSink::new(&header_out, dir))
-        };
-        let mut r = r.map_err(|e| e.for_output(&tmp.path, output))?;
-        // The attrs are cut in the finished output, whatever sink wrote it: the
-        // output's own header says where they ended up.
-        let cut = crate::format::attr_compat::rewrite_file(&header_out, cx.opts.attrs_for)
-            .map_err(|e| e.in_file(&in_name).for_output(&tmp.path, output))?;
-        if let (Some(from), Some(to)) = (cut, cx.opts.attrs_for.size()) {
-            r.notes.push(crate::format::attr_compat::note(
-                from,
-                to,
+        let dir = src.is_dir();
+        let tmp = TempOutput::create_with_mode(output, dir, mode)?;
+        Output::File { tmp, dir }
+    };
+    let mut sink = sink_for(&target, cx.opts.form, cx.opts.attrs_for);
+    let r = drive(cx, &in_name, src, sink.as_mut());
+    drop(sink);
+    let (mut report, tmp) = match target {
+        Output::File { tmp, .. } => {
+            let mut r = r.map_err(|e| e.for_output(&tmp.path, output))?;
+            // The attrs are cut in the finished output, whatever sink wrote it: the
+            // output's own header says where they ended up.
+            let cut = crate::format::attr_compat::rewrite_file(
+                &tmp.header_file_path(),
                 cx.opts.attrs_for,
-            ));
+            )
+            .map_err(|e| e.in_file(&in_name).for_output(&tmp.path, output))?;
+            if let (Some(from), Some(to)) = (cut, cx.opts.attrs_for.size()) {
+                r.notes.push(crate::format::attr_compat::note(
+                    from,
+                    to,
+                    cx.opts.attrs_for,
+                ));
+            }
+            (r, Some(tmp))
         }
-        (r, Some(tmp))
+        Output::Stdout | Output::InPlace => (r?, None),
     };
     if !skipped.is_empty() {
         report.notes.push(format!(
@@ -255,6 +294,39 @@ fn run_plain(cx: Context<'_>, input: &Path, output: &Path) -> Result<(Report, Op
     report.input = input.display().to_string();
     report.output = output.display().to_string();
     Ok((report, tmp))
+}
+
+/// Checks that every attr of a file input can be written at `to.size()`, before
+/// anything is written (the output sinks cut them, or refuse, as they write).
+fn check_attrs_for(input: &PerfInput, to: AttrsFor) -> Result<()> {
+    use crate::format::attr_compat::{FEAT_EVENT_DESC, describe, parse_event_desc, shrink};
+    let Some(n) = to.size() else {
+        return Ok(());
+    };
+    let h = &input.header;
+    let entry = h.attr_size as usize;
+    let attr_len = entry - 16;
+    if attr_len <= n {
+        return Ok(());
+    }
+    let raw = input.data_files[0].read_at(h.attrs.offset, h.attrs.size)?;
+    let names = input
+        .feature(FEAT_EVENT_DESC)
+        .map(|p| parse_event_desc(&p, h.endian))
+        .unwrap_or_default();
+    for (i, ent) in raw.chunks_exact(entry).enumerate() {
+        let event = || {
+            describe(
+                i,
+                names.get(i).map(String::as_str),
+                &ent[..attr_len],
+                h.endian,
+            )
+        };
+        shrink(&ent[..attr_len], h.endian, to, &event)
+            .map_err(|e| e.in_file(&input.header_path))?;
+    }
+    Ok(())
 }
 
 /// Rewrites `path` itself (`--in-place`): restores it first if an earlier in-place
@@ -279,7 +351,7 @@ pub fn run_in_place(path: &Path, opts: &Options) -> Result<Report> {
 pub fn run_in_place_in(cx: Context<'_>, path: &Path) -> Result<Report> {
     let opts = cx.opts;
     opts.attrs_for.check_in_place()?;
-    if opts.jit != crate::jit::JitChoice::Off {
+    if opts.jit != crate::options::JitChoice::Off {
         return Err(Error::Usage(
             "--jit inserts records into the data, which an in-place run cannot do; write a new file: pdinject --jit IN OUT".into(),
         ));
@@ -292,7 +364,8 @@ pub fn run_in_place_in(cx: Context<'_>, path: &Path) -> Result<Report> {
             path.display()
         )));
     }
-    let mut report = drive(cx, path, src, &mut InplaceSink::new(opts.mmap2))?;
+    let mut sink = sink_for(&Output::InPlace, opts.form, opts.attrs_for);
+    let mut report = drive(cx, path, src, sink.as_mut())?;
     if restored {
         report.notes.insert(
             0,
@@ -424,4 +497,46 @@ pub fn stream(
     let mut report = run_stream(cx, input, &mut sink)?;
     report.pipe = true;
     Ok(report)
+}
+
+/// The report of a run whose batches ended in `r`. On an error, work beside the
+/// stages is stopped; when it failed first (a full disk), its error explains why the
+/// stages stopped.
+fn conclude(
+    engine: Engine<'_>,
+    r: Result<crate::report::SinkReport>,
+    sink: &mut dyn Sink,
+    stop: &AtomicBool,
+    cx: Context<'_>,
+) -> Result<Report> {
+    match r {
+        Ok(sr) => Ok(engine.finish(sr, cx.pool.current_num_threads())),
+        Err(err) => {
+            stop.store(true, Ordering::Relaxed);
+            match (sink.abort(), err) {
+                (Some(first), Error::Stopped) => Err(first),
+                (_, err) => Err(err),
+            }
+        }
+    }
+}
+
+/// Calls `f` with what the engine has read and decided, as the sinks take it.
+fn with_facts<R>(engine: &Engine<'_>, f: impl FnOnce(&Facts<'_>) -> R) -> R {
+    let passes_on = |t: &crate::format::buildid::TableEntry| engine.passes_on(t);
+    let output_kept = |bytes, offset| engine.check_output_kept(bytes, offset);
+    f(&Facts {
+        name: engine.name(),
+        endian: engine.endian(),
+        attrs: engine.attrs(),
+        attr_records: engine.attr_records(),
+        stream_features: engine.stream_features(),
+        decided: engine.decided(),
+        mapping_records: engine.mapping_records(),
+        user_records: engine.user_records(),
+        compressed_records: engine.compressed_records(),
+        unaligned_records: engine.unaligned_records(),
+        passes_on: &passes_on,
+        output_kept: &output_kept,
+    })
 }

@@ -1,0 +1,334 @@
+//! A stream (`perf record -o -`) through the engine: many batches, each read whole
+//! records at a time, resolved up to where the round rule ([`crate::engine::rounds`])
+//! allows and handed to the sink, the rest carried to the next batch; and the first
+//! pass that dates a stream saved to a file.
+
+use super::{conclude, with_facts};
+use crate::engine::dating::{Dating, RecordingStart};
+use crate::engine::{Context, Cuts, Engine, Host};
+use crate::format::Endian;
+use crate::format::header::{PIPE_HEADER_SIZE, Section, pipe_header};
+use crate::format::record::RecordHeader;
+use crate::format::walk::{Windows, frame};
+use crate::input::{Backing, DataFile, WINDOW_BYTES};
+use crate::options::Options;
+use crate::report::Report;
+use crate::sink::{Batch, Begin, Sink};
+use crate::{Error, Result};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+/// Bytes of new records that make a stream batch.
+pub const BATCH_BYTES: usize = 64 << 20;
+/// Bytes read from a stream at a time.
+const READ_BLOCK: u64 = 4 << 20;
+
+/// A stream's bytes in memory, from stream offset `base`.
+struct Mem<'b> {
+    bytes: &'b [u8],
+    base: u64,
+}
+
+impl<'b> Windows for Mem<'b> {
+    type Window = &'b [u8];
+    fn window(&self, offset: u64, len: u64) -> Result<&'b [u8]> {
+        offset
+            .checked_sub(self.base)
+            .and_then(|a| usize::try_from(a).ok())
+            .and_then(|a| {
+                self.bytes
+                    .get(a..a.checked_add(usize::try_from(len).ok()?)?)
+            })
+            .ok_or_else(|| Error::format(offset, "window outside the batch"))
+    }
+}
+
+/// A stream being read: the bytes not yet written and where they stand.
+struct Pending {
+    /// Bytes read and not yet written, starting at stream offset `base`.
+    bytes: Vec<u8>,
+    base: u64,
+    /// Bytes of `bytes` already scanned.
+    scanned: usize,
+    /// Bytes of `bytes` that hold whole records (the rest is a record arriving).
+    parsed: usize,
+}
+
+/// How a stream is read.
+pub struct StreamInput<'r> {
+    /// The input's name in messages.
+    pub name: PathBuf,
+    /// Its bytes.
+    pub reader: &'r mut dyn Read,
+    /// Its size, when known (a regular file), for progress.
+    pub total: Option<u64>,
+    /// When it was recorded.
+    pub dating: Dating,
+    /// Bytes of new records that make a batch.
+    pub batch: usize,
+}
+
+/// Runs a stream (`perf record -o -`) through the engine into `sink`, batch by batch.
+/// Memory holds one batch, what the round rule carries to the next (at most two
+/// batches) and the model; what it carries and keeps has a budget
+/// ([`crate::limits::StreamKept`], `--stream-memory`).
+pub fn run_stream(cx: Context<'_>, input: StreamInput<'_>, sink: &mut dyn Sink) -> Result<Report> {
+    let StreamInput {
+        name,
+        reader,
+        total,
+        dating,
+        batch,
+    } = input;
+    let batch = batch.max(1);
+    let mut head = [0u8; PIPE_HEADER_SIZE as usize];
+    let got = read_full(reader, &mut head).map_err(|e| Error::io(&name, e))?;
+    let e = header_endian(&head[..got], &name)?;
+    let mut engine = Engine::for_stream(cx, &name, e, dating);
+    let stop = Arc::new(AtomicBool::new(false));
+    sink.begin(
+        &Begin::Stream {
+            header: &head,
+            endian: e,
+        },
+        &stop,
+    )?;
+    let mut s = Pending {
+        bytes: Vec::new(),
+        base: PIPE_HEADER_SIZE,
+        scanned: 0,
+        parsed: 0,
+    };
+    let mut cuts = Cuts::new(0, (PIPE_HEADER_SIZE, 0));
+    let r = (|| {
+        loop {
+            let eof = fill(&mut s, reader, batch, e, &name)?;
+            let from = s.base + s.scanned as u64;
+            let end = s.base + s.parsed as u64;
+            let mem = Mem {
+                bytes: &s.bytes,
+                base: s.base,
+            };
+            engine.scan(&mem, from..end, u64::MAX, &mut cuts, &stop, &|_| {})?;
+            s.scanned = s.parsed;
+            if eof {
+                // The end of the stream ends every record: all of it is safe.
+                cuts.rounds.clean((end, engine.next_seq()), false);
+            }
+            flush(&mut engine, &mut s, &mut cuts, sink, eof, batch, total)?;
+            if eof {
+                return with_facts(&engine, |facts| sink.finish(facts));
+            }
+        }
+    })();
+    conclude(engine, r, sink, &stop, cx)
+}
+
+/// The byte order a pipe header announces, or the error that names the input.
+fn header_endian(head: &[u8], name: &Path) -> Result<Endian> {
+    pipe_header(head).ok_or_else(|| {
+        Error::format(
+            0,
+            "not a pipe-format perf.data (perf record -o -); give a file-format perf.data by path",
+        )
+        .in_file(name)
+    })
+}
+
+fn read_full(r: &mut dyn Read, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut got = 0;
+    while got < buf.len() {
+        match r.read(&mut buf[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(got)
+}
+
+/// Most bytes a stream may hold unwritten: what waits for the next round, or a
+/// compressed frame that has not ended. Beyond it the round rule gives way (the
+/// batch is resolved up to its last clean point) or, with no clean point at all,
+/// the stream is refused.
+fn carry_limit(batch: usize) -> usize {
+    // Never less than a few of the largest records (64 KiB) plus their payloads.
+    (2 * batch).max(1 << 20)
+}
+
+/// Reads until a batch of whole records is ready; true at the end of the stream.
+fn fill(s: &mut Pending, r: &mut dyn Read, batch: usize, e: Endian, name: &Path) -> Result<bool> {
+    loop {
+        // Frame the whole records read so far.
+        loop {
+            let at = s.base + s.parsed as u64;
+            let Some(fr) = frame(&s.bytes[s.parsed..], e, at).map_err(|err| err.in_file(name))?
+            else {
+                break;
+            };
+            // A record is held whole until written: one larger than a stream may
+            // hold is refused rather than read into memory.
+            if fr.total() > carry_limit(batch) as u64 {
+                return Err(Error::format(
+                    at,
+                    format!(
+                        "record of type {} takes {} bytes, more than pipe mode holds ({} bytes); save the stream and give it by path",
+                        fr.header.kind,
+                        fr.total(),
+                        carry_limit(batch)
+                    ),
+                )
+                .in_file(name));
+            }
+            if ((s.bytes.len() - s.parsed) as u64) < fr.total() {
+                break;
+            }
+            s.parsed += fr.total() as usize;
+        }
+        if s.parsed - s.scanned >= batch {
+            return Ok(false);
+        }
+        // Straight into the batch's spare capacity: no intermediate buffer, no zeroing.
+        s.bytes.reserve_exact(READ_BLOCK as usize);
+        let got = (&mut *r)
+            .take(READ_BLOCK)
+            .read_to_end(&mut s.bytes)
+            .map_err(|err| Error::io(name, err))?;
+        if got == 0 {
+            if s.parsed < s.bytes.len() {
+                let at = s.base + s.parsed as u64;
+                let what = match RecordHeader::parse(&s.bytes[s.parsed..], e) {
+                    Some(h) => format!(
+                        "the stream ends inside a record of type {} and size {}",
+                        h.kind, h.size
+                    ),
+                    None => "the stream ends inside a record header".into(),
+                };
+                return Err(Error::format(at, what).in_file(name));
+            }
+            return Ok(true);
+        }
+    }
+}
+
+/// Resolves what the round rule allows, identifies the DSOs hit for the first time,
+/// and hands the sink the final bytes with those decisions; keeps the rest.
+fn flush(
+    engine: &mut Engine<'_>,
+    s: &mut Pending,
+    cuts: &mut Cuts,
+    sink: &mut dyn Sink,
+    eof: bool,
+    batch: usize,
+    total: Option<u64>,
+) -> Result<()> {
+    let mut upto = cuts
+        .rounds
+        .safe_end(cuts.base(), s.bytes.len(), carry_limit(batch), eof);
+    // Limits policy: records carried to the next batch count in the stream's budget
+    // (`--stream-memory`) with what it keeps; past it the round rule gives way, as
+    // past two batches: resolving frees them, where the rest can only grow.
+    let end = s.base + s.bytes.len() as u64;
+    if end.saturating_sub(upto.0) > engine.stream_room() {
+        upto = upto.max(cuts.rounds.newest_clean());
+    }
+    engine.note_carried(end.saturating_sub(upto.0.max(s.base)));
+    if upto.0 <= s.base {
+        if s.bytes.len() > carry_limit(batch) {
+            return Err(Error::format(
+                s.base,
+                format!(
+                    "compressed data runs for more than {} MB without reaching a record boundary",
+                    carry_limit(batch) >> 20
+                ),
+            )
+            .in_file(engine.name()));
+        }
+        return Ok(());
+    }
+    let chunks = cuts.take(upto);
+    let n = (upto.0 - s.base) as usize;
+    // The resolve workers share the batch through an Arc; it comes back after.
+    let data = Arc::new(std::mem::take(&mut s.bytes));
+    let files = [DataFile::new(
+        engine.name().to_path_buf(),
+        Backing::Mem(data.clone(), s.base),
+        Section {
+            offset: s.base,
+            size: data.len() as u64,
+        },
+    )];
+    let new = engine.resolve(&files, &chunks, eof, &AtomicBool::new(false), &|_| {});
+    drop(files);
+    s.bytes = Arc::try_unwrap(data).unwrap_or_else(|a| a.as_ref().clone());
+    let new = new?;
+    let batch = Batch::Bytes {
+        bytes: &s.bytes[..n],
+        offset: s.base,
+        new: &new,
+    };
+    with_facts(engine, |facts| sink.batch(&batch, facts))?;
+    s.bytes.drain(..n);
+    engine.forget_mappings_before(upto.0);
+    if let Some(total) = total {
+        engine.opts().progress("stream", upto.0, total);
+    }
+    s.base = upto.0;
+    s.scanned -= n;
+    s.parsed -= n;
+    Ok(())
+}
+
+/// The start of a saved stream's recording, from a first pass over a map of the file
+/// (record headers and times only): CLOCK_DATA, else its mtime minus the span of its
+/// times. `first` is where the stream starts in the file (stdin may have been read).
+pub fn date_saved_stream(
+    opts: &Options,
+    pool: &rayon::ThreadPool,
+    name: &Path,
+    file: &std::fs::File,
+    first: u64,
+) -> Result<RecordingStart> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = file.metadata().map_err(|e| Error::io(name, e))?;
+    let mtime_ns = meta.mtime() as i128 * 1_000_000_000 + meta.mtime_nsec() as i128;
+    let mut head = [0u8; PIPE_HEADER_SIZE as usize];
+    std::os::unix::fs::FileExt::read_exact_at(file, &mut head, first).map_err(|_| {
+        Error::format(first, "not a pipe-format perf.data (too short)").in_file(name)
+    })?;
+    let e = header_endian(&head, name)?;
+    let cx = Context {
+        opts,
+        pool,
+        host: Host::Closed,
+    };
+    let mut engine = Engine::for_stream(cx, name, e, Dating::Ended { mtime_ns });
+    let start = first + PIPE_HEADER_SIZE;
+    let len = meta.len().max(start);
+    let df = DataFile::new(
+        name.to_path_buf(),
+        Backing::File(file.try_clone().map_err(|e| Error::io(name, e))?),
+        Section {
+            offset: start,
+            size: len - start,
+        },
+    );
+    let mut cuts = Cuts::new(0, (start, 0));
+    engine.scan(
+        &df,
+        start..len,
+        WINDOW_BYTES,
+        &mut cuts,
+        &AtomicBool::new(false),
+        &|_| {},
+    )?;
+    Ok(engine.start())
+}
+
+/// Whether `head` (the first bytes of an input) is a pipe-format header.
+pub fn is_stream_header(head: &[u8]) -> bool {
+    pipe_header(head).is_some()
+}
