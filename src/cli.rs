@@ -45,9 +45,41 @@ pub enum Command {
     Batch(batch::BatchArgs),
 }
 
+/// `-j N`: before `-j` became perf's `--jit`, it was the worker count. A number after
+/// `-j` (or `-jN`) is that old spelling: a usage error that says what to write, rather
+/// than N taken as an input path.
+pub fn jobs_hint(args: impl Iterator<Item = std::ffi::OsString>) -> Option<String> {
+    let args: Vec<std::ffi::OsString> = args.collect();
+    let number = |s: &[u8]| !s.is_empty() && s.iter().all(u8::is_ascii_digit);
+    for (i, a) in args.iter().enumerate() {
+        let b = a.as_encoded_bytes();
+        if b == b"--" {
+            break;
+        }
+        let n = if b == b"-j" {
+            args.get(i + 1)
+                .map(|n| n.as_encoded_bytes())
+                .filter(|n| number(n) && !std::path::Path::new(args[i + 1].as_os_str()).exists())
+        } else {
+            b.strip_prefix(b"-j").filter(|n| number(n))
+        };
+        if let Some(n) = n {
+            let n = String::from_utf8_lossy(n);
+            return Some(format!(
+                "-j is --jit now (as in perf inject); for {n} worker threads write --jobs {n}"
+            ));
+        }
+    }
+    None
+}
+
 /// Runs the binary.
 pub fn main() -> Exit {
     pdinject::signals::install();
+    if let Some(m) = jobs_hint(std::env::args_os().skip(1)) {
+        eprintln!("pdinject: {m}");
+        return Exit::Usage;
+    }
     let parsed = Cli::command()
         .mut_subcommand("batch", batch::help)
         .try_get_matches()

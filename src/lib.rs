@@ -19,6 +19,7 @@ pub mod engine;
 pub mod error;
 pub mod format;
 pub mod input;
+pub mod jit;
 pub mod limits;
 pub mod model;
 pub mod options;

@@ -49,6 +49,17 @@ pub enum UnwindChoice {
 
 pub use crate::format::attr_compat::AttrsFor;
 
+/// `--jit`: whether jitdumps are turned into images and mapping records first
+/// (`crate::jit`, which the driver runs before the engine).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum JitChoice {
+    /// Jitdump markers stay as they are (the default).
+    #[default]
+    Off,
+    /// Inject, as `perf inject --jit`.
+    Inject,
+}
+
 /// Progress callback: `(stage, done, total)` in bytes.
 pub type ProgressFn = std::sync::Arc<dyn Fn(&str, u64, u64) + Send + Sync>;
 
@@ -96,6 +107,8 @@ pub struct Options {
     /// `--convert-callchain`: DWARF stack dumps become callchains
     /// ([`crate::convert`]).
     pub callchains: Callchains,
+    /// `--jit`: jitdumps become images and mapping records first (`crate::jit`).
+    pub jit: JitChoice,
     /// The memo of file proofs the run consults (a batch shares one across its
     /// inputs; `None`: every proof reads its file).
     pub memo: Option<std::sync::Arc<crate::buildid::memo::Memo>>,
@@ -130,6 +143,7 @@ impl Default for Options {
             stream_memory: crate::limits::DEFAULT_STREAM_MEMORY,
             attrs_for: AttrsFor::Verbatim,
             callchains: Callchains::AsRecorded,
+            jit: JitChoice::Off,
             memo: None,
         }
     }
@@ -159,6 +173,7 @@ impl std::fmt::Debug for Options {
             .field("stream_memory", &self.stream_memory)
             .field("attrs_for", &self.attrs_for)
             .field("callchains", &self.callchains)
+            .field("jit", &self.jit)
             .finish_non_exhaustive()
     }
 }

@@ -24,6 +24,7 @@ pub struct Fingerprint<'a> {
     mmap2: bool,
     attrs_for: AttrsFor,
     callchains: Callchains,
+    jit: crate::options::JitChoice,
 }
 
 impl<'a> Fingerprint<'a> {
@@ -39,6 +40,7 @@ impl<'a> Fingerprint<'a> {
             form,
             attrs_for,
             callchains,
+            jit,
             // How fast, not what: threads and progress.
             jobs: _,
             progress: _,
@@ -64,6 +66,7 @@ impl<'a> Fingerprint<'a> {
             mmap2: *form == Form::Mmap2,
             attrs_for: *attrs_for,
             callchains: *callchains,
+            jit: *jit,
         }
     }
 }
@@ -82,6 +85,7 @@ impl fmt::Display for Fingerprint<'_> {
             mmap2,
             attrs_for,
             callchains,
+            jit,
         } = self;
         let known: Vec<String> = known.iter().map(|(id, p)| format!("{id} {p}")).collect();
         write!(
@@ -97,6 +101,10 @@ impl fmt::Display for Fingerprint<'_> {
         match callchains {
             Callchains::AsRecorded => Ok(()),
             Callchains::Converted => write!(f, ";convert_callchain"),
+        }?;
+        match jit {
+            crate::options::JitChoice::Off => Ok(()),
+            crate::options::JitChoice::Inject => write!(f, ";jit=inject"),
         }
     }
 }

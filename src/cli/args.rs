@@ -16,8 +16,8 @@ pub struct RunArgs {
     /// Rewrite IN itself (only what changes, crash-safe); no OUT.
     #[arg(long = "in-place")]
     pub in_place: bool,
-    /// Worker threads (default: all cores).
-    #[arg(short = 'j', long = "jobs", value_name = "N")]
+    /// Worker threads (default: all cores). Long form only: `-j` is perf's --jit.
+    #[arg(long = "jobs", value_name = "N")]
     pub jobs: Option<usize>,
     /// Also write the summary as JSON to FILE.
     #[arg(long = "report", value_name = "FILE")]
@@ -123,6 +123,11 @@ pub struct EngineArgs {
     /// Default: the input's attrs as they are.
     #[arg(long = "attrs-for", value_name = "PERF", value_enum)]
     pub attrs_for: Option<AttrsForArg>,
+    /// JIT code as DSOs (perf inject's -j, --jit): each jitdump a process mapped
+    /// (jit-PID.dump) becomes one ELF image beside it and an MMAP2 record per code
+    /// load, at its time (see docs/jit.md). Record with perf record -k 1.
+    #[arg(short = 'j', long = "jit")]
+    pub jit: bool,
 }
 
 impl EngineArgs {
@@ -201,6 +206,11 @@ impl EngineArgs {
                 pdinject::options::Callchains::Converted
             } else {
                 pdinject::options::Callchains::AsRecorded
+            },
+            jit: if self.jit {
+                pdinject::options::JitChoice::Inject
+            } else {
+                pdinject::options::JitChoice::Off
             },
             ..Options::default()
         })

@@ -189,12 +189,32 @@ fn sink_for(
 }
 
 /// The run into a new output (a file or stdout), with a file output left in its temp
-/// file for the caller to commit.
+/// file for the caller to commit. With `--jit`, the jitdumps are injected first into
+/// an intermediate recording beside the output ([`crate::jit`]), which the run then
+/// reads.
 fn run_uncommitted(
     cx: Context<'_>,
     input: &Path,
     output: &Path,
 ) -> Result<(Report, Option<TempOutput>)> {
+    if cx.opts.jit == crate::options::JitChoice::Off {
+        return run_plain(cx, input, output);
+    }
+    if !is_dash(input) && !is_dash(output) && (input == output || same_file(input, output)) {
+        return Err(Error::Usage(format!(
+            "{}: output would overwrite the input; write to another file",
+            output.display()
+        )));
+    }
+    let prepared = crate::jit::prepare(input, output)?;
+    let (mut report, tmp) = run_plain(cx, prepared.input(input), output)?;
+    crate::jit::conclude(&prepared, &mut report);
+    report.input = input.display().to_string();
+    Ok((report, tmp))
+}
+
+/// The run itself.
+fn run_plain(cx: Context<'_>, input: &Path, output: &Path) -> Result<(Report, Option<TempOutput>)> {
     if !is_dash(input) && !is_dash(output) && (input == output || same_file(input, output)) {
         return Err(Error::Usage(format!(
             "{}: output would overwrite the input; write to another file",
@@ -356,6 +376,11 @@ pub fn run_in_place_in(cx: Context<'_>, path: &Path) -> Result<Report> {
     if opts.callchains == Callchains::Converted {
         return Err(Error::Usage(
             "--convert-callchain cannot rewrite a file in place (the stack dumps it drops would leave the file shorter); write a new file: pdinject --convert-callchain IN OUT".into(),
+        ));
+    }
+    if opts.jit != crate::options::JitChoice::Off {
+        return Err(Error::Usage(
+            "--jit inserts records into the data, which an in-place run cannot do; write a new file: pdinject --jit IN OUT".into(),
         ));
     }
     let restored = crate::write::inplace::recover(path)?;

@@ -10,6 +10,7 @@ pub mod buildid;
 pub mod compressed;
 pub mod feature;
 pub mod header;
+pub mod jitdump;
 pub mod record;
 pub mod sample;
 pub mod walk;

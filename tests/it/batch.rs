@@ -749,8 +749,8 @@ fn one_parser_for_single_runs_and_batches() {
         } else {
             "over the limit"
         };
-        expect(&["-j", j, "in.data", "out.data"], 2, says);
-        expect(&["batch", "-j", j, "--out-dir", "o", "."], 2, says);
+        expect(&["--jobs", j, "in.data", "out.data"], 2, says);
+        expect(&["batch", "--jobs", j, "--out-dir", "o", "."], 2, says);
     }
     expect(&["batch", "--archive", "a.tar"], 2, "unexpected argument");
 }

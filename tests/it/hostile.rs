@@ -671,7 +671,7 @@ fn decompression_bombs_end_quickly() {
 #[test]
 fn huge_jobs_is_a_usage_error() {
     let dir = tempfile::tempdir().unwrap();
-    let r = run_file(dir.path(), &simple().bytes(), &["-j", "100000"]);
+    let r = run_file(dir.path(), &simple().bytes(), &["--jobs", "100000"]);
     assert_eq!(r.out.status.code(), Some(2), "{}", r.stderr());
     assert!(r.stderr().contains("--jobs 100000"), "{}", r.stderr());
 }

@@ -35,6 +35,8 @@ const FLOORS: &[&[&str]] = &[
     &["report"],
     &["engine"],
     &["sink"],
+    // `--jit`: jitdumps into images and records, before the run (the driver calls it).
+    &["jit"],
     &["driver"],
     &["batch"],
 ];

@@ -974,8 +974,8 @@ fn quiet_and_deterministic() {
     let mut outs = Vec::new();
     for (i, extra) in [
         vec!["-q"],
-        vec!["-q", "-j", "1"],
-        vec!["-q", "-j", "2"],
+        vec!["-q", "--jobs", "1"],
+        vec!["-q", "--jobs", "2"],
         vec!["-q", "--jobs", "7"],
     ]
     .iter()

@@ -287,7 +287,7 @@ fn output_does_not_depend_on_thread_count() {
     for j in ["1", "2", "5"] {
         let out = uw.dir.path().join(format!("out{j}.data"));
         // A budget far above any sample's cost (no sample may be cut by time).
-        let (_, report) = pdinject_ok(&data, &out, &["-j", j, "--unwind-budget", "10s"]);
+        let (_, report) = pdinject_ok(&data, &out, &["--jobs", j, "--unwind-budget", "10s"]);
         assert_eq!(report["over_budget_samples"].as_u64(), Some(0));
         outs.push(std::fs::read(&out).unwrap());
     }

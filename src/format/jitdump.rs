@@ -1,0 +1,538 @@
+//! The jitdump format (`jit-PID.dump`, tools/perf/Documentation/jitdump-specification.txt):
+//! what a JIT (V8 `--perf-prof`, CPython `-X perf_jit`, perf's JVMTI agent) writes
+//! about the code it generates, read one record at a time from any reader, so that a
+//! dump of any size is read in one record's memory.
+//!
+//! A file header (magic `JiTD`, version 1, its size, the ELF machine, the pid, a
+//! timestamp, flags), then records, each a 16-byte prefix (id, total size, timestamp)
+//! and a body: CODE_LOAD (pid, tid, vma, code address and size, an index, a
+//! NUL-terminated name, the code), CODE_MOVE, DEBUG_INFO (source lines of the next
+//! load), CLOSE, UNWINDING_INFO (`.eh_frame` and `.eh_frame_hdr` of the next load).
+//! Byte order follows the magic (a dump written on the other endianness reads back
+//! swapped, as perf reads it).
+
+use std::io::Read;
+
+/// `JiTD` as the writer's u32.
+pub const MAGIC: u32 = 0x4A69_5444;
+/// [`MAGIC`] byte-swapped: the dump was written in the other byte order.
+pub const MAGIC_SWAPPED: u32 = 0x4454_694A;
+/// Flag: timestamps are the architecture's counter (TSC), not CLOCK_MONOTONIC.
+pub const FLAG_ARCH_TIMESTAMP: u64 = 1;
+/// Size of the file header perf's version 1 knows.
+pub const HEADER_SIZE: usize = 40;
+/// Size of a record's prefix.
+pub const PREFIX_SIZE: usize = 16;
+/// Largest record read (a single function's code and its tables): a record that
+/// claims more is taken as damage, so a bad size cannot make pdinject allocate
+/// gigabytes. V8's and CPython's largest loads are below 1 MB.
+pub const MAX_RECORD: u32 = 64 << 20;
+
+/// Record ids.
+pub mod id {
+    /// Code loaded.
+    pub const CODE_LOAD: u32 = 0;
+    /// Code moved.
+    pub const CODE_MOVE: u32 = 1;
+    /// Source lines of the next code load.
+    pub const DEBUG_INFO: u32 = 2;
+    /// The JIT closed the dump.
+    pub const CLOSE: u32 = 3;
+    /// Unwinding tables of the next code load.
+    pub const UNWINDING_INFO: u32 = 4;
+}
+
+/// Why a jitdump cannot be read (any of these makes the dump unusable, or ends it).
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+pub enum JitdumpError {
+    /// Not a jitdump (no magic).
+    #[error("not a jitdump (no JiTD magic)")]
+    NotJitdump,
+    /// The header is shorter than version 1's.
+    #[error("the header is cut short ({0} bytes)")]
+    ShortHeader(usize),
+    /// A version this reader does not know.
+    #[error("jitdump version {0}, only version 1 is known")]
+    Version(u32),
+    /// Flags this reader does not know.
+    #[error("unknown header flags {0:#x}")]
+    Flags(u64),
+    /// A header or record size that cannot be.
+    #[error("offset {offset:#x}: {what}")]
+    Bad {
+        /// Offset in the dump.
+        offset: u64,
+        /// What is wrong.
+        what: String,
+    },
+    /// The dump ends inside a record (the JIT was killed while writing, or the file
+    /// was copied while it was written).
+    #[error("offset {offset:#x}: the dump ends inside a record{}", .time.map(|t| format!(" (written at {t})")).unwrap_or_default())]
+    Truncated {
+        /// Where the cut record starts.
+        offset: u64,
+        /// Its timestamp, when its prefix is whole.
+        time: Option<u64>,
+    },
+    /// Reading failed.
+    #[error("read error: {0}")]
+    Io(String),
+}
+
+/// The file header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Header {
+    /// Format version.
+    pub version: u32,
+    /// Header size (records start there).
+    pub total_size: u32,
+    /// ELF machine of the code (`e_machine`; CPython writes 0).
+    pub elf_mach: u32,
+    /// The JIT's process id.
+    pub pid: u32,
+    /// When the dump was opened.
+    pub timestamp: u64,
+    /// Flags ([`FLAG_ARCH_TIMESTAMP`]).
+    pub flags: u64,
+    /// The dump is in the other byte order.
+    pub swapped: bool,
+}
+
+/// A code load.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CodeLoad<'a> {
+    /// Process id.
+    pub pid: u32,
+    /// Thread id.
+    pub tid: u32,
+    /// Virtual address of the code.
+    pub vma: u64,
+    /// Address of the code (where samples land).
+    pub code_addr: u64,
+    /// The code's index (unique per load; moves name it).
+    pub code_index: u64,
+    /// The function's name (without its NUL).
+    pub name: &'a [u8],
+    /// The code.
+    pub code: &'a [u8],
+}
+
+/// A code move.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CodeMove {
+    /// Process id.
+    pub pid: u32,
+    /// Thread id.
+    pub tid: u32,
+    /// Virtual address.
+    pub vma: u64,
+    /// Where the code was.
+    pub old_code_addr: u64,
+    /// Where it is now.
+    pub new_code_addr: u64,
+    /// Its size.
+    pub code_size: u64,
+    /// The index of the load that made it.
+    pub code_index: u64,
+}
+
+/// One source line of a DEBUG_INFO record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LineEntry<'a> {
+    /// Address of the first instruction of the line.
+    pub addr: u64,
+    /// Line number.
+    pub lineno: u32,
+    /// Discriminator.
+    pub discrim: u32,
+    /// Source file name; `None` for the spec's "same as before" marker (0xff 0x00).
+    pub name: Option<&'a [u8]>,
+}
+
+/// Unwinding tables of the next load: `.eh_frame` then `.eh_frame_hdr`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Unwinding<'a> {
+    /// Size of `.eh_frame_hdr` (the tail of `data`).
+    pub eh_frame_hdr_size: u64,
+    /// Bytes of the tables the JIT maps after the code (0: not mapped).
+    pub mapped_size: u64,
+    /// `.eh_frame` and `.eh_frame_hdr`.
+    pub data: &'a [u8],
+}
+
+/// One record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Record<'a> {
+    /// CODE_LOAD.
+    Load(CodeLoad<'a>),
+    /// CODE_MOVE.
+    Move(CodeMove),
+    /// DEBUG_INFO: `code_addr` and the raw entries (read with [`lines`]).
+    Debug {
+        /// The code the lines describe.
+        code_addr: u64,
+        /// Number of entries.
+        count: u64,
+        /// The entries' bytes.
+        raw: &'a [u8],
+    },
+    /// CLOSE.
+    Close,
+    /// UNWINDING_INFO.
+    Unwinding(Unwinding<'a>),
+    /// A record id this reader does not know (skipped, as perf skips it).
+    Unknown(u32),
+}
+
+/// A record with its prefix.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Entry<'a> {
+    /// Offset of the record in the dump.
+    pub offset: u64,
+    /// Its timestamp.
+    pub time: u64,
+    /// The record.
+    pub record: Record<'a>,
+}
+
+#[derive(Clone, Copy)]
+struct Order(bool);
+
+impl Order {
+    fn u32(self, b: &[u8], at: usize) -> Option<u32> {
+        let v = u32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?);
+        Some(if self.0 { v.swap_bytes() } else { v })
+    }
+    fn u64(self, b: &[u8], at: usize) -> Option<u64> {
+        let v = u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?);
+        Some(if self.0 { v.swap_bytes() } else { v })
+    }
+}
+
+/// Parses the file header from the dump's first bytes.
+pub fn parse_header(b: &[u8]) -> Result<Header, JitdumpError> {
+    let magic = Order(false)
+        .u32(b, 0)
+        .ok_or(JitdumpError::ShortHeader(b.len()))?;
+    let swapped = match magic {
+        MAGIC => false,
+        MAGIC_SWAPPED => true,
+        _ => return Err(JitdumpError::NotJitdump),
+    };
+    if b.len() < HEADER_SIZE {
+        return Err(JitdumpError::ShortHeader(b.len()));
+    }
+    let o = Order(swapped);
+    let h = Header {
+        version: o.u32(b, 4).unwrap_or(0),
+        total_size: o.u32(b, 8).unwrap_or(0),
+        elf_mach: o.u32(b, 12).unwrap_or(0),
+        pid: o.u32(b, 20).unwrap_or(0),
+        timestamp: o.u64(b, 24).unwrap_or(0),
+        flags: o.u64(b, 32).unwrap_or(0),
+        swapped,
+    };
+    if h.version != 1 {
+        return Err(JitdumpError::Version(h.version));
+    }
+    if h.flags & !FLAG_ARCH_TIMESTAMP != 0 {
+        return Err(JitdumpError::Flags(h.flags));
+    }
+    if (h.total_size as usize) < HEADER_SIZE || h.total_size > MAX_RECORD {
+        return Err(JitdumpError::Bad {
+            offset: 8,
+            what: format!("header size {} (at least {HEADER_SIZE})", h.total_size),
+        });
+    }
+    Ok(h)
+}
+
+/// A jitdump read record by record.
+pub struct Reader<R: Read> {
+    r: R,
+    /// The header.
+    pub header: Header,
+    at: u64,
+    buf: Vec<u8>,
+}
+
+/// Reads until `buf` is full or the input ends; returns the bytes read.
+fn read_full(r: &mut impl Read, buf: &mut [u8]) -> Result<usize, JitdumpError> {
+    let mut got = 0;
+    while got < buf.len() {
+        match r.read(&mut buf[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(JitdumpError::Io(e.to_string())),
+        }
+    }
+    Ok(got)
+}
+
+impl<R: Read> Reader<R> {
+    /// Reads the header (and skips what a newer writer added to it).
+    pub fn new(mut r: R) -> Result<Self, JitdumpError> {
+        let mut head = [0u8; HEADER_SIZE];
+        let got = read_full(&mut r, &mut head)?;
+        let header = parse_header(&head[..got])?;
+        let extra = header.total_size as usize - HEADER_SIZE;
+        if extra > 0 {
+            let mut skip = vec![0u8; extra];
+            if read_full(&mut r, &mut skip)? < extra {
+                return Err(JitdumpError::ShortHeader(HEADER_SIZE + extra));
+            }
+        }
+        Ok(Reader {
+            r,
+            header,
+            at: header.total_size as u64,
+            buf: Vec::new(),
+        })
+    }
+
+    /// The next record; `Ok(None)` at a clean end. A record cut short is
+    /// [`JitdumpError::Truncated`]; what came before it stands.
+    pub fn next_entry(&mut self) -> Result<Option<Entry<'_>>, JitdumpError> {
+        let o = Order(self.header.swapped);
+        let offset = self.at;
+        let mut prefix = [0u8; PREFIX_SIZE];
+        let got = read_full(&mut self.r, &mut prefix)?;
+        if got == 0 {
+            return Ok(None);
+        }
+        if got < PREFIX_SIZE {
+            return Err(JitdumpError::Truncated { offset, time: None });
+        }
+        let kind = o.u32(&prefix, 0).unwrap_or(u32::MAX);
+        let size = o.u32(&prefix, 4).unwrap_or(0);
+        let time = o.u64(&prefix, 8).unwrap_or(0);
+        if (size as usize) < PREFIX_SIZE || size > MAX_RECORD {
+            return Err(JitdumpError::Bad {
+                offset,
+                what: format!("record of id {kind} claims {size} bytes"),
+            });
+        }
+        let body = size as usize - PREFIX_SIZE;
+        self.buf.resize(body, 0);
+        if read_full(&mut self.r, &mut self.buf)? < body {
+            return Err(JitdumpError::Truncated {
+                offset,
+                time: Some(time),
+            });
+        }
+        self.at += size as u64;
+        let b = &self.buf[..];
+        let bad = |what: &str| JitdumpError::Bad {
+            offset,
+            what: format!("record of id {kind} and size {size}: {what}"),
+        };
+        let record = match kind {
+            id::CODE_LOAD => {
+                let (Some(pid), Some(tid), Some(vma), Some(code_addr), Some(code_size), Some(ci)) = (
+                    o.u32(b, 0),
+                    o.u32(b, 4),
+                    o.u64(b, 8),
+                    o.u64(b, 16),
+                    o.u64(b, 24),
+                    o.u64(b, 32),
+                ) else {
+                    return Err(bad("shorter than a code load"));
+                };
+                let rest = &b[40..];
+                let code_size = usize::try_from(code_size)
+                    .ok()
+                    .filter(|&c| c <= rest.len())
+                    .ok_or_else(|| bad("its code is larger than the record"))?;
+                let (name_part, code) = rest.split_at(rest.len() - code_size);
+                let name = name_part.split(|&c| c == 0).next().unwrap_or(&[]);
+                Record::Load(CodeLoad {
+                    pid,
+                    tid,
+                    vma,
+                    code_addr,
+                    code_index: ci,
+                    name,
+                    code,
+                })
+            }
+            id::CODE_MOVE => {
+                let (Some(pid), Some(tid), Some(vma), Some(old), Some(new), Some(sz), Some(ci)) = (
+                    o.u32(b, 0),
+                    o.u32(b, 4),
+                    o.u64(b, 8),
+                    o.u64(b, 16),
+                    o.u64(b, 24),
+                    o.u64(b, 32),
+                    o.u64(b, 40),
+                ) else {
+                    return Err(bad("shorter than a code move"));
+                };
+                Record::Move(CodeMove {
+                    pid,
+                    tid,
+                    vma,
+                    old_code_addr: old,
+                    new_code_addr: new,
+                    code_size: sz,
+                    code_index: ci,
+                })
+            }
+            id::DEBUG_INFO => {
+                let (Some(code_addr), Some(count)) = (o.u64(b, 0), o.u64(b, 8)) else {
+                    return Err(bad("shorter than a debug-info header"));
+                };
+                Record::Debug {
+                    code_addr,
+                    count,
+                    raw: &b[16..],
+                }
+            }
+            id::CLOSE => Record::Close,
+            id::UNWINDING_INFO => {
+                let (Some(usz), Some(hdr), Some(mapped)) = (o.u64(b, 0), o.u64(b, 8), o.u64(b, 16))
+                else {
+                    return Err(bad("shorter than an unwinding-info header"));
+                };
+                let data = usize::try_from(usz)
+                    .ok()
+                    .and_then(|u| b.get(24..24 + u))
+                    .filter(|d| hdr <= d.len() as u64)
+                    .ok_or_else(|| bad("its tables are larger than the record"))?;
+                Record::Unwinding(Unwinding {
+                    eh_frame_hdr_size: hdr,
+                    mapped_size: mapped,
+                    data,
+                })
+            }
+            other => Record::Unknown(other),
+        };
+        Ok(Some(Entry {
+            offset,
+            time,
+            record,
+        }))
+    }
+
+    /// Whether entries are byte-swapped.
+    pub fn swapped(&self) -> bool {
+        self.header.swapped
+    }
+}
+
+/// The entries of a DEBUG_INFO record: at most `count`, each 16 bytes and a
+/// NUL-terminated name; stops at the first that does not fit.
+pub fn lines(raw: &[u8], count: u64, swapped: bool) -> impl Iterator<Item = LineEntry<'_>> {
+    let o = Order(swapped);
+    let mut at = 0usize;
+    let mut left = count;
+    std::iter::from_fn(move || {
+        if left == 0 {
+            return None;
+        }
+        left -= 1;
+        let addr = o.u64(raw, at)?;
+        let lineno = o.u32(raw, at + 8)?;
+        let discrim = o.u32(raw, at + 12)?;
+        let rest = raw.get(at + 16..)?;
+        let len = rest.iter().position(|&c| c == 0)?;
+        let name = &rest[..len];
+        at += 16 + len + 1;
+        Some(LineEntry {
+            addr,
+            lineno,
+            discrim,
+            name: (name != [0xff]).then_some(name),
+        })
+    })
+}
+
+/// The pid in a jitdump's file name (`jit-PID.dump`, perf's `jit_detect`), or None.
+pub fn marker_pid(path: &[u8]) -> Option<u32> {
+    let base = path.rsplit(|&c| c == b'/').next()?;
+    let rest = base.strip_prefix(b"jit-")?;
+    let digits = rest.strip_suffix(b".dump")?;
+    if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(digits).ok()?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn header(pid: u32) -> Vec<u8> {
+        let mut h = Vec::new();
+        h.extend_from_slice(&MAGIC.to_le_bytes());
+        h.extend_from_slice(&1u32.to_le_bytes());
+        h.extend_from_slice(&40u32.to_le_bytes());
+        h.extend_from_slice(&62u32.to_le_bytes());
+        h.extend_from_slice(&0u32.to_le_bytes());
+        h.extend_from_slice(&pid.to_le_bytes());
+        h.extend_from_slice(&5u64.to_le_bytes());
+        h.extend_from_slice(&0u64.to_le_bytes());
+        h
+    }
+
+    fn load(t: u64, addr: u64, name: &str, code: &[u8]) -> Vec<u8> {
+        let size = 16 + 40 + name.len() + 1 + code.len();
+        let mut r = Vec::new();
+        r.extend_from_slice(&id::CODE_LOAD.to_le_bytes());
+        r.extend_from_slice(&(size as u32).to_le_bytes());
+        r.extend_from_slice(&t.to_le_bytes());
+        r.extend_from_slice(&7u32.to_le_bytes());
+        r.extend_from_slice(&7u32.to_le_bytes());
+        r.extend_from_slice(&addr.to_le_bytes());
+        r.extend_from_slice(&addr.to_le_bytes());
+        r.extend_from_slice(&(code.len() as u64).to_le_bytes());
+        r.extend_from_slice(&3u64.to_le_bytes());
+        r.extend_from_slice(name.as_bytes());
+        r.push(0);
+        r.extend_from_slice(code);
+        r
+    }
+
+    #[test]
+    fn reads_loads_and_notices_a_cut() {
+        let mut d = header(7);
+        d.extend(load(10, 0x1000, "f", &[0x90, 0xc3]));
+        let whole = d.len();
+        d.extend(load(11, 0x2000, "g", &[0xc3]));
+        let mut r = Reader::new(&d[..]).unwrap();
+        assert_eq!(r.header.pid, 7);
+        match r.next_entry().unwrap().unwrap().record {
+            Record::Load(l) => {
+                assert_eq!(
+                    (l.code_addr, l.name, l.code),
+                    (0x1000, &b"f"[..], &[0x90, 0xc3][..])
+                )
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            r.next_entry().unwrap().unwrap().record,
+            Record::Load(_)
+        ));
+        assert_eq!(r.next_entry().unwrap(), None);
+        let cut = &d[..whole + 20];
+        let mut r = Reader::new(cut).unwrap();
+        assert!(r.next_entry().unwrap().is_some());
+        assert_eq!(
+            r.next_entry().unwrap_err(),
+            JitdumpError::Truncated {
+                offset: whole as u64,
+                time: Some(11)
+            }
+        );
+    }
+
+    #[test]
+    fn marker_names() {
+        assert_eq!(marker_pid(b"/tmp/jit-123.dump"), Some(123));
+        assert_eq!(marker_pid(b"jit-1.dump"), Some(1));
+        assert_eq!(marker_pid(b"/tmp/jit-.dump"), None);
+        assert_eq!(marker_pid(b"/tmp/jit-12x.dump"), None);
+        assert_eq!(marker_pid(b"/tmp/xjit-12.dump"), None);
+    }
+}

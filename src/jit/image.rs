@@ -1,0 +1,760 @@
+//! One ELF image holding every code load of a jitdump, written as the dump is read.
+//!
+//! perf's `inject --jit` writes one image per code load (`jitted-PID-N.so`: the code
+//! at file offset and address 0x80, one symbol, its lines and unwinding tables) and
+//! maps each with pgoff 0x80. perf resolves a sample by its map alone (file offset =
+//! ip - start + pgoff, then the symbol at that offset, since `.text`'s address equals
+//! its offset), so one image can hold them all: each load at its own offset, mapped
+//! by its own MMAP2 record whose pgoff is that offset (see docs/jit.md).
+//!
+//! Layout: ELF header, one PT_LOAD, `.text` from 0x80 (each load 16-byte aligned: its
+//! code, zeros to 8 bytes, and the unwinding tables the JIT maps behind it, so a
+//! record's length is perf's), then `.symtab` (one global function per load),
+//! `.strtab`, `.shstrtab`, the build-ID note and, when the dump has DEBUG_INFO,
+//! `.debug_line` (one sequence per load, ended at its last row as perf's genelf_debug
+//! ends it; the source files in the header's table), `.debug_abbrev` and
+//! `.debug_info` (one unit naming the line program and nothing else, as perf's: a unit
+//! with an address range made perf 6.12 and 7.3 (libdw) give a line to addresses
+//! before the first row and after the last row of a load, where perf's images have none).
+//!
+//! Memory: the code goes straight to the image; symbols, names and line programs go to
+//! unlinked temp files beside it and are copied in at the end, so a dump of any size
+//! is written in a few buffers. The build ID is the SHA-1 of the code, symbols, names
+//! and lines: the same dump gives the same bytes and the same ID.
+
+use super::sha1::Sha1;
+use crate::format::buildid::BuildId;
+use std::fs::File;
+use std::io::{BufWriter, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+
+/// Where `.text` starts in a shared image: after the ELF header and two program
+/// headers (PT_LOAD and PT_NOTE, which readers that look for the build ID in segments
+/// need), rounded up.
+pub const TEXT_OFFSET: u64 = 0xc0;
+/// Where it starts in a single-load image: perf's GEN_ELF_TEXT_OFFSET, after one
+/// program header. perf 7.3's DWARF unwinder (libdw) lost the frames of JIT code
+/// in single-load images with the shared layout (a PT_NOTE, `.text` at 0xc0); with
+/// perf's own it unwinds them as through perf's images.
+pub const SINGLE_TEXT_OFFSET: u64 = 0x80;
+/// Alignment of each load in `.text`.
+const LOAD_ALIGN: u64 = 16;
+/// Largest string table and line program (their offsets are 32-bit).
+const MAX_TABLE: u64 = u32::MAX as u64 - (1 << 20);
+/// Names this writer's layout in the build ID: change it with the layout.
+const LAYOUT_VERSION: &[u8] = b"pdinject jit image 1";
+/// Bytes of source file names held for the line program's header (beyond it, lines
+/// of further files are left out, with a note).
+const MAX_FILE_TABLE: usize = 64 << 20;
+/// Buffer of each temp stream.
+const BUF: usize = 256 << 10;
+
+#[cfg(target_arch = "aarch64")]
+const EM_HOST: u16 = 183;
+#[cfg(target_arch = "x86")]
+const EM_HOST: u16 = 3;
+#[cfg(not(any(target_arch = "aarch64", target_arch = "x86")))]
+const EM_HOST: u16 = 62;
+
+/// Where one load went in the image.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Placed {
+    /// File offset (and address) of the code: the MMAP2's pgoff.
+    pub offset: u64,
+    /// Bytes perf maps for it: the code, or the code to 8 bytes and the unwinding
+    /// tables the JIT maps behind it (perf's `ALIGN_8(csize) + mapped_size`).
+    pub len: u64,
+}
+
+/// Unwinding tables of a load, as the jitdump gives them.
+#[derive(Clone, Copy, Debug)]
+pub struct Tables<'a> {
+    /// `.eh_frame` then `.eh_frame_hdr`.
+    pub data: &'a [u8],
+    /// Size of `.eh_frame_hdr` (the tail of `data`).
+    pub hdr_size: u64,
+    /// Bytes the JIT maps behind the code (0: none).
+    pub mapped: u64,
+}
+
+/// What an image holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// Every load of a dump, each at its own offset.
+    Shared,
+    /// One load with its unwinding tables as sections (`.eh_frame`, `.eh_frame_hdr`
+    /// behind the code), perf's own layout: perf's DWARF unwinder finds a DSO's
+    /// `.eh_frame_hdr` once per DSO and reads its table through the sample's map,
+    /// so only an image of one load can carry a load's tables.
+    Single,
+}
+
+/// A source line of a load, relative to its code.
+pub struct Line<'a> {
+    /// Offset in the code.
+    pub at: u64,
+    /// Line number.
+    pub line: u32,
+    /// File name (`None`: the previous one).
+    pub file: Option<&'a [u8]>,
+}
+
+fn io_err(path: &Path, e: std::io::Error) -> crate::Error {
+    crate::Error::io(path, e)
+}
+
+/// An unlinked temp file beside the image.
+fn scratch(dir: &Path, tag: &str) -> crate::Result<File> {
+    for n in 0..100u32 {
+        let p = dir.join(format!(".pdi-jit-{}-{n}.{tag}", std::process::id()));
+        match std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&p)
+        {
+            Ok(f) => {
+                let _ = std::fs::remove_file(&p);
+                return Ok(f);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(io_err(&p, e)),
+        }
+    }
+    Err(crate::Error::Internal(format!(
+        "cannot create a temp file in {}",
+        dir.display()
+    )))
+}
+
+fn uleb(out: &mut Vec<u8>, mut v: u64) {
+    loop {
+        let b = (v & 0x7f) as u8;
+        v >>= 7;
+        if v == 0 {
+            out.push(b);
+            return;
+        }
+        out.push(b | 0x80);
+    }
+}
+
+fn sleb(out: &mut Vec<u8>, mut v: i64) {
+    loop {
+        let b = (v & 0x7f) as u8;
+        v >>= 7;
+        let done = (v == 0 && b & 0x40 == 0) || (v == -1 && b & 0x40 != 0);
+        out.push(if done { b } else { b | 0x80 });
+        if done {
+            return;
+        }
+    }
+}
+
+/// The image being written.
+pub struct ImageWriter {
+    /// The final path.
+    pub path: PathBuf,
+    tmp: PathBuf,
+    out: BufWriter<File>,
+    syms: BufWriter<File>,
+    strs: BufWriter<File>,
+    lines: BufWriter<File>,
+    hash: Sha1,
+    text_end: u64,
+    nsyms: u64,
+    strs_len: u64,
+    lines_len: u64,
+    /// Source files by name, numbered from 1 in the line program's header.
+    files: std::collections::HashMap<Vec<u8>, u64>,
+    /// The header's file table (name, NUL, directory, time and size 0).
+    file_names: Vec<u8>,
+    finished: bool,
+    kind: Kind,
+    /// End of the last load's code.
+    code_end: u64,
+    /// `.eh_frame` and `.eh_frame_hdr` (offset, size) of a [`Kind::Single`] image.
+    eh: Option<[(u64, u64); 2]>,
+    /// Loads whose name or lines no longer fit the 32-bit tables.
+    pub dropped_tables: u64,
+}
+
+impl ImageWriter {
+    /// Starts the image at `path` (written to a temp name beside it, renamed by
+    /// [`ImageWriter::finish`]).
+    pub fn create(path: &Path, kind: Kind) -> crate::Result<Self> {
+        let dir = path.parent().unwrap_or(Path::new("."));
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let tmp = dir.join(format!(".{name}.pdinject-{}.tmp", std::process::id()));
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&tmp)
+            .map_err(|e| io_err(&tmp, e))?;
+        let mut out = BufWriter::with_capacity(BUF, f);
+        // Headers are written last, over these zeros.
+        let text_at = match kind {
+            Kind::Shared => TEXT_OFFSET,
+            Kind::Single => SINGLE_TEXT_OFFSET,
+        };
+        out.write_all(&vec![0u8; text_at as usize])
+            .map_err(|e| io_err(&tmp, e))?;
+        let mut strs = BufWriter::with_capacity(BUF, scratch(dir, "str")?);
+        strs.write_all(&[0]).map_err(|e| io_err(&tmp, e))?;
+        Ok(ImageWriter {
+            path: path.to_path_buf(),
+            out,
+            syms: BufWriter::with_capacity(BUF, scratch(dir, "sym")?),
+            strs,
+            lines: BufWriter::with_capacity(BUF, scratch(dir, "line")?),
+            tmp,
+            hash: Sha1::new(),
+            text_end: text_at,
+            nsyms: 0,
+            strs_len: 1,
+            lines_len: 0,
+            files: std::collections::HashMap::new(),
+            file_names: Vec::new(),
+            finished: false,
+            kind,
+            code_end: text_at,
+            eh: None,
+            dropped_tables: 0,
+        })
+    }
+
+    fn put_text(&mut self, b: &[u8]) -> crate::Result<()> {
+        self.out.write_all(b).map_err(|e| io_err(&self.tmp, e))?;
+        self.hash.update(b);
+        self.text_end += b.len() as u64;
+        Ok(())
+    }
+
+    /// Adds one load: its code, the unwinding tables mapped behind it (`mapped` bytes
+    /// of `unwinding`, zero-padded), its symbol and its lines.
+    pub fn add(
+        &mut self,
+        name: &[u8],
+        code: &[u8],
+        unwinding: Option<Tables<'_>>,
+        lines: &mut dyn Iterator<Item = Line<'_>>,
+    ) -> crate::Result<Placed> {
+        let pad = self.text_end.next_multiple_of(LOAD_ALIGN) - self.text_end;
+        self.put_text(&vec![0u8; pad as usize])?;
+        let offset = self.text_end;
+        self.put_text(code)?;
+        let csize = code.len() as u64;
+        self.code_end = offset + code.len() as u64;
+        let mut len = csize;
+        let single = self.kind == Kind::Single;
+        if let Some(t) = unwinding.filter(|u| u.mapped > 0 || single) {
+            let aligned = csize.next_multiple_of(8);
+            self.put_text(&vec![0u8; (aligned - csize) as usize])?;
+            // A shared image keeps what the JIT maps behind the code (the bytes a
+            // record covers); a single one the whole tables, as sections.
+            let take = if single {
+                t.data.len()
+            } else {
+                (t.mapped.min(t.data.len() as u64)) as usize
+            };
+            let eh_at = self.text_end;
+            self.put_text(&t.data[..take])?;
+            let mut rest = t.mapped.saturating_sub(take as u64);
+            while rest > 0 {
+                let n = rest.min(4096);
+                self.put_text(&[0u8; 4096][..n as usize])?;
+                rest -= n;
+            }
+            if single {
+                let hdr = t.hdr_size.min(take as u64);
+                let eh_size = take as u64 - hdr;
+                self.eh = Some([(eh_at, eh_size), (eh_at + eh_size, hdr)]);
+            }
+            if t.mapped > 0 {
+                len = aligned + t.mapped;
+            }
+        }
+        // The symbol: name offset, global function in .text (section 1).
+        let name = if name.is_empty() {
+            b"[jit]" as &[u8]
+        } else {
+            name
+        };
+        let name_at = if self.strs_len + (name.len() as u64) < MAX_TABLE {
+            let at = self.strs_len;
+            self.strs
+                .write_all(name)
+                .map_err(|e| io_err(&self.tmp, e))?;
+            self.strs
+                .write_all(&[0])
+                .map_err(|e| io_err(&self.tmp, e))?;
+            self.hash.update(name);
+            self.strs_len += name.len() as u64 + 1;
+            at
+        } else {
+            self.dropped_tables += 1;
+            0
+        };
+        let mut sym = [0u8; 24];
+        sym[0..4].copy_from_slice(&(name_at as u32).to_le_bytes());
+        sym[4] = 0x12; // STB_GLOBAL, STT_FUNC
+        sym[6..8].copy_from_slice(&1u16.to_le_bytes());
+        sym[8..16].copy_from_slice(&offset.to_le_bytes());
+        sym[16..24].copy_from_slice(&csize.to_le_bytes());
+        self.syms
+            .write_all(&sym)
+            .map_err(|e| io_err(&self.tmp, e))?;
+        self.hash.update(&sym);
+        self.nsyms += 1;
+        self.add_lines(offset, csize, lines)?;
+        Ok(Placed { offset, len })
+    }
+
+    /// One line-program sequence for the load at `offset` (as genelf_debug writes it:
+    /// the address set once, then line and address advances, the file set where the
+    /// name changes).
+    fn add_lines(
+        &mut self,
+        offset: u64,
+        csize: u64,
+        lines: &mut dyn Iterator<Item = Line<'_>>,
+    ) -> crate::Result<()> {
+        let mut p = Vec::new();
+        let mut last_at = 0u64;
+        let mut last_line = 1i64;
+        let mut file: Option<Vec<u8>> = None;
+        let mut rows = 0;
+        for l in lines {
+            // Rows go forward in a sequence and stay inside the code.
+            if l.at >= csize || (rows > 0 && l.at < last_at) {
+                continue;
+            }
+            if rows == 0 {
+                p.extend_from_slice(&[0, 9, 2]);
+                p.extend_from_slice(&offset.to_le_bytes());
+            }
+            if let Some(f) = l.file
+                && file.as_deref() != Some(f)
+            {
+                // Files go into the header's table, each name once: defining them in
+                // the program (DW_LNE_define_file, as genelf_debug does) gave binutils'
+                // reader garbage names once a program defined thousands.
+                let n = match self.files.get(f) {
+                    Some(&n) => n,
+                    None if self.file_names.len() + f.len() + 4 <= MAX_FILE_TABLE => {
+                        self.file_names.extend_from_slice(f);
+                        self.file_names.extend_from_slice(&[0, 0, 0, 0]);
+                        let n = self.files.len() as u64 + 1;
+                        self.files.insert(f.to_vec(), n);
+                        n
+                    }
+                    None => {
+                        self.dropped_tables += 1;
+                        break;
+                    }
+                };
+                p.push(4);
+                uleb(&mut p, n);
+                file = Some(f.to_vec());
+            }
+            if file.is_none() {
+                // Lines with no file yet name none perf could show.
+                continue;
+            }
+            if i64::from(l.line) != last_line {
+                p.push(3);
+                sleb(&mut p, i64::from(l.line) - last_line);
+                last_line = i64::from(l.line);
+            }
+            if l.at != last_at {
+                p.push(2);
+                uleb(&mut p, l.at - last_at);
+                last_at = l.at;
+            }
+            p.push(1); // DW_LNS_copy
+            rows += 1;
+        }
+        if rows == 0 {
+            return Ok(());
+        }
+        // The sequence ends at its last row, as genelf_debug ends it: code after the
+        // last line the JIT gave has no line (perf shows none there either).
+        p.extend_from_slice(&[0, 1, 1]); // DW_LNE_end_sequence
+        if self.lines_len + p.len() as u64 > MAX_TABLE - MAX_FILE_TABLE as u64 {
+            self.dropped_tables += 1;
+            return Ok(());
+        }
+        self.lines.write_all(&p).map_err(|e| io_err(&self.tmp, e))?;
+        self.hash.update(&p);
+        self.lines_len += p.len() as u64;
+        Ok(())
+    }
+
+    /// Writes the tables and headers, syncs nothing (perf does not either; the
+    /// output's own commit is what makes a run durable), renames the image into
+    /// place, and returns its build ID.
+    pub fn finish(mut self) -> crate::Result<BuildId> {
+        self.finished = true;
+        let path = self.path.clone();
+        let tmp = self.tmp.clone();
+        let (text_end, nsyms, strs_len, lines_len) =
+            (self.text_end, self.nsyms, self.strs_len, self.lines_len);
+        // A single load's .text is its code; its tables follow as their own sections.
+        let text_size = match self.kind {
+            Kind::Single => self.code_end - SINGLE_TEXT_OFFSET,
+            Kind::Shared => text_end - TEXT_OFFSET,
+        };
+        let eh = self.eh;
+        let hash = std::mem::take(&mut self.hash);
+        let sink = |t: &PathBuf| -> crate::Result<BufWriter<File>> {
+            Ok(BufWriter::new(
+                File::open("/dev/null").map_err(|e| io_err(t, e))?,
+            ))
+        };
+        let out = std::mem::replace(&mut self.out, sink(&tmp)?);
+        let syms = std::mem::replace(&mut self.syms, sink(&tmp)?);
+        let strs = std::mem::replace(&mut self.strs, sink(&tmp)?);
+        let lines = std::mem::replace(&mut self.lines, sink(&tmp)?);
+        let mut hash = hash;
+        hash.update(&self.file_names);
+        let files = std::mem::take(&mut self.file_names);
+        let r = Self::write_tables(
+            &path, &tmp, out, syms, strs, lines, hash, text_end, nsyms, strs_len, lines_len,
+            &files, text_size, eh, self.kind,
+        );
+        if r.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        r
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn write_tables(
+        path: &Path,
+        tmp: &Path,
+        out: BufWriter<File>,
+        syms: BufWriter<File>,
+        strs: BufWriter<File>,
+        lines: BufWriter<File>,
+        hash: Sha1,
+        text_end: u64,
+        nsyms: u64,
+        strs_len: u64,
+        lines_len: u64,
+        files: &[u8],
+        text_size: u64,
+        eh: Option<[(u64, u64); 2]>,
+        kind: Kind,
+    ) -> crate::Result<BuildId> {
+        let (text_at, phnum) = match kind {
+            Kind::Shared => (TEXT_OFFSET, 2u16),
+            Kind::Single => (SINGLE_TEXT_OFFSET, 1u16),
+        };
+        let e = |err| io_err(tmp, err);
+        // The image names itself (`.comment`), so that two processes whose JITs wrote
+        // the same code get two IDs, not one ID claimed for two paths.
+        let mut name_note = b"pdinject --jit: ".to_vec();
+        name_note.extend_from_slice(
+            path.file_name()
+                .map(|n| n.as_encoded_bytes())
+                .unwrap_or_default(),
+        );
+        name_note.push(0);
+        let mut hash = hash;
+        hash.update(&name_note);
+        // And the layout, so that an image laid out differently (another kind, or
+        // another version of this writer) never shares an ID with this one.
+        hash.update(LAYOUT_VERSION);
+        hash.update(&[kind as u8]);
+        for v in [text_at, text_size, text_end] {
+            hash.update(&v.to_le_bytes());
+        }
+        for (at, size) in eh.into_iter().flatten() {
+            hash.update(&at.to_le_bytes());
+            hash.update(&size.to_le_bytes());
+        }
+        let id_bytes = hash.finish();
+        let id = BuildId::new(&id_bytes, 20)
+            .ok_or_else(|| crate::Error::Internal("a 20-byte build ID".into()))?;
+        let mut out = out.into_inner().map_err(|err| e(err.into_error()))?;
+        out.seek(SeekFrom::Start(text_end)).map_err(e)?;
+        let mut out = BufWriter::with_capacity(BUF, out);
+        let mut at = text_end;
+        let align = |out: &mut BufWriter<File>, at: &mut u64, a: u64| -> std::io::Result<()> {
+            let n = at.next_multiple_of(a) - *at;
+            out.write_all(&vec![0u8; n as usize])?;
+            *at += n;
+            Ok(())
+        };
+        let copy = |out: &mut BufWriter<File>, src: BufWriter<File>| -> std::io::Result<u64> {
+            let mut f = src.into_inner().map_err(|e| e.into_error())?;
+            f.seek(SeekFrom::Start(0))?;
+            std::io::copy(&mut (&mut f).take(u64::MAX), out)
+        };
+        // .symtab: the null symbol, then one per load.
+        align(&mut out, &mut at, 8).map_err(e)?;
+        let symtab = at;
+        out.write_all(&[0u8; 24]).map_err(e)?;
+        let n = copy(&mut out, syms).map_err(e)?;
+        at += 24 + n;
+        let strtab = at;
+        let n = copy(&mut out, strs).map_err(e)?;
+        at += n;
+        let _ = strs_len;
+        let shstr: &[u8] = b"\0.text\0.shstrtab\0.symtab\0.strtab\0.note.gnu.build-id\0.debug_line\0.debug_info\0.debug_abbrev\0.eh_frame\0.eh_frame_hdr\0.comment\0";
+        let name_of = |s: &str| -> u32 {
+            let needle = format!("\0{s}\0");
+            shstr
+                .windows(needle.len())
+                .position(|w| w == needle.as_bytes())
+                .map_or(0, |p| p as u32 + 1)
+        };
+        let shstrtab = at;
+        out.write_all(shstr).map_err(e)?;
+        at += shstr.len() as u64;
+        let comment = at;
+        out.write_all(&name_note).map_err(e)?;
+        at += name_note.len() as u64;
+        align(&mut out, &mut at, 4).map_err(e)?;
+        let note = at;
+        let mut nb = Vec::with_capacity(36);
+        nb.extend_from_slice(&4u32.to_le_bytes());
+        nb.extend_from_slice(&20u32.to_le_bytes());
+        nb.extend_from_slice(&3u32.to_le_bytes());
+        nb.extend_from_slice(b"GNU\0");
+        nb.extend_from_slice(&id_bytes);
+        out.write_all(&nb).map_err(e)?;
+        at += nb.len() as u64;
+        let mut debug = None;
+        if lines_len > 0 {
+            let line = at;
+            let mut h = Vec::with_capacity(30 + files.len());
+            let header_len = 19 + files.len() as u64;
+            h.extend_from_slice(&((6 + header_len + lines_len) as u32).to_le_bytes());
+            h.extend_from_slice(&2u16.to_le_bytes());
+            h.extend_from_slice(&(header_len as u32).to_le_bytes());
+            // min_inst_length, default_is_stmt, line_base, line_range, opcode_base.
+            h.extend_from_slice(&[1, 1, (-5i8) as u8, 14, 13]);
+            h.extend_from_slice(&[0, 1, 1, 1, 1, 0, 0, 0, 1, 0, 0, 1]);
+            // No include directories; the files.
+            h.push(0);
+            h.extend_from_slice(files);
+            h.push(0);
+            out.write_all(&h).map_err(e)?;
+            let n = copy(&mut out, lines).map_err(e)?;
+            at += h.len() as u64 + n;
+            let abbrev = at;
+            let ab: [u8; 8] = [1, 0x11, 0, 0x10, 0x06, 0, 0, 0];
+            out.write_all(&ab).map_err(e)?;
+            at += ab.len() as u64;
+            let info = at;
+            let mut i = Vec::with_capacity(32);
+            i.extend_from_slice(&12u32.to_le_bytes());
+            i.extend_from_slice(&2u16.to_le_bytes());
+            i.extend_from_slice(&0u32.to_le_bytes());
+            i.push(8);
+            i.push(1);
+            i.extend_from_slice(&0u32.to_le_bytes());
+            out.write_all(&i).map_err(e)?;
+            at += i.len() as u64;
+            debug = Some((
+                line,
+                h.len() as u64 + lines_len,
+                abbrev,
+                ab.len() as u64,
+                info,
+                i.len() as u64,
+            ));
+        }
+        align(&mut out, &mut at, 8).map_err(e)?;
+        let shoff = at;
+        // Section headers.
+        let mut sh = Vec::new();
+        let mut shdr = |name: u32,
+                        kind: u32,
+                        flags: u64,
+                        addr: u64,
+                        off: u64,
+                        size: u64,
+                        link: u32,
+                        info: u32,
+                        align: u64,
+                        entsize: u64| {
+            sh.extend_from_slice(&name.to_le_bytes());
+            sh.extend_from_slice(&kind.to_le_bytes());
+            sh.extend_from_slice(&flags.to_le_bytes());
+            sh.extend_from_slice(&addr.to_le_bytes());
+            sh.extend_from_slice(&off.to_le_bytes());
+            sh.extend_from_slice(&size.to_le_bytes());
+            sh.extend_from_slice(&link.to_le_bytes());
+            sh.extend_from_slice(&info.to_le_bytes());
+            sh.extend_from_slice(&align.to_le_bytes());
+            sh.extend_from_slice(&entsize.to_le_bytes());
+        };
+        shdr(0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+        // .text: address = offset, so a symbol's value is its file offset.
+        shdr(
+            name_of(".text"),
+            1,
+            6,
+            text_at,
+            text_at,
+            text_size,
+            0,
+            0,
+            16,
+            0,
+        );
+        shdr(
+            name_of(".shstrtab"),
+            3,
+            0,
+            0,
+            shstrtab,
+            shstr.len() as u64,
+            0,
+            0,
+            1,
+            0,
+        );
+        shdr(
+            name_of(".symtab"),
+            2,
+            0,
+            0,
+            symtab,
+            24 * (nsyms + 1),
+            4,
+            1,
+            8,
+            24,
+        );
+        shdr(
+            name_of(".strtab"),
+            3,
+            0,
+            0,
+            strtab,
+            symtab_gap(strtab, shstrtab),
+            0,
+            0,
+            1,
+            0,
+        );
+        shdr(name_of(".note.gnu.build-id"), 7, 2, 0, note, 36, 0, 0, 4, 0);
+        if let Some((line, line_len, abbrev, abbrev_len, info, info_len)) = debug {
+            shdr(name_of(".debug_line"), 1, 0, 0, line, line_len, 0, 0, 1, 0);
+            shdr(name_of(".debug_info"), 1, 0, 0, info, info_len, 0, 0, 1, 0);
+            shdr(
+                name_of(".debug_abbrev"),
+                1,
+                0,
+                0,
+                abbrev,
+                abbrev_len,
+                0,
+                0,
+                1,
+                0,
+            );
+        }
+        if let Some([(eh_at, eh_size), (hdr_at, hdr_size)]) = eh {
+            shdr(
+                name_of(".eh_frame"),
+                1,
+                2,
+                eh_at,
+                eh_at,
+                eh_size,
+                0,
+                0,
+                8,
+                0,
+            );
+            shdr(
+                name_of(".eh_frame_hdr"),
+                1,
+                2,
+                hdr_at,
+                hdr_at,
+                hdr_size,
+                0,
+                0,
+                4,
+                0,
+            );
+        }
+        shdr(
+            name_of(".comment"),
+            1,
+            0x30,
+            0,
+            comment,
+            name_note.len() as u64,
+            0,
+            0,
+            1,
+            1,
+        );
+        let shnum = sh.len() as u64 / 64;
+        out.write_all(&sh).map_err(e)?;
+        let f = out.into_inner().map_err(|err| e(err.into_error()))?;
+        // ELF header, PT_LOAD (.text, read and execute) and PT_NOTE.
+        let mut h = Vec::with_capacity(text_at as usize);
+        h.extend_from_slice(&[0x7f, b'E', b'L', b'F', 2, 1, 1, 0]);
+        h.extend_from_slice(&[0u8; 8]);
+        h.extend_from_slice(&3u16.to_le_bytes()); // ET_DYN
+        h.extend_from_slice(&EM_HOST.to_le_bytes());
+        h.extend_from_slice(&1u32.to_le_bytes());
+        h.extend_from_slice(&text_at.to_le_bytes()); // entry
+        h.extend_from_slice(&64u64.to_le_bytes()); // phoff
+        h.extend_from_slice(&shoff.to_le_bytes());
+        h.extend_from_slice(&0u32.to_le_bytes());
+        h.extend_from_slice(&64u16.to_le_bytes());
+        h.extend_from_slice(&56u16.to_le_bytes());
+        h.extend_from_slice(&phnum.to_le_bytes());
+        h.extend_from_slice(&64u16.to_le_bytes());
+        h.extend_from_slice(&(shnum as u16).to_le_bytes());
+        h.extend_from_slice(&2u16.to_le_bytes()); // .shstrtab
+        h.extend_from_slice(&1u32.to_le_bytes()); // PT_LOAD
+        h.extend_from_slice(&5u32.to_le_bytes()); // R + X
+        h.extend_from_slice(&text_at.to_le_bytes());
+        h.extend_from_slice(&text_at.to_le_bytes());
+        h.extend_from_slice(&text_at.to_le_bytes());
+        h.extend_from_slice(&text_size.to_le_bytes());
+        h.extend_from_slice(&text_size.to_le_bytes());
+        h.extend_from_slice(&8u64.to_le_bytes());
+        if phnum > 1 {
+            h.extend_from_slice(&4u32.to_le_bytes()); // PT_NOTE: the build ID
+            h.extend_from_slice(&4u32.to_le_bytes());
+            h.extend_from_slice(&note.to_le_bytes());
+            h.extend_from_slice(&note.to_le_bytes());
+            h.extend_from_slice(&note.to_le_bytes());
+            h.extend_from_slice(&36u64.to_le_bytes());
+            h.extend_from_slice(&36u64.to_le_bytes());
+            h.extend_from_slice(&4u64.to_le_bytes());
+        }
+        use std::os::unix::fs::FileExt;
+        f.write_all_at(&h, 0).map_err(e)?;
+        drop(f);
+        std::fs::rename(tmp, path).map_err(|err| io_err(path, err))?;
+        Ok(id)
+    }
+}
+
+impl Drop for ImageWriter {
+    /// An image not finished leaves nothing behind.
+    fn drop(&mut self) {
+        if !self.finished {
+            let _ = std::fs::remove_file(&self.tmp);
+        }
+    }
+}
+
+fn symtab_gap(strtab: u64, shstrtab: u64) -> u64 {
+    shstrtab - strtab
+}

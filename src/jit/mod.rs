@@ -1,0 +1,1151 @@
+//! `--jit`: JIT code named like any DSO (perf's `inject -j, --jit`, docs/jit.md).
+//!
+//! A JIT that writes a jitdump (`jit-PID.dump`) maps it once, executable, so that
+//! perf records the mapping as a marker. For each marker of a process in the
+//! recording, the dump becomes ONE ELF image beside it (`jit-PID.so`, every code load
+//! at its own offset, [`image`]) and each code load (and move) one MMAP2 record in
+//! build-ID form: start = the code's address, pgoff = its offset in the image, at the
+//! load's time. perf resolves a sample by the map that covers it at the sample's time
+//! and replaces overlapped maps as later ones arrive, so code moved or freed and its
+//! address reused maps each sample to the code there at its time. As perf does, the
+//! marker mmap is dropped, and so are anonymous maps (`//anon`, `[anon:`, `/memfd:`)
+//! of the process after it (they would cover the JIT code again).
+//!
+//! The records go into the data where their time belongs: before the first record
+//! (in file order) whose time is not earlier (see docs/jit.md for why that is as
+//! safe as the recording itself under perf's round rule). Every other record is
+//! copied byte for byte. The result is an intermediate recording (a temp file beside
+//! the output) that the normal run then reads: the engine meets the images like any
+//! DSO, puts their IDs in the table and perf's build-ID cache, and any mode
+//! (`--mmap2-buildid-all`, streams, batch) works on it unchanged.
+//!
+//! Refused with a note (the dump left out, its marker kept, never a wrong symbol): a
+//! recording from another host, one not recorded with `perf record -k 1`
+//! (CLOCK_MONOTONIC, the jitdump's clock) or without sample-id trailers, a dump that
+//! is missing, not a jitdump, of another process, rewritten after the recording began,
+//! written with TSC timestamps or in the other byte order. A dump cut short is used up
+//! to the cut; from the cut on, its code ranges are covered by anonymous maps so that
+//! a sample after it never takes the name of code that may have been replaced.
+
+pub mod image;
+pub mod sha1;
+
+use crate::format::Endian;
+use crate::format::attr::{Attr, st};
+use crate::format::buildid::BuildId;
+use crate::format::header::{FEAT_HOSTNAME, FileHeader, PIPE_HEADER_SIZE, pipe_header};
+use crate::format::jitdump::{self, JitdumpError, Reader, Record};
+use crate::format::record::{RecordHeader, TrailerLayout, misc, out_of_band_len, parse_mmap, rt};
+use crate::format::sample::{SampleLayout, sample_id};
+use crate::write::TempOutput;
+use crate::{Error, Result};
+use std::collections::{BinaryHeap, HashMap};
+use std::fs::File;
+use std::io::{BufReader, BufWriter, Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+pub use crate::options::JitChoice;
+
+/// CLOCK_MONOTONIC, the clock of jitdump timestamps.
+const CLOCK_MONOTONIC: u32 = 1;
+/// attr flag bit `use_clockid`.
+const USE_CLOCKID: u64 = 1 << 25;
+/// Buffer for reading the recording and writing the intermediate.
+const IO_BUF: usize = 1 << 20;
+/// Buffer per dump's record list during the merge (many processes, little memory).
+const LIST_BUF: usize = 64 << 10;
+/// Code indexes remembered for CODE_MOVE records (V8 and CPython write none; a move
+/// of an index beyond this many is left out with a note).
+const MAX_INDEXES: usize = 2 << 20;
+/// prot of the records: read and execute (samply keeps only executable maps).
+const PROT_RX: u32 = 5;
+/// flags of the records: MAP_PRIVATE.
+const MAP_PRIVATE: u32 = 2;
+
+/// One mapping to insert, as written to a dump's list (40 bytes each).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct MapRec {
+    time: u64,
+    pid: u32,
+    tid: u32,
+    start: u64,
+    len: u64,
+    /// Offset in the image; `u64::MAX`: an anonymous cover (dump cut short).
+    pgoff: u64,
+    /// The image: 0 the shared one, n the n-th single-load one.
+    img: u64,
+}
+
+impl MapRec {
+    const SIZE: usize = 48;
+    fn encode(&self) -> [u8; 48] {
+        let mut b = [0u8; 48];
+        b[0..8].copy_from_slice(&self.time.to_le_bytes());
+        b[8..12].copy_from_slice(&self.pid.to_le_bytes());
+        b[12..16].copy_from_slice(&self.tid.to_le_bytes());
+        b[16..24].copy_from_slice(&self.start.to_le_bytes());
+        b[24..32].copy_from_slice(&self.len.to_le_bytes());
+        b[32..40].copy_from_slice(&self.pgoff.to_le_bytes());
+        b[40..48].copy_from_slice(&self.img.to_le_bytes());
+        b
+    }
+    fn decode(b: &[u8; 48]) -> MapRec {
+        let u64at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap_or([0; 8]));
+        let u32at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap_or([0; 4]));
+        MapRec {
+            time: u64at(0),
+            pid: u32at(8),
+            tid: u32at(12),
+            start: u64at(16),
+            len: u64at(24),
+            pgoff: u64at(32),
+            img: u64at(40),
+        }
+    }
+}
+
+/// The recording's shape, as far as the pass needs it.
+struct Layout {
+    endian: Endian,
+    /// Stream (pipe format) or file format.
+    stream: bool,
+    /// Where the records are.
+    data: (u64, u64),
+    attrs: Vec<Attr>,
+    /// `(use_clockid, clockid)` of each attr.
+    clocks: Vec<(bool, u32)>,
+    hostname: Option<String>,
+}
+
+impl Layout {
+    fn trailer(&self) -> TrailerLayout {
+        self.attrs
+            .first()
+            .map(|a| TrailerLayout::new(a.sample_type, a.sample_id_all()))
+            .unwrap_or_default()
+    }
+}
+
+/// A marker mapping met in the data.
+#[derive(Clone, Debug)]
+struct Marker {
+    offset: u64,
+    pid: u32,
+    time: Option<u64>,
+    path: Vec<u8>,
+}
+
+/// An anonymous mapping, dropped when it follows a processed marker of its process.
+#[derive(Clone, Copy, Debug)]
+struct Anon {
+    offset: u64,
+    pid: u32,
+    time: Option<u64>,
+}
+
+/// One processed dump.
+struct Dump {
+    marker: Marker,
+    /// The shared image and its ID.
+    image: PathBuf,
+    id: Option<BuildId>,
+    /// Single-load images (loads with CFI in a DWARF-unwound recording): their
+    /// paths' code index and their IDs.
+    singles: Vec<(u64, BuildId)>,
+    list: File,
+    count: u64,
+}
+
+impl Dump {
+    /// The image of a record: its path and ID.
+    fn image_of(&self, img: u64) -> Option<(PathBuf, BuildId)> {
+        if img == 0 {
+            return Some((self.image.clone(), self.id?));
+        }
+        let (index, id) = *self.singles.get(usize::try_from(img - 1).ok()?)?;
+        Some((single_path(&self.image, self.marker.pid, index), id))
+    }
+}
+
+/// The image of one load: perf's name, `jitted-PID-INDEX.so` beside the dump (it
+/// replaces perf inject's image of that load, if there is one). The name matters:
+/// perf 7.3's libdw unwinder places `/tmp/jitted-*` images at their map's start
+/// (perf's images start their code at 0x80, so start - pgoff would overlap the code
+/// before them); under another name the frames of CPython's trampolines were lost.
+fn single_path(shared: &Path, pid: u32, index: u64) -> PathBuf {
+    shared.with_file_name(format!("jitted-{pid}-{index}.so"))
+}
+
+/// What the pass did (for the report's notes).
+#[derive(Debug, Default)]
+pub struct JitSummary {
+    /// Notes for the report.
+    pub notes: Vec<String>,
+    /// Images written.
+    pub images: Vec<PathBuf>,
+}
+
+/// The recording with the JIT records in it, ready for the normal run.
+pub struct Prepared {
+    /// The intermediate recording (removed when this is dropped).
+    tmp: Option<TempOutput>,
+    /// What happened.
+    pub summary: JitSummary,
+}
+
+impl Prepared {
+    /// The path the normal run reads: the intermediate, or the input itself when no
+    /// dump was injected.
+    pub fn input<'a>(&'a self, original: &'a Path) -> &'a Path {
+        self.tmp.as_ref().map_or(original, |t| t.path.as_path())
+    }
+}
+
+fn is_anon_name(name: &[u8]) -> bool {
+    name.starts_with(b"//anon") || name.starts_with(b"[anon:") || name.starts_with(b"/memfd:")
+}
+
+/// A sequential reader of the records of `[from, to)`.
+struct Records<R: Read> {
+    r: R,
+    at: u64,
+    to: u64,
+    e: Endian,
+    buf: Vec<u8>,
+}
+
+impl<R: Read> Records<R> {
+    /// The next record (header and body, without an out-of-band payload, whose
+    /// length comes second); `None` at the end.
+    fn next(&mut self, name: &Path) -> Result<Option<(u64, u64)>> {
+        if self.at >= self.to {
+            return Ok(None);
+        }
+        let at = self.at;
+        self.buf.resize(8, 0);
+        self.r
+            .read_exact(&mut self.buf)
+            .map_err(|_| Error::format(at, "the data ends inside a record header").in_file(name))?;
+        let h = RecordHeader::parse(&self.buf, self.e)
+            .ok_or_else(|| Error::format(at, "record header").in_file(name))?;
+        if (h.size as usize) < 8 {
+            return Err(Error::format(
+                at,
+                format!("record of type {} has size {}", h.kind, h.size),
+            )
+            .in_file(name));
+        }
+        self.buf.resize(h.size as usize, 0);
+        self.r.read_exact(&mut self.buf[8..]).map_err(|_| {
+            Error::format(
+                at,
+                format!("the data ends inside a record of type {}", h.kind),
+            )
+            .in_file(name)
+        })?;
+        let extra = out_of_band_len(&h, &self.buf[8..], self.e).unwrap_or(0);
+        self.at += h.size as u64 + extra;
+        Ok(Some((at, extra)))
+    }
+}
+
+/// The time of record `rec`: a sample's from its event's layout, any other's from
+/// its sample-id trailer (the first event's layout, as perf reads it).
+fn record_time(
+    rec: &[u8],
+    l: &Layout,
+    trailer: &TrailerLayout,
+    ids: &HashMap<u64, usize>,
+) -> Option<u64> {
+    let h = RecordHeader::parse(rec, l.endian)?;
+    if h.kind == rt::SAMPLE {
+        let attr = if l.attrs.len() == 1 {
+            l.attrs.first()?
+        } else {
+            let t = l.attrs.first()?.sample_type;
+            let id = sample_id(rec, l.endian, t)?;
+            l.attrs.get(*ids.get(&id)?)?
+        };
+        return SampleLayout::new(attr).decode(rec, l.endian).ok()?.time;
+    }
+    if h.kind >= rt::USER_START {
+        return None;
+    }
+    trailer.read(rec, l.endian).time
+}
+
+fn attr_clock(raw: &[u8], e: Endian, a: &Attr) -> (bool, u32) {
+    let clockid = if a.size >= 96 {
+        e.u32(raw, 92).unwrap_or(0)
+    } else {
+        0
+    };
+    (a.flags & USE_CLOCKID != 0, clockid)
+}
+
+/// Reads the layout of a file-format recording.
+fn file_layout(path: &Path) -> Result<Layout> {
+    let input = crate::input::PerfInput::open(path)?;
+    if input.is_dir {
+        return Err(Error::unsupported(
+            "--jit takes a single-file recording (a perf record --threads directory has its records in several files)",
+        )
+        .in_file(path));
+    }
+    let h = &input.header;
+    let f = File::open(&input.header_path).map_err(|e| Error::io(path, e))?;
+    let mut clocks = Vec::new();
+    for (i, a) in input.attrs.iter().enumerate() {
+        let mut raw = vec![0u8; h.attr_size.min(4096) as usize];
+        let _ = f.read_exact_at(&mut raw, h.attrs.offset + i as u64 * h.attr_size);
+        clocks.push(attr_clock(&raw, h.endian, a));
+    }
+    let hostname = input
+        .feature(FEAT_HOSTNAME)
+        .and_then(|p| crate::format::feature::parse_string(&p, h.endian));
+    let df = &input.data_files[0];
+    Ok(Layout {
+        endian: h.endian,
+        stream: false,
+        data: (df.range.offset, df.range.offset + df.range.size),
+        attrs: input.attrs.clone(),
+        clocks,
+        hostname,
+    })
+}
+
+/// Pass 1: markers, anonymous maps and (for a stream) attrs and hostname.
+fn scan(path: &Path, l: &mut Layout) -> Result<(Vec<Marker>, Vec<Anon>, u64)> {
+    let f = File::open(path).map_err(|e| Error::io(path, e))?;
+    let mut r = BufReader::with_capacity(IO_BUF, f);
+    r.seek(SeekFrom::Start(l.data.0))
+        .map_err(|e| Error::io(path, e))?;
+    let mut recs = Records {
+        r,
+        at: l.data.0,
+        to: l.data.1,
+        e: l.endian,
+        buf: Vec::new(),
+    };
+    let mut markers = Vec::new();
+    let mut anons = Vec::new();
+    let mut ids: HashMap<u64, usize> = HashMap::new();
+    for (i, a) in l.attrs.iter().enumerate() {
+        for &id in &a.ids {
+            ids.insert(id, i);
+        }
+    }
+    let mut trailer = l.trailer();
+    let mut end_time = 0u64;
+    while let Some((at, extra)) = recs.next(path)? {
+        let rec = &recs.buf;
+        let e = l.endian;
+        let Some(h) = RecordHeader::parse(rec, e) else {
+            continue;
+        };
+        if let Some(t) = record_time(rec, l, &trailer, &ids) {
+            end_time = end_time.max(t);
+        }
+        match h.kind {
+            rt::COMPRESSED | rt::COMPRESSED2 => {
+                return Err(Error::unsupported(
+                    "--jit does not read compressed recordings (perf record -z) yet; record without -z, or decompress with perf inject -i IN -o OUT first",
+                )
+                .in_file(path));
+            }
+            rt::HEADER_ATTR if l.stream => {
+                let size = e.u32(rec, 12).unwrap_or(0) as usize;
+                let raw = rec.get(8..8 + size.max(64)).unwrap_or(&[]);
+                if let Some(mut a) = Attr::parse(raw, e, false) {
+                    let mut o = 8 + a.size as usize;
+                    while let Some(id) = e.u64(rec, o) {
+                        a.ids.push(id);
+                        ids.insert(id, l.attrs.len());
+                        o += 8;
+                    }
+                    l.clocks.push(attr_clock(raw, e, &a));
+                    l.attrs.push(a);
+                    trailer = l.trailer();
+                }
+            }
+            rt::HEADER_FEATURE if l.stream && e.u64(rec, 8) == Some(FEAT_HOSTNAME as u64) => {
+                l.hostname = rec
+                    .get(16..)
+                    .and_then(|p| crate::format::feature::parse_string(p, e));
+            }
+            rt::MMAP | rt::MMAP2 => {
+                let body_end = rec.len() - trailer.size.min(rec.len());
+                if let Some(m) = parse_mmap(&h, rec, body_end, e) {
+                    let time = trailer.read(rec, e).time;
+                    if jitdump::marker_pid(m.filename).is_some_and(|p| p == m.pid) {
+                        markers.push(Marker {
+                            offset: at,
+                            pid: m.pid,
+                            time,
+                            path: m.filename.to_vec(),
+                        });
+                    } else if is_anon_name(m.filename) {
+                        anons.push(Anon {
+                            offset: at,
+                            pid: m.pid,
+                            time,
+                        });
+                    }
+                }
+            }
+            _ => {}
+        }
+        if extra > 0 {
+            std::io::copy(&mut (&mut recs.r).take(extra), &mut std::io::sink())
+                .map_err(|e| Error::io(path, e))?;
+        }
+    }
+    Ok((markers, anons, end_time))
+}
+
+/// Turns `input` (file or saved stream; stdin is spooled first) into a recording
+/// with every usable jitdump's records in it, written beside `output`.
+pub fn prepare(input: &Path, output: &Path) -> Result<Prepared> {
+    let dash = |p: &Path| p.as_os_str() == "-";
+    let dir = |p: &Path| -> PathBuf {
+        match p.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+            _ => PathBuf::from("."),
+        }
+    };
+    // Temp files go beside the output (or the input, for stdout), never to a tmpfs
+    // /tmp: the intermediate is as large as the recording.
+    let place = if !dash(output) {
+        dir(output).join("jit")
+    } else if !dash(input) {
+        dir(input).join("jit")
+    } else {
+        PathBuf::from("jit")
+    };
+    let mut spool = None;
+    let source: PathBuf = if dash(input) {
+        // The jitdumps are complete only when the recording is: a stream is read to
+        // its end before anything is written.
+        let t = TempOutput::create(&place, false)?;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&t.path)
+            .map_err(|e| Error::io(&t.path, e))?;
+        std::io::copy(&mut std::io::stdin().lock(), &mut f).map_err(|e| Error::io("<stdin>", e))?;
+        let p = t.path.clone();
+        spool = Some(t);
+        p
+    } else {
+        input.to_path_buf()
+    };
+    let name = if dash(input) {
+        Path::new("<stdin>")
+    } else {
+        input
+    };
+    let mut head = [0u8; 16];
+    let meta = std::fs::metadata(&source).map_err(|e| Error::io(name, e))?;
+    if meta.is_file() {
+        File::open(&source)
+            .and_then(|f| f.read_exact_at(&mut head, 0))
+            .map_err(|e| Error::io(name, e))?;
+    }
+    let mut l = if let Some(e) = pipe_header(&head) {
+        Layout {
+            endian: e,
+            stream: true,
+            data: (PIPE_HEADER_SIZE, meta.len()),
+            attrs: Vec::new(),
+            clocks: Vec::new(),
+            hostname: None,
+        }
+    } else {
+        file_layout(&source)?
+    };
+    let (markers, anons, end_time) =
+        scan(&source, &mut l).map_err(|e| rename_err(e, &source, name))?;
+    let mut summary = JitSummary::default();
+    if markers.is_empty() {
+        summary.notes.push(
+            "--jit: no jitdump marker (an executable mapping of a jit-PID.dump by its process) in the recording; nothing injected".into(),
+        );
+        return Ok(Prepared {
+            tmp: spool_as_input(spool),
+            summary,
+        });
+    }
+    let dumps = make_dumps(&l, &markers, end_time, &mut summary)?;
+    if dumps.is_empty() {
+        return Ok(Prepared {
+            tmp: spool_as_input(spool),
+            summary,
+        });
+    }
+    let out = TempOutput::create(&place, false)?;
+    write_merged(&source, &out.path, &l, &dumps, &anons)
+        .map_err(|e| rename_err(e, &source, name))?;
+    // The intermediate is dated like the input: the engine dates a recording by it.
+    if let Ok(m) = meta.modified() {
+        let _ = File::options()
+            .write(true)
+            .open(&out.path)
+            .and_then(|f| f.set_modified(m));
+    }
+    if !dash(input) {
+        use std::os::unix::fs::PermissionsExt;
+        let _ = std::fs::set_permissions(
+            &out.path,
+            std::fs::Permissions::from_mode(meta.permissions().mode() & 0o7777),
+        );
+    }
+    for d in &dumps {
+        if d.id.is_some() {
+            summary.images.push(d.image.clone());
+        }
+    }
+    drop(spool);
+    Ok(Prepared {
+        tmp: Some(out),
+        summary,
+    })
+}
+
+fn spool_as_input(spool: Option<TempOutput>) -> Option<TempOutput> {
+    spool
+}
+
+fn rename_err(e: Error, tmp: &Path, name: &Path) -> Error {
+    match e {
+        Error::Format {
+            file: Some(f),
+            offset,
+            what,
+        } if f == tmp => Error::Format {
+            file: Some(name.to_path_buf()),
+            offset,
+            what,
+        },
+        Error::Unsupported {
+            file: Some(f),
+            what,
+        } if f == tmp => Error::Unsupported {
+            file: Some(name.to_path_buf()),
+            what,
+        },
+        e => e,
+    }
+}
+
+/// Decides which markers' dumps are used, and writes their images and lists.
+fn make_dumps(
+    l: &Layout,
+    markers: &[Marker],
+    end_time: u64,
+    summary: &mut JitSummary,
+) -> Result<Vec<Dump>> {
+    let shown = |m: &Marker| String::from_utf8_lossy(&m.path).into_owned();
+    let host = crate::buildid::host::HostInfo::detect();
+    if let Some(h) = &l.hostname
+        && *h != host.hostname
+    {
+        for m in markers {
+            summary.notes.push(format!(
+                "--jit: {} left out: the recording was made on host '{h}', this is '{}' (a jitdump here is not that process's)",
+                shown(m),
+                host.hostname
+            ));
+        }
+        return Ok(Vec::new());
+    }
+    if l.hostname.is_none() {
+        summary.notes.push(
+            "--jit: jitdumps left out: the recording does not say which host it was made on".into(),
+        );
+        return Ok(Vec::new());
+    }
+    let trailer = l.trailer();
+    if trailer.time_at.is_none() || trailer.tid_at.is_none() {
+        summary.notes.push(
+            "--jit: jitdumps left out: the recording's records carry no time and pid (sample_id_all with TID and TIME), so a code load cannot be placed at its time".into(),
+        );
+        return Ok(Vec::new());
+    }
+    if l.clocks.is_empty() || l.clocks.iter().any(|&(u, c)| !u || c != CLOCK_MONOTONIC) {
+        summary.notes.push(
+            "--jit: jitdumps left out: the recording was not made with perf record -k 1 (CLOCK_MONOTONIC, the clock of jitdump times), so code loads cannot be placed in time".into(),
+        );
+        return Ok(Vec::new());
+    }
+    let mut dumps: Vec<Dump> = Vec::new();
+    let mut seen: Vec<(u32, Vec<u8>)> = Vec::new();
+    for m in markers {
+        if seen.iter().any(|(p, path)| *p == m.pid && *path == m.path) {
+            continue;
+        }
+        seen.push((m.pid, m.path.clone()));
+        match make_dump(m, l, end_time) {
+            Ok((d, notes)) => {
+                summary.notes.extend(notes);
+                dumps.push(d);
+            }
+            Err(why) => summary
+                .notes
+                .push(format!("--jit: {} left out: {why}", shown(m))),
+        }
+    }
+    Ok(dumps)
+}
+
+fn scratch_beside(path: &Path) -> std::io::Result<File> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    for n in 0..100u32 {
+        let p = dir.join(format!(".pdi-jit-{}-{n}.list", std::process::id()));
+        match std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&p)
+        {
+            Ok(f) => {
+                let _ = std::fs::remove_file(&p);
+                return Ok(f);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(std::io::Error::other("no temp name"))
+}
+
+/// Reads one dump into its image and its list of records. Err: why it is left out.
+fn make_dump(
+    m: &Marker,
+    l: &Layout,
+    end_time: u64,
+) -> std::result::Result<(Dump, Vec<String>), String> {
+    // perf unwinds DWARF stacks with each DSO's one .eh_frame_hdr, read through the
+    // sample's map: loads with CFI keep an image each where stacks are unwound.
+    let split_cfi = l.attrs.iter().any(|a| a.sample_type & st::STACK_USER != 0);
+    use std::os::unix::ffi::OsStrExt;
+    let path = PathBuf::from(std::ffi::OsStr::from_bytes(&m.path));
+    let f = File::open(&path).map_err(|e| format!("cannot open it: {e}"))?;
+    let mut r = Reader::new(BufReader::with_capacity(IO_BUF, f)).map_err(|e| e.to_string())?;
+    let h = r.header;
+    if h.swapped {
+        return Err("written in the other byte order (not read yet)".into());
+    }
+    if h.flags & jitdump::FLAG_ARCH_TIMESTAMP != 0 {
+        return Err("its times are TSC counts (JITDUMP_FLAGS_ARCH_TIMESTAMP), not read yet".into());
+    }
+    if h.pid != m.pid {
+        return Err(format!(
+            "it was written by process {}, the marker is process {}'s",
+            h.pid, m.pid
+        ));
+    }
+    let stem = path
+        .file_name()
+        .map(|n| n.to_string_lossy().trim_end_matches(".dump").to_string())
+        .unwrap_or_else(|| format!("jit-{}", m.pid));
+    let image_path = path.with_file_name(format!("{stem}.so"));
+    let mut img = image::ImageWriter::create(&image_path, image::Kind::Shared)
+        .map_err(|e| format!("cannot write its image: {e}"))?;
+    let mut shared_loads = 0u64;
+    let mut singles: Vec<(u64, BuildId)> = Vec::new();
+    let list = scratch_beside(&image_path).map_err(|e| format!("cannot write beside it: {e}"))?;
+    let mut lw = BufWriter::with_capacity(IO_BUF, list);
+    let mut notes = Vec::new();
+    let mut debug: Option<Vec<u8>> = None;
+    let mut debug_count = 0u64;
+    let mut unwind: Option<(Vec<u8>, u64, u64)> = None;
+    let mut indexes: HashMap<u64, (image::Placed, u64)> = HashMap::new();
+    let (mut loads, mut moves, mut lost_moves) = (0u64, 0u64, 0u64);
+    let mut count = 0u64;
+    let mut last_time = 0u64;
+    let mut cut: Option<JitdumpError> = None;
+    let fail = |e: Error| format!("cannot write its image: {e}");
+    loop {
+        let entry = match r.next_entry() {
+            Ok(Some(e)) => e,
+            Ok(None) => break,
+            Err(e) => {
+                cut = Some(e);
+                break;
+            }
+        };
+        if entry.time > end_time {
+            // The header's own timestamp is the JIT's choice of clock (V8 and CPython
+            // write wall-clock microseconds); records are CLOCK_MONOTONIC.
+            return Err(format!(
+                "its record at offset {:#x} was written at {} ns, after the recording's last record ({end_time} ns): a later process with the same pid rewrote it",
+                entry.offset, entry.time
+            ));
+        }
+        last_time = last_time.max(entry.time);
+        match entry.record {
+            Record::Debug { count, raw, .. } => {
+                debug = Some(raw.to_vec());
+                debug_count = count;
+            }
+            Record::Unwinding(u) => {
+                unwind = Some((u.data.to_vec(), u.eh_frame_hdr_size, u.mapped_size));
+            }
+            Record::Load(load) => {
+                if load.code.is_empty() {
+                    continue;
+                }
+                let d = debug.take();
+                let swapped = h.swapped;
+                let code_addr = load.code_addr;
+                let mut lines_iter: Box<dyn Iterator<Item = image::Line<'_>>> = match &d {
+                    // Lines belong to the load they precede (perf attaches them so).
+                    Some(raw) => Box::new(jitdump::lines(raw, debug_count, swapped).filter_map(
+                        move |x| {
+                            Some(image::Line {
+                                at: x.addr.checked_sub(code_addr)?,
+                                line: x.lineno,
+                                file: x.name,
+                            })
+                        },
+                    )),
+                    _ => Box::new(std::iter::empty()),
+                };
+                let u = unwind.take();
+                let tables = u.as_ref().map(|(d, hdr, mapped)| image::Tables {
+                    data: d,
+                    hdr_size: *hdr,
+                    mapped: *mapped,
+                });
+                // CFI: an .eh_frame with entries before the header.
+                let has_cfi = tables.is_some_and(|t| (t.data.len() as u64) > t.hdr_size);
+                let (placed, which) = if split_cfi && has_cfi {
+                    let sp = single_path(&image_path, m.pid, load.code_index);
+                    let mut one =
+                        image::ImageWriter::create(&sp, image::Kind::Single).map_err(fail)?;
+                    let placed = one
+                        .add(load.name, load.code, tables, &mut lines_iter)
+                        .map_err(fail)?;
+                    singles.push((load.code_index, one.finish().map_err(fail)?));
+                    (placed, singles.len() as u64)
+                } else {
+                    shared_loads += 1;
+                    let placed = img
+                        .add(load.name, load.code, tables, &mut lines_iter)
+                        .map_err(fail)?;
+                    (placed, 0)
+                };
+                drop(lines_iter);
+                if indexes.len() < MAX_INDEXES {
+                    indexes.insert(load.code_index, (placed, which));
+                }
+                let rec = MapRec {
+                    time: entry.time,
+                    pid: m.pid,
+                    tid: load.tid,
+                    start: code_addr,
+                    len: placed.len,
+                    pgoff: placed.offset,
+                    img: which,
+                };
+                lw.write_all(&rec.encode()).map_err(|e| e.to_string())?;
+                count += 1;
+                loads += 1;
+            }
+            Record::Move(mv) => {
+                let Some(&(p, which)) = indexes.get(&mv.code_index) else {
+                    lost_moves += 1;
+                    continue;
+                };
+                let rec = MapRec {
+                    time: entry.time,
+                    pid: m.pid,
+                    tid: mv.tid,
+                    start: mv.new_code_addr,
+                    len: mv.code_size.min(p.len).max(1),
+                    pgoff: p.offset,
+                    img: which,
+                };
+                lw.write_all(&rec.encode()).map_err(|e| e.to_string())?;
+                count += 1;
+                moves += 1;
+            }
+            Record::Close | Record::Unknown(_) => {}
+        }
+    }
+    let shown = path.display();
+    if let Some(c) = &cut {
+        // From the cut on, code may have been loaded where older code was: every range
+        // loaded so far is covered by an anonymous map at the cut's time.
+        let t = match c {
+            JitdumpError::Truncated { time: Some(t), .. } => (*t).max(last_time),
+            _ => last_time,
+        }
+        .saturating_add(1);
+        lw.flush().map_err(|e| e.to_string())?;
+        let f = lw.get_ref().try_clone().map_err(|e| e.to_string())?;
+        let n = count;
+        let mut covers = Vec::new();
+        for i in 0..n {
+            let mut b = [0u8; MapRec::SIZE];
+            f.read_exact_at(&mut b, i * MapRec::SIZE as u64)
+                .map_err(|e| e.to_string())?;
+            let rec = MapRec::decode(&b);
+            covers.push(MapRec {
+                time: t,
+                pgoff: u64::MAX,
+                ..rec
+            });
+            if covers.len() >= 4096 {
+                for c in covers.drain(..) {
+                    lw.write_all(&c.encode()).map_err(|e| e.to_string())?;
+                }
+            }
+        }
+        for c in covers {
+            lw.write_all(&c.encode()).map_err(|e| e.to_string())?;
+        }
+        count += n;
+        notes.push(format!(
+            "--jit: {shown} is cut short ({c}): its {loads} code loads before the cut are used; samples in JIT code from {t} ns on show as [unknown] (code loaded after the cut is not in the dump, and must not take an older load's name)"
+        ));
+    }
+    if lost_moves > 0 {
+        notes.push(format!(
+            "--jit: {shown}: {lost_moves} code moves name a load not in the dump; left out"
+        ));
+    }
+    if img.dropped_tables > 0 {
+        notes.push(format!(
+            "--jit: {shown}: {} loads without a name or lines (the image's 32-bit tables are full)",
+            img.dropped_tables
+        ));
+    }
+    // An image no load went to is not written.
+    let id = if shared_loads > 0 {
+        Some(img.finish().map_err(fail)?)
+    } else {
+        None
+    };
+    let list = lw.into_inner().map_err(|e| e.to_string())?;
+    let mut into = Vec::new();
+    if let Some(id) = id {
+        into.push(format!("{} (build ID {id})", image_path.display()));
+    }
+    if !singles.is_empty() {
+        into.push(format!(
+            "{} images of one load each (jitted-{}-N.so: loads with unwinding tables, one image each as perf's DWARF unwinding needs)",
+            singles.len(),
+            m.pid
+        ));
+    }
+    notes.push(format!(
+        "--jit: {shown}: {loads} code loads{} into {}; {count} MMAP2 records",
+        if moves > 0 {
+            format!(" and {moves} moves")
+        } else {
+            String::new()
+        },
+        into.join(" and ")
+    ));
+    let _ = l;
+    Ok((
+        Dump {
+            marker: m.clone(),
+            image: image_path,
+            id,
+            singles,
+            list,
+            count,
+        },
+        notes,
+    ))
+}
+
+/// An MMAP2 record in build-ID form for `r` of `d`'s image (or an anonymous cover).
+fn encode_record(r: &MapRec, d: &Dump, l: &Layout, trailer: &TrailerLayout) -> Vec<u8> {
+    let e = l.endian;
+    let cover = r.pgoff == u64::MAX;
+    let image = if cover { None } else { d.image_of(r.img) };
+    let name: Vec<u8> = match &image {
+        Some((p, _)) => p.as_os_str().as_encoded_bytes().to_vec(),
+        None => b"//anon".to_vec(),
+    };
+    let cover = image.is_none();
+    let name_len = (name.len() + 1).next_multiple_of(8);
+    let size = 8 + 64 + name_len + trailer.size;
+    let mut b = Vec::with_capacity(size);
+    b.extend_from_slice(&e.put_u32(rt::MMAP2));
+    let m = misc::USER | if cover { 0 } else { misc::MMAP_BUILD_ID };
+    b.extend_from_slice(&e.put_u16(m));
+    b.extend_from_slice(&e.put_u16(size as u16));
+    b.extend_from_slice(&e.put_u32(r.pid));
+    b.extend_from_slice(&e.put_u32(r.tid));
+    b.extend_from_slice(&e.put_u64(r.start));
+    b.extend_from_slice(&e.put_u64(r.len));
+    b.extend_from_slice(&e.put_u64(if cover { 0 } else { r.pgoff }));
+    if cover {
+        b.extend_from_slice(&[0u8; 24]);
+        b.extend_from_slice(&e.put_u32(PROT_RX));
+        b.extend_from_slice(&e.put_u32(MAP_PRIVATE | 0x20));
+    } else {
+        let id = image.as_ref().map_or(&[][..], |(_, id)| id.as_bytes());
+        b.push(id.len() as u8);
+        b.extend_from_slice(&[0, 0, 0]);
+        let mut padded = [0u8; 20];
+        padded[..id.len().min(20)].copy_from_slice(&id[..id.len().min(20)]);
+        b.extend_from_slice(&padded);
+        b.extend_from_slice(&e.put_u32(PROT_RX));
+        b.extend_from_slice(&e.put_u32(MAP_PRIVATE));
+    }
+    b.extend_from_slice(&name);
+    b.resize(8 + 64 + name_len, 0);
+    let mut t = vec![0u8; trailer.size];
+    if let Some(o) = trailer.tid_at {
+        t[o..o + 4].copy_from_slice(&e.put_u32(r.pid));
+        t[o + 4..o + 8].copy_from_slice(&e.put_u32(r.tid));
+    }
+    if let Some(o) = trailer.time_at {
+        t[o..o + 8].copy_from_slice(&e.put_u64(r.time));
+    }
+    b.extend_from_slice(&t);
+    b
+}
+
+/// A dump's list being merged.
+struct ListReader {
+    r: BufReader<File>,
+    left: u64,
+}
+
+impl ListReader {
+    fn next(&mut self) -> Option<MapRec> {
+        if self.left == 0 {
+            return None;
+        }
+        let mut b = [0u8; MapRec::SIZE];
+        self.r.read_exact(&mut b).ok()?;
+        self.left -= 1;
+        Some(MapRec::decode(&b))
+    }
+}
+
+/// Pass 2: the recording again, with the dumps' records merged in by time, markers
+/// and the anonymous maps after them dropped, every other byte copied.
+fn write_merged(src: &Path, out: &Path, l: &Layout, dumps: &[Dump], anons: &[Anon]) -> Result<()> {
+    let e = l.endian;
+    let trailer = l.trailer();
+    let io_out = |err| Error::io(out, err);
+    let f = File::open(src).map_err(|e| Error::io(src, e))?;
+    let total = f.metadata().map_err(|e| Error::io(src, e))?.len();
+    let mut r = BufReader::with_capacity(IO_BUF, f);
+    let mut w = BufWriter::with_capacity(
+        IO_BUF,
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .truncate(true)
+            .open(out)
+            .map_err(io_out)?,
+    );
+    // Everything before the records, as it is.
+    std::io::copy(&mut (&mut r).take(l.data.0), &mut w).map_err(io_out)?;
+    let mut ids: HashMap<u64, usize> = HashMap::new();
+    for (i, a) in l.attrs.iter().enumerate() {
+        for &id in &a.ids {
+            ids.insert(id, i);
+        }
+    }
+    let mut lists: Vec<Option<ListReader>> = Vec::with_capacity(dumps.len());
+    for d in dumps {
+        let mut f = d.list.try_clone().map_err(|e| Error::io(&d.image, e))?;
+        f.seek(SeekFrom::Start(0))
+            .map_err(|e| Error::io(&d.image, e))?;
+        lists.push(Some(ListReader {
+            r: BufReader::with_capacity(LIST_BUF, f),
+            left: d.count,
+        }));
+    }
+    let marker_at: HashMap<u64, usize> = dumps
+        .iter()
+        .enumerate()
+        .map(|(i, d)| (d.marker.offset, i))
+        .collect();
+    // Anonymous maps of a dump's process after its marker go (perf's jit_process).
+    let drop_anon: std::collections::HashSet<u64> = anons
+        .iter()
+        .filter(|a| {
+            dumps.iter().any(|d| {
+                d.marker.pid == a.pid
+                    && match (a.time, d.marker.time) {
+                        (Some(t), Some(mt)) => t >= mt,
+                        _ => a.offset > d.marker.offset,
+                    }
+            })
+        })
+        .map(|a| a.offset)
+        .collect();
+    // Released lists' heads, earliest first (ties: dump order, then list order).
+    let mut heap: BinaryHeap<std::cmp::Reverse<(u64, usize, u64)>> = BinaryHeap::new();
+    let mut heads: Vec<Option<MapRec>> = vec![None; dumps.len()];
+    let mut seq = 0u64;
+    let push_head = |i: usize,
+                     lists: &mut Vec<Option<ListReader>>,
+                     heads: &mut Vec<Option<MapRec>>,
+                     heap: &mut BinaryHeap<_>,
+                     seq: &mut u64| {
+        if let Some(Some(lr)) = lists.get_mut(i)
+            && let Some(rec) = lr.next()
+        {
+            heads[i] = Some(rec);
+            *seq += 1;
+            heap.push(std::cmp::Reverse((rec.time, i, *seq)));
+        }
+    };
+    let mut recs = Records {
+        r,
+        at: l.data.0,
+        to: l.data.1,
+        e,
+        buf: Vec::new(),
+    };
+    let mut written = 0u64;
+    let emit = |upto: Option<u64>,
+                heap: &mut BinaryHeap<std::cmp::Reverse<(u64, usize, u64)>>,
+                heads: &mut Vec<Option<MapRec>>,
+                lists: &mut Vec<Option<ListReader>>,
+                w: &mut BufWriter<File>,
+                written: &mut u64,
+                seq: &mut u64|
+     -> std::io::Result<()> {
+        while let Some(std::cmp::Reverse((t, i, _))) = heap.peek().copied() {
+            if upto.is_some_and(|u| t > u) {
+                break;
+            }
+            heap.pop();
+            if let Some(rec) = heads[i].take() {
+                let b = encode_record(&rec, &dumps[i], l, &trailer);
+                w.write_all(&b)?;
+                *written += b.len() as u64;
+            }
+            if let Some(Some(lr)) = lists.get_mut(i)
+                && let Some(rec) = lr.next()
+            {
+                heads[i] = Some(rec);
+                *seq += 1;
+                heap.push(std::cmp::Reverse((rec.time, i, *seq)));
+            }
+        }
+        Ok(())
+    };
+    while let Some((at, extra)) = recs.next(src)? {
+        if let Some(&i) = marker_at.get(&at) {
+            // The marker goes; its dump's records start here.
+            push_head(i, &mut lists, &mut heads, &mut heap, &mut seq);
+        } else if drop_anon.contains(&at) {
+        } else {
+            let t = record_time(&recs.buf, l, &trailer, &ids);
+            if t.is_some() {
+                emit(
+                    t,
+                    &mut heap,
+                    &mut heads,
+                    &mut lists,
+                    &mut w,
+                    &mut written,
+                    &mut seq,
+                )
+                .map_err(io_out)?;
+            }
+            w.write_all(&recs.buf).map_err(io_out)?;
+            written += recs.buf.len() as u64;
+            if extra > 0 {
+                let n = std::io::copy(&mut (&mut recs.r).take(extra), &mut w).map_err(io_out)?;
+                written += n;
+            }
+            continue;
+        }
+        if extra > 0 {
+            std::io::copy(&mut (&mut recs.r).take(extra), &mut std::io::sink()).map_err(io_out)?;
+        }
+    }
+    emit(
+        None,
+        &mut heap,
+        &mut heads,
+        &mut lists,
+        &mut w,
+        &mut written,
+        &mut seq,
+    )
+    .map_err(io_out)?;
+    // What follows the records (a file's feature sections), as it is.
+    let mut r = recs.r;
+    let tail_from = l.data.1;
+    r.seek(SeekFrom::Start(tail_from))
+        .map_err(|e| Error::io(src, e))?;
+    std::io::copy(&mut (&mut r).take(total.saturating_sub(tail_from)), &mut w).map_err(io_out)?;
+    let f = w.into_inner().map_err(|err| io_out(err.into_error()))?;
+    if !l.stream {
+        fix_file_header(src, &f, out, l, written)?;
+    }
+    Ok(())
+}
+
+/// A file-format intermediate: its data size and every offset past the data follow
+/// the data's new size (feature sections; attrs and ids written after the data).
+fn fix_file_header(src: &Path, f: &File, out: &Path, l: &Layout, new_size: u64) -> Result<()> {
+    let io_out = |err| Error::io(out, err);
+    let e = l.endian;
+    let old_end = l.data.1;
+    let delta = new_size as i128 - (l.data.1 - l.data.0) as i128;
+    let shift = |v: u64| -> u64 {
+        if v >= old_end {
+            (v as i128 + delta) as u64
+        } else {
+            v
+        }
+    };
+    let len = f.metadata().map_err(io_out)?.len();
+    let mut head = vec![0u8; 104.min(len as usize)];
+    f.read_exact_at(&mut head, 0).map_err(io_out)?;
+    let h = FileHeader::parse(&head, len).map_err(|e| e.in_file(src))?;
+    head[48..56].copy_from_slice(&e.put_u64(new_size));
+    let attrs_off = shift(h.attrs.offset);
+    head[24..32].copy_from_slice(&e.put_u64(attrs_off));
+    f.write_all_at(&head, 0).map_err(io_out)?;
+    // Each attr's ids section.
+    if h.attr_size >= 16 {
+        let mut attrs = vec![0u8; h.attrs.size as usize];
+        f.read_exact_at(&mut attrs, attrs_off).map_err(io_out)?;
+        let idat = h.attr_size as usize - 16;
+        for a in attrs.chunks_exact_mut(h.attr_size as usize) {
+            if let Some(v) = e.u64(a, idat) {
+                a[idat..idat + 8].copy_from_slice(&e.put_u64(shift(v)));
+            }
+        }
+        f.write_all_at(&attrs, attrs_off).map_err(io_out)?;
+    }
+    // The feature table after the data.
+    let table = shift(old_end);
+    let n = h.feature_bits().count();
+    let mut t = vec![0u8; 16 * n];
+    f.read_exact_at(&mut t, table).map_err(io_out)?;
+    for i in 0..n {
+        if let Some(v) = e.u64(&t, 16 * i) {
+            t[16 * i..16 * i + 8].copy_from_slice(&e.put_u64(shift(v)));
+        }
+    }
+    f.write_all_at(&t, table).map_err(io_out)?;
+    Ok(())
+}
+
+/// Adds the pass's notes to a run's report and names the original input.
+pub fn conclude(p: &Prepared, report: &mut crate::report::Report) {
+    report.notes.extend(p.summary.notes.iter().cloned());
+}
+
+/// Whether a sample type carries what the records need (kept for tests).
+pub fn has_tid_time(sample_type: u64) -> bool {
+    sample_type & st::TID != 0 && sample_type & st::TIME != 0
+}

@@ -1,0 +1,570 @@
+//! `--jit` (issue 20): jitdumps become images and MMAP2 records. The oracle is
+//! `perf inject --jit` read by perf 6.1, 6.12 and 7.3: the same symbol for every
+//! sample and callchain entry (dso names and dso-relative addresses differ by design:
+//! one image per process instead of one per code load), the same source lines. A
+//! tiny C JIT (testdata/fixtures/minijit.c) reuses an address and cuts its dump; node
+//! and python3.13 are the real JITs (skipped when missing).
+
+use crate::common::{self, Perf};
+use std::collections::BTreeMap;
+use std::ffi::OsStr;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+/// The perfs to read outputs with: 6.1, and 6.12 and 7.3 where unpacked.
+fn readers(test: &str) -> Vec<Perf> {
+    let mut v = Vec::new();
+    v.extend(common::perf(test));
+    v.extend(common::perf612(test));
+    v.extend(common::perf73(test));
+    v
+}
+
+/// Per line of `perf script -F ip,sym` (callchain entries included): the symbol,
+/// without the address (callchain addresses are dso-relative, and the dsos differ).
+fn symbols(perf: &Perf, file: &Path, extra: &[&str]) -> Vec<String> {
+    common::perf_script(perf, file, &[&["-F", "ip,sym"], extra].concat())
+        .lines()
+        .map(|l| {
+            let t = l.trim();
+            match t.split_once(char::is_whitespace) {
+                Some((_, sym)) => sym.trim().to_string(),
+                None => t.to_string(),
+            }
+        })
+        .collect()
+}
+
+/// `perf script -F ip,sym,srcline` restricted to `dsos`: (symbol, line) per sample,
+/// where perf's "no line" spellings (`??:0`, `DSO[ADDR]`) become "-".
+fn srclines(perf: &Perf, file: &Path, dsos: &str) -> Vec<(String, String)> {
+    let out = common::perf_script(perf, file, &["-F", "ip,sym,srcline", "--dsos", dsos]);
+    let mut v: Vec<(String, String)> = Vec::new();
+    for l in out.lines() {
+        if l.starts_with("  ") && !l.starts_with("   ") {
+            let s = l.trim();
+            let none = s == "??:0" || (s.ends_with(']') && s.contains(".so["));
+            if let Some(last) = v.last_mut() {
+                last.1 = if none { "-".into() } else { s.to_string() };
+            }
+        } else if let Some((_, sym)) = l.trim().split_once(char::is_whitespace) {
+            v.push((sym.trim().to_string(), "-".into()));
+        }
+    }
+    v
+}
+
+fn perf_inject_jit(perf: &Perf, input: &Path, out: &Path) {
+    common::run_ok(
+        perf.cmd()
+            .args(["inject", "--jit", "-i"])
+            .arg(input)
+            .arg("-o")
+            .arg(out),
+    );
+}
+
+/// `pdinject --jit IN OUT` with a JSON report; returns the report.
+fn pdinject_jit(input: &Path, out: &Path, extra: &[&str]) -> serde_json::Value {
+    common::pdinject_ok(input, out, &[&["--jit"], extra].concat()).1
+}
+
+fn notes(report: &serde_json::Value) -> String {
+    report["notes"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|n| n.as_str())
+                .collect::<Vec<_>>()
+                .join("\n")
+        })
+        .unwrap_or_default()
+}
+
+/// Files in `dir` whose name starts with `prefix` and ends with `.so`.
+fn images(dir: &Path, prefix: &str) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = fs::read_dir(dir)
+        .map(|r| {
+            r.filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| {
+                    p.file_name()
+                        .and_then(OsStr::to_str)
+                        .is_some_and(|n| n.starts_with(prefix) && n.ends_with(".so"))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+/// Builds minijit and records it in `dir` (with `env`); returns the recording and
+/// the boundary time (ns) after which samples ran fnB.
+fn record_minijit(perf: &Perf, dir: &Path, env: &[(&str, &str)]) -> (PathBuf, u64) {
+    let bin = dir.join("minijit");
+    common::gcc(&[
+        common::fixtures_src().join("minijit.c").as_os_str(),
+        OsStr::new("-o"),
+        bin.as_os_str(),
+    ]);
+    let data = dir.join("m.data");
+    let mut c = perf.cmd();
+    c.current_dir(dir)
+        .args(["record", "-q", "-k", "1", "-o"])
+        .arg(&data)
+        .arg("--")
+        .arg(&bin);
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let o = common::run_ok(&mut c);
+    let out = String::from_utf8_lossy(&o.stdout);
+    let boundary = out
+        .lines()
+        .find_map(|l| l.strip_prefix("boundary ")?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("minijit printed no boundary: {out}"));
+    (data, boundary)
+}
+
+/// (time ns, symbol) of the samples in fnA/fnB's code or [unknown] user memory.
+fn timed_jit_samples(perf: &Perf, file: &Path) -> Vec<(u64, String)> {
+    common::perf_script(perf, file, &["-F", "time,ip,sym", "--ns"])
+        .lines()
+        .filter_map(|l| {
+            let mut it = l.split_whitespace();
+            let t = it.next()?.trim_end_matches(':');
+            let (s, ns) = t.split_once('.')?;
+            let time = s.parse::<u64>().ok()? * 1_000_000_000 + ns.parse::<u64>().ok()?;
+            let ip = it.next()?;
+            let sym = it.collect::<Vec<_>>().join(" ");
+            (ip.len() < 16).then_some((time, sym))
+        })
+        .filter(|(_, s)| s == "fnA" || s == "fnB" || s == "[unknown]")
+        .collect()
+}
+
+#[test]
+fn jit_minijit_address_reuse_lines_streams_and_reruns() {
+    let t = "jit_minijit_address_reuse_lines_streams_and_reruns";
+    let Some(perf) = common::can_record(t) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (data, boundary) = record_minijit(&perf, dir.path(), &[("MINIJIT_LINES", "1")]);
+    let theirs = dir.path().join("perf-jit.data");
+    perf_inject_jit(&perf, &data, &theirs);
+    let ours = dir.path().join("ours.data");
+    let report = pdinject_jit(&data, &ours, &[]);
+    // One image for the process, beside its dump.
+    let mine = images(dir.path(), "jit-");
+    assert_eq!(mine.len(), 1, "one image per process: {mine:?}");
+    let image = &mine[0];
+    assert!(
+        notes(&report).contains("2 code loads"),
+        "{}",
+        notes(&report)
+    );
+    // Address reuse: every sample in the JIT code names the code that was there at
+    // its time, as in perf inject's output.
+    let samples = timed_jit_samples(&perf, &ours);
+    let a = samples.iter().filter(|(_, s)| s == "fnA").count();
+    let b = samples.iter().filter(|(_, s)| s == "fnB").count();
+    assert!(a > 50 && b > 50, "fnA {a}, fnB {b} samples");
+    for (time, sym) in &samples {
+        let want = if *time < boundary { "fnA" } else { "fnB" };
+        assert_eq!(
+            sym, want,
+            "sample at {time} ns (fnB loaded after {boundary})"
+        );
+    }
+    for p in readers(t) {
+        assert_eq!(
+            symbols(&p, &ours, &[]),
+            symbols(&p, &theirs, &[]),
+            "{}: per-sample symbols differ from perf inject --jit's",
+            p.name
+        );
+        let jitted: Vec<String> = images(dir.path(), "jitted-")
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect();
+        let ours_lines = srclines(&p, &ours, &image.display().to_string());
+        assert_eq!(
+            ours_lines,
+            srclines(&p, &theirs, &jitted.join(",")),
+            "{}: source lines differ from perf inject --jit's",
+            p.name
+        );
+        assert!(
+            ours_lines
+                .iter()
+                .any(|(s, l)| s == "fnA" && l == "minijit.js:10")
+                && ours_lines
+                    .iter()
+                    .any(|(s, l)| s == "fnB" && l == "minijit.js:20"),
+            "{}: {ours_lines:?}",
+            p.name
+        );
+    }
+    // The image's ID: in the table, in the build-ID cache, a function of its bytes.
+    let id = common::elf_build_id(image).expect("the image has a build ID");
+    let listed = common::buildid_list(&perf, &ours);
+    assert_eq!(
+        listed.get(&image.display().to_string()),
+        Some(&id),
+        "{listed:?}"
+    );
+    let cached = common::test_home()
+        .join(".debug/.build-id")
+        .join(&id[..2])
+        .join(&id[2..]);
+    assert!(
+        cached.exists(),
+        "{} is not in the build-ID cache",
+        cached.display()
+    );
+    let bytes = fs::read(image).unwrap();
+    fs::remove_file(image).unwrap();
+    let again = dir.path().join("again.data");
+    pdinject_jit(&data, &again, &["-N"]);
+    assert_eq!(fs::read(image).unwrap(), bytes, "a rerun wrote other bytes");
+    // Stream forms: a stream in, a file out; a stream in and out.
+    let stream = dir.path().join("m.pipe");
+    common::run_ok(
+        perf.cmd()
+            .args(["inject", "-i"])
+            .arg(&data)
+            .args(["-o", "-"])
+            .stdout(fs::File::create(&stream).unwrap()),
+    );
+    let from_stream = dir.path().join("from-stream.data");
+    pdinject_jit(&stream, &from_stream, &["-N"]);
+    let piped = dir.path().join("piped.data");
+    let o = common::run(
+        common::pdinject()
+            .args(["--jit", "-q", "-N", "-", "-"])
+            .stdin(fs::File::open(&stream).unwrap())
+            .stdout(fs::File::create(&piped).unwrap()),
+    );
+    assert!(o.status.success(), "{}", common::tail(&o.stderr));
+    let want = symbols(&perf, &theirs, &[]);
+    assert_eq!(symbols(&perf, &from_stream, &[]), want, "stream to file");
+    assert_eq!(symbols(&perf, &piped, &[]), want, "stream to stream");
+    assert_eq!(
+        fs::read(image).unwrap(),
+        bytes,
+        "the stream runs wrote other bytes"
+    );
+}
+
+#[test]
+fn jit_minijit_cut_dump_gives_no_wrong_symbol() {
+    let t = "jit_minijit_cut_dump_gives_no_wrong_symbol";
+    let Some(perf) = common::can_record(t) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (data, boundary) = record_minijit(&perf, dir.path(), &[("MINIJIT_CUT", "1")]);
+    let ours = dir.path().join("ours.data");
+    let report = pdinject_jit(&data, &ours, &[]);
+    assert!(
+        notes(&report).contains("is cut short"),
+        "no note on the cut dump: {}",
+        notes(&report)
+    );
+    let samples = timed_jit_samples(&perf, &ours);
+    let before = samples
+        .iter()
+        .filter(|(t, s)| *t < boundary && s == "fnA")
+        .count();
+    assert!(before > 50, "fnA lost its samples before the cut: {before}");
+    // fnB's record is cut: its code must not take fnA's name.
+    let wrong: Vec<_> = samples
+        .iter()
+        .filter(|(t, s)| *t >= boundary && s == "fnA")
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "{} samples after fnB replaced fnA are named fnA, e.g. {:?}",
+        wrong.len(),
+        wrong.first()
+    );
+    assert!(
+        samples
+            .iter()
+            .any(|(t, s)| *t >= boundary && s == "[unknown]"),
+        "the samples after the cut should show as [unknown]"
+    );
+}
+
+#[test]
+fn jit_minijit_dump_of_another_process_is_left_out() {
+    let t = "jit_minijit_dump_of_another_process_is_left_out";
+    let Some(perf) = common::can_record(t) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (data, _) = record_minijit(&perf, dir.path(), &[("MINIJIT_BADPID", "1")]);
+    let ours = dir.path().join("ours.data");
+    let report = pdinject_jit(&data, &ours, &[]);
+    assert!(
+        notes(&report).contains("written by process"),
+        "{}",
+        notes(&report)
+    );
+    assert!(
+        images(dir.path(), "jit-").is_empty(),
+        "an image was written"
+    );
+    let syms = symbols(&perf, &ours, &[]);
+    assert!(!syms.iter().any(|s| s == "fnA" || s == "fnB"));
+}
+
+#[test]
+fn jit_minijit_recording_of_another_host_is_left_out() {
+    let t = "jit_minijit_recording_of_another_host_is_left_out";
+    let Some(perf) = common::can_record(t) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (data, _) = record_minijit(&perf, dir.path(), &[]);
+    // The HOSTNAME feature (`u32 len; name, NUL-padded`) after the data: the same
+    // length, another name.
+    let host = String::from_utf8_lossy(&common::run_ok(Command::new("uname").arg("-n")).stdout)
+        .trim()
+        .to_string();
+    let mut bytes = fs::read(&data).unwrap();
+    let (_, data_end) = {
+        let (off, size) = common::data_section(&data);
+        (off, off + size)
+    };
+    let mut needle = host.as_bytes().to_vec();
+    needle.push(0);
+    let at = bytes[data_end as usize..]
+        .windows(needle.len())
+        .position(|w| w == needle.as_slice())
+        .map(|p| p + data_end as usize)
+        .expect("the HOSTNAME feature");
+    for b in &mut bytes[at..at + host.len()] {
+        *b = if *b == b'x' { b'y' } else { b'x' };
+    }
+    let other = dir.path().join("other-host.data");
+    fs::write(&other, &bytes).unwrap();
+    let ours = dir.path().join("ours.data");
+    let report = pdinject_jit(&other, &ours, &[]);
+    assert!(
+        notes(&report).contains("was made on host"),
+        "{}",
+        notes(&report)
+    );
+    assert!(
+        images(dir.path(), "jit-").is_empty(),
+        "an image was written"
+    );
+    let syms = symbols(&perf, &ours, &[]);
+    assert!(!syms.iter().any(|s| s == "fnA" || s == "fnB"));
+}
+
+#[test]
+fn jit_dash_j_with_a_number_says_jobs() {
+    let o = common::pdinject_run(["-j", "4", "in.data", "out.data"]);
+    assert_eq!(o.status.code(), Some(2), "{}", common::tail(&o.stderr));
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(e.contains("--jobs 4"), "{e}");
+}
+
+/// A node workload: `new Function` bodies compiled by V8 (--perf-prof).
+const NODE_JS: &str = r#"
+const n = parseInt(process.argv[2]);
+let fs = [];
+for (let i = 0; i < n; i++) fs.push(new Function("x", `let s=0; for (let k=0;k<x;k++){ s = (s + k*${i+1}) % 1000003; } return s;`));
+let t = 0;
+const end = Date.now() + parseInt(process.argv[3]);
+while (Date.now() < end) { for (const f of fs) t += f(200); }
+console.log(t);
+"#;
+
+fn runtime(names: &[&str]) -> Option<PathBuf> {
+    for n in names {
+        let p = Path::new(n);
+        if p.is_absolute() && p.exists() {
+            return Some(p.to_path_buf());
+        }
+        if Command::new(n)
+            .arg("--version")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+        {
+            return Some(PathBuf::from(n));
+        }
+    }
+    None
+}
+
+/// pdinject --jit against perf inject --jit on `data`: the same symbols with every
+/// perf.
+fn compare_with_perf(t: &str, perf: &Perf, data: &Path, dir: &Path) {
+    let theirs = dir.join("perf-jit.data");
+    perf_inject_jit(perf, data, &theirs);
+    let ours = dir.join("ours.data");
+    let report = pdinject_jit(data, &ours, &[]);
+    assert!(
+        notes(&report).contains(" code loads into "),
+        "no image: {}",
+        notes(&report)
+    );
+    for p in readers(t) {
+        let a = symbols(&p, &ours, &[]);
+        let b = symbols(&p, &theirs, &[]);
+        let differ = a.iter().zip(&b).filter(|(x, y)| x != y).count();
+        assert!(
+            a.len() == b.len() && differ == 0,
+            "{}: {} of {} lines differ from perf inject --jit's; first: {:?}",
+            p.name,
+            differ,
+            a.len(),
+            a.iter().zip(&b).find(|(x, y)| x != y)
+        );
+    }
+}
+
+#[test]
+fn jit_node_matches_perf_inject() {
+    let t = "jit_node_matches_perf_inject";
+    let Some(node) = runtime(&["node"]) else {
+        common::skip(t, "node not found");
+        return;
+    };
+    let Some(perf) = common::can_record(t) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    fs::write(dir.path().join("w.js"), NODE_JS).unwrap();
+    let data = dir.path().join("n.data");
+    common::record_in(
+        &perf,
+        dir.path(),
+        &data,
+        &[
+            "-k",
+            "1",
+            "--",
+            node.to_str().unwrap(),
+            "--perf-prof",
+            "w.js",
+            "200",
+            "800",
+        ],
+    );
+    compare_with_perf(t, &perf, &data, dir.path());
+    // One image for the process, and the same source lines as perf inject's.
+    let mine = images(dir.path(), "jit-");
+    assert_eq!(mine.len(), 1, "{mine:?}");
+    let theirs = dir.path().join("perf-jit.data");
+    let ours = dir.path().join("ours.data");
+    let hit: BTreeMap<String, ()> = common::perf_script(&perf, &theirs, &["-F", "dso"])
+        .lines()
+        .map(|l| l.trim().trim_matches(['(', ')']).to_string())
+        .filter(|d| d.contains("/jitted-"))
+        .map(|d| (d, ()))
+        .collect();
+    if hit.is_empty() {
+        return;
+    }
+    let list = hit.keys().cloned().collect::<Vec<_>>().join(",");
+    for p in readers(t) {
+        assert_eq!(
+            srclines(&p, &ours, &mine[0].display().to_string()),
+            srclines(&p, &theirs, &list),
+            "{}: source lines differ",
+            p.name
+        );
+    }
+}
+
+#[test]
+fn jit_python_matches_perf_inject() {
+    let t = "jit_python_matches_perf_inject";
+    let home = std::env::var("HOME").unwrap_or_default();
+    let pyenv = fs::read_dir(Path::new(&home).join(".pyenv/versions"))
+        .ok()
+        .and_then(|r| {
+            r.filter_map(|e| e.ok())
+                .map(|e| e.path().join("bin/python3.13"))
+                .find(|p| p.exists())
+        });
+    let mut names: Vec<String> = vec!["python3.13".into()];
+    if let Some(p) = pyenv {
+        names.insert(0, p.display().to_string());
+    }
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let Some(py) = runtime(&names) else {
+        common::skip(t, "python3.13 not found");
+        return;
+    };
+    let Some(perf) = common::can_record(t) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("w.py");
+    fs::write(
+        &script,
+        "import sys, time\n\
+         def make(i):\n    ns = {}\n    exec(f\"def f{i}(x):\\n    s = 0\\n    for k in range(x):\\n        s = (s + k * {i+1}) % 1000003\\n    return s\\n\", ns)\n    return ns[f\"f{i}\"]\n\
+         fs = [make(i) for i in range(100)]\nend = time.time() + 0.6\nt = 0\n\
+         while time.time() < end:\n    for f in fs: t += f(50)\nprint(t)\n",
+    )
+    .unwrap();
+    for (mode, cg) in [("fp", "fp"), ("dwarf", "dwarf")] {
+        let data = dir.path().join(format!("py-{mode}.data"));
+        let sub = dir.path().join(mode);
+        fs::create_dir_all(&sub).unwrap();
+        common::record_in(
+            &perf,
+            dir.path(),
+            &data,
+            &[
+                "-k",
+                "1",
+                "--call-graph",
+                cg,
+                "--",
+                py.to_str().unwrap(),
+                "-X",
+                "perf_jit",
+                script.to_str().unwrap(),
+            ],
+        );
+        // CPython writes /tmp/jit-PID.dump; the images go beside it.
+        let pid = common::perf_script(&perf, &data, &["--show-mmap-events"])
+            .lines()
+            .find(|l| l.contains("/jit-") && l.contains(".dump"))
+            .and_then(|l| {
+                l.rsplit("/jit-")
+                    .next()?
+                    .strip_suffix(".dump")
+                    .map(String::from)
+            });
+        compare_with_perf(t, &perf, &data, &sub);
+        if mode == "fp" {
+            // Without DWARF stacks, every load goes into one image.
+            let r = common::read_report(&sub.join("ours.report.json"));
+            assert!(!notes(&r).contains("of one load each"), "{}", notes(&r));
+        }
+        if let Some(pid) = pid {
+            for f in fs::read_dir("/tmp").into_iter().flatten().flatten() {
+                let n = f.file_name().to_string_lossy().into_owned();
+                if n == format!("jit-{pid}.dump")
+                    || n == format!("jit-{pid}.so")
+                    || n.starts_with(&format!("jit-{pid}-"))
+                    || n.starts_with(&format!("jitted-{pid}-"))
+                {
+                    let _ = fs::remove_file(f.path());
+                }
+            }
+        }
+    }
+}
