@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 /// Window of a data file mapped at once by the scan.
-pub const WINDOW_BYTES: u64 = 64 << 20;
+pub(crate) const WINDOW_BYTES: u64 = 64 << 20;
 
 /// Where a data stream's bytes live.
 #[derive(Debug)]
@@ -219,7 +219,7 @@ const SPREAD_MIN: usize = 4 << 20;
 
 /// A data file whose windows are mapped by all threads of a pool
 /// (`DataFile::window_with`), when it has one.
-pub struct Spread<'a> {
+pub(crate) struct Spread<'a> {
     /// The file.
     pub file: &'a DataFile,
     /// The threads (`None`: the calling thread maps and unmaps, as

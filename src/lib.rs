@@ -11,25 +11,44 @@
 //! what a run is asked to do; [`report`] what it says it did. The command line lives
 //! in the binary (`src/main.rs`), not here.
 
+#![warn(unreachable_pub)]
+
+// The library's API: a run from an input to an output (or in place), what it is asked
+// to do, what it says it did, and batch mode. Everything a caller needs is named
+// here; the rooms below are reached only by the command line, the tests, the
+// benches and the fuzzers.
+pub use driver::{run, run_in_place, run_staged, validate};
+pub use error::{Error, Result};
+pub use options::{AttrsFor, Callchains, Form, JitChoice, Mode, Options, UnwindChoice};
+pub use report::Report;
+
 pub mod batch;
-pub mod buildid;
-pub mod convert;
 pub mod driver;
-pub mod engine;
 pub mod error;
-pub mod format;
-pub mod input;
-pub mod jit;
-pub mod limits;
-pub mod model;
 pub mod options;
-pub mod perfconfig;
 pub mod report;
+
+// Rooms the tests, benches and fuzzers drive directly (their entry points and the
+// views they check); not part of the API.
+#[doc(hidden)]
+pub mod buildid;
+#[doc(hidden)]
+pub mod format;
+#[doc(hidden)]
+pub mod limits;
+#[doc(hidden)]
+pub mod model;
+#[doc(hidden)]
 pub mod resolve;
+#[doc(hidden)]
 pub mod signals;
-pub mod sink;
+#[doc(hidden)]
 pub mod write;
 
-pub use driver::run;
-pub use error::{Error, Result};
-pub use options::Options;
+// Rooms only the library itself uses.
+pub(crate) mod convert;
+pub(crate) mod engine;
+pub(crate) mod input;
+pub(crate) mod jit;
+pub(crate) mod perfconfig;
+pub(crate) mod sink;

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 /// `section.key` of perf's configuration: `$HOME/.perfconfig` over
 /// `/etc/perfconfig` (skipped with PERF_CONFIG_NOSYSTEM, as perf does).
-pub fn value(section: &str, key: &str) -> Option<String> {
+pub(crate) fn value(section: &str, key: &str) -> Option<String> {
     let mut files = Vec::new();
     if std::env::var_os("PERF_CONFIG_NOSYSTEM").is_none() {
         files.push(PathBuf::from("/etc/perfconfig"));
@@ -25,7 +25,7 @@ pub fn value(section: &str, key: &str) -> Option<String> {
 }
 
 /// The last `section.key` value of a git-style config text (perf's perfconfig).
-pub fn value_in(text: &str, section: &str, key: &str) -> Option<String> {
+pub(crate) fn value_in(text: &str, section: &str, key: &str) -> Option<String> {
     let mut in_section = false;
     let mut found = None;
     for line in text.lines() {

@@ -38,7 +38,7 @@ pub struct Seen {
 }
 
 /// `PERF_CONTEXT_USER`: the callchain entries after it are user addresses.
-pub const PERF_CONTEXT_USER: u64 = (-512i64) as u64;
+pub(crate) const PERF_CONTEXT_USER: u64 = (-512i64) as u64;
 
 /// Bit of `exclude_callchain_user` in the attr's flags word.
 const EXCLUDE_CALLCHAIN_USER: u64 = 1 << 22;
@@ -94,7 +94,7 @@ impl Counts {
 }
 
 /// True for an event whose samples carry DWARF stack dumps.
-pub fn is_dwarf(sample_type: u64) -> bool {
+pub(crate) fn is_dwarf(sample_type: u64) -> bool {
     sample_type & st::REGS_USER != 0 && sample_type & st::STACK_USER != 0
 }
 
@@ -102,7 +102,7 @@ pub fn is_dwarf(sample_type: u64) -> bool {
 /// no user registers or stack (their sizes zero), user callchains no longer
 /// excluded. Fields the attr's size does not reach stay absent. Returns whether it
 /// changed (only attrs of DWARF events do).
-pub fn convert_attr(attr: &mut [u8], e: Endian) -> bool {
+pub(crate) fn convert_attr(attr: &mut [u8], e: Endian) -> bool {
     let Some(t) = e.u64(attr, 24) else {
         return false;
     };
@@ -137,7 +137,7 @@ pub fn convert_attr(attr: &mut [u8], e: Endian) -> bool {
 /// per event the attr, `u32 nr_ids`, a string, the ids): readers such as
 /// linux-perf-data take the attrs from it rather than from the attrs section.
 /// Stops at the first thing that does not fit.
-pub fn convert_event_desc(p: &mut [u8], e: Endian) {
+pub(crate) fn convert_event_desc(p: &mut [u8], e: Endian) {
     let (Some(nr), Some(sz)) = (e.u32(p, 0), e.u32(p, 4)) else {
         return;
     };
@@ -165,7 +165,7 @@ pub fn convert_event_desc(p: &mut [u8], e: Endian) {
 
 /// Rewrites the attrs section of the finished file-format perf.data at `path`, in
 /// place (the same sizes), and the copy of the attrs in its EVENT_DESC feature.
-pub fn convert_file_attrs(path: &std::path::Path) -> Result<()> {
+pub(crate) fn convert_file_attrs(path: &std::path::Path) -> Result<()> {
     use std::os::unix::fs::FileExt;
     let io = |err| Error::io(path, err);
     let f = std::fs::OpenOptions::new()
@@ -217,7 +217,7 @@ pub fn convert_file_attrs(path: &std::path::Path) -> Result<()> {
 
 /// A stream's HEADER_FEATURE record of EVENT_DESC (`u64 feature`, then the
 /// payload) gets its attrs rewritten; any other record is left alone.
-pub fn convert_header_feature(rec: &mut [u8], e: Endian) {
+pub(crate) fn convert_header_feature(rec: &mut [u8], e: Endian) {
     if e.u32(rec, 0) == Some(rt::HEADER_FEATURE)
         && e.u64(rec, 8) == Some(u64::from(FEAT_EVENT_DESC))
         && let Some(p) = rec.get_mut(16..)
@@ -227,7 +227,7 @@ pub fn convert_header_feature(rec: &mut [u8], e: Endian) {
 }
 
 /// Bytes of a stream batch in memory as windows for a [`Walker`].
-pub struct Slice<'b> {
+pub(crate) struct Slice<'b> {
     /// The bytes.
     pub bytes: &'b [u8],
     /// The offset of the first.
@@ -253,7 +253,7 @@ impl<'b> Windows for Slice<'b> {
 const GROUP_BYTES: u64 = 64 << 20;
 
 /// Converts the records of one input with what the engine's last resolve saw.
-pub struct Converter<'a> {
+pub(crate) struct Converter<'a> {
     model: &'a Model,
     tables: &'a UnwindTables,
     cfg: Option<UnwindConfig>,
@@ -273,7 +273,7 @@ impl<'a> Converter<'a> {
     /// A converter for `attrs`, refusing a recording this host cannot unwind: the
     /// dumps are dropped for good, so an output without the chains they hold would
     /// lose them.
-    pub fn new(
+    pub(crate) fn new(
         seen: &'a Seen,
         tables: &'a UnwindTables,
         attrs: &[Attr],
@@ -317,7 +317,7 @@ impl<'a> Converter<'a> {
     /// Converts `chunks` of `src` on `pool`, a group at a time, handing the output
     /// of each chunk to `emit` in order; bytes of `[from, to)` that no chunk holds
     /// are handed on as they are.
-    pub fn run<W: Windows + Sync + ?Sized>(
+    pub(crate) fn run<W: Windows + Sync + ?Sized>(
         &self,
         pool: &rayon::ThreadPool,
         src: &W,

@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 /// has gone and the settings as far as it can tell. perf's round rule (see
 /// [`super::rounds`]) says which records such a model already serves; once the scan
 /// has ended, [`Beside::conclude`] checks that it did.
-pub struct Ahead {
+pub(crate) struct Ahead {
     /// The model of the records scanned.
     pub model: Model,
     /// Samples are keyed by time.
@@ -59,7 +59,7 @@ struct AheadDone {
 }
 
 /// A file's scan with batches resolved beside it.
-pub struct Beside<'f> {
+pub(crate) struct Beside<'f> {
     /// Bytes the scan goes on between batches (`None`: no batch is resolved beside).
     every: Option<u64>,
     files: &'f [DataFile],
@@ -75,7 +75,7 @@ pub struct Beside<'f> {
 
 impl<'f> Beside<'f> {
     /// Batches of `files` every `every` bytes of the scan, with one data file only.
-    pub fn new(
+    pub(crate) fn new(
         engine: &Engine<'_>,
         files: &'f [DataFile],
         every: Option<u64>,
@@ -101,20 +101,24 @@ impl<'f> Beside<'f> {
     }
 
     /// Whether a data file of `size` bytes is scanned with batches resolved beside it.
-    pub fn in_batches(&self, size: u64) -> bool {
+    pub(crate) fn in_batches(&self, size: u64) -> bool {
         self.every.is_some_and(|n| size > n)
     }
 
     /// Whether the scan, now at `at` and last paused at `last`, pauses for a batch:
     /// it has gone far enough and the previous batch is done.
-    pub fn due(&self, at: u64, last: u64) -> bool {
+    pub(crate) fn due(&self, at: u64, last: u64) -> bool {
         self.every.is_some_and(|n| at - last >= n) && !self.busy.load(Ordering::Acquire)
     }
 
     /// The scan paused: what the round rule says is complete of `cuts` is resolved
     /// on the pool while the scan goes on.
-    pub fn spawn<'s>(&'s self, scope: &rayon::Scope<'s>, engine: &mut Engine<'_>, cuts: &mut Cuts)
-    where
+    pub(crate) fn spawn<'s>(
+        &'s self,
+        scope: &rayon::Scope<'s>,
+        engine: &mut Engine<'_>,
+        cuts: &mut Cuts,
+    ) where
         'f: 's,
     {
         // The round rule, with no limit on what waits: a file holds it all.
@@ -166,7 +170,7 @@ impl<'f> Beside<'f> {
     /// The scan ended in `scanned` with `chunks` left to resolve: the batches resolved
     /// beside it are kept when they hold (their hits go into the last resolve), else
     /// thrown away and their chunks returned with the rest, to be resolved again.
-    pub fn conclude(
+    pub(crate) fn conclude(
         self,
         engine: &mut Engine<'_>,
         scanned: Result<()>,

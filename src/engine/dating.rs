@@ -4,7 +4,7 @@
 
 use crate::format::feature::ClockData;
 
-pub use crate::buildid::proof::RecordingStart;
+pub(crate) use crate::buildid::proof::RecordingStart;
 
 /// What the input tells about the end of the recording.
 #[derive(Clone, Debug)]
@@ -84,7 +84,7 @@ impl Dating {
 }
 
 /// The wall clock in ns since the epoch.
-pub fn wall_ns() -> i128 {
+pub(crate) fn wall_ns() -> i128 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as i128)

@@ -11,7 +11,7 @@ use crate::format::header::{FEAT_ARCH, FEAT_CLOCK_DATA, FEAT_HOSTNAME, FEAT_OSRE
 
 /// What the recording says about itself, read once for either input format.
 #[derive(Clone, Debug, Default)]
-pub struct Metadata {
+pub(crate) struct Metadata {
     /// HOSTNAME feature.
     pub hostname: Option<String>,
     /// OSRELEASE feature.
@@ -26,7 +26,11 @@ pub struct Metadata {
 
 impl Metadata {
     /// Reads the features through `feature` (payload by feature bit).
-    pub fn read(e: Endian, feature: impl Fn(u32) -> Option<Vec<u8>>, table: Option<&[u8]>) -> Self {
+    pub(crate) fn read(
+        e: Endian,
+        feature: impl Fn(u32) -> Option<Vec<u8>>,
+        table: Option<&[u8]>,
+    ) -> Self {
         let s = |bit| feature(bit).and_then(|p| parse_string(&p, e));
         Metadata {
             hostname: s(FEAT_HOSTNAME),
@@ -51,7 +55,7 @@ impl Engine<'_> {
     }
 
     /// The recording's start as far as the records seen so far tell.
-    pub fn start(&self) -> RecordingStart {
+    pub(crate) fn start(&self) -> RecordingStart {
         let clock = match &self.meta {
             Some(m) => m.clock,
             None => self

@@ -14,15 +14,15 @@
 //! `report`.
 
 mod ahead;
-pub mod dating;
+pub(crate) mod dating;
 mod decide;
 mod flat;
 mod header;
-pub mod rounds;
+pub(crate) mod rounds;
 
-pub use ahead::{Ahead, Beside};
+pub(crate) use ahead::Beside;
 use decide::batch_trust;
-pub use header::Metadata;
+pub(crate) use header::Metadata;
 
 use crate::buildid::{self, Evidence, Group, HostTrust, Outcome, Reason, host::HostInfo};
 use crate::format::Endian;
@@ -43,8 +43,8 @@ use crate::resolve::unwind::{UnwindConfig, UnwindTables};
 use crate::resolve::{Hits, Resolver};
 use crate::{Error, Result};
 use dating::{Dating, RecordingStart, Span};
-pub use rounds::Ending;
-pub use rounds::Point;
+pub(crate) use rounds::Ending;
+pub(crate) use rounds::Point;
 use rounds::{Follows, Rounds};
 use std::collections::{BTreeMap, HashSet};
 use std::ops::ControlFlow;
@@ -54,13 +54,13 @@ use std::time::{Duration, Instant};
 
 /// Target size of a resolve chunk: small enough to spread a batch over the cores,
 /// large enough that per-chunk work (a walker, a hit vector) does not count.
-pub const CHUNK_BYTES: u64 = 4 << 20;
+pub(crate) const CHUNK_BYTES: u64 = 4 << 20;
 
 /// Events a stream may declare (perf record opens one per event, not per CPU).
-pub const MAX_STREAM_ATTRS: usize = 1024;
+pub(crate) const MAX_STREAM_ATTRS: usize = 1024;
 
 /// Distinct HEADER_BUILD_ID records a stream may carry (one per DSO it touched).
-pub const MAX_STREAM_BUILD_IDS: usize = 65536;
+pub(crate) const MAX_STREAM_BUILD_IDS: usize = 65536;
 
 /// Whether the engine may look outside the input (host identity, local files).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -86,7 +86,7 @@ pub struct Context<'a> {
 
 /// What the scan counts and collects besides the model.
 #[derive(Debug, Default)]
-pub struct ScanOutput {
+pub(crate) struct ScanOutput {
     /// HEADER_BUILD_ID records found in the data (a stream's, or an earlier injection's).
     pub stream_build_ids: Vec<TableEntry>,
     /// AUX area data is present (Intel PT, CoreSight, SPE, ...): every mapped DSO counts.
@@ -146,7 +146,7 @@ impl Decision {
     }
 
     /// The ID came from the input itself (its table or records): not new.
-    pub fn from_input(&self) -> bool {
+    pub fn came_from_input(&self) -> bool {
         self.outcome.in_input_table() || self.outcome.source() == Some(buildid::Source::InputTable)
     }
 
@@ -158,7 +158,7 @@ impl Decision {
 
 /// Where chunk boundaries fall in one data file, and how far it may be resolved.
 #[derive(Debug)]
-pub struct Cuts {
+pub(crate) struct Cuts {
     file: usize,
     /// Where the unresolved part starts.
     base: Point,
@@ -170,7 +170,7 @@ pub struct Cuts {
 
 impl Cuts {
     /// Cuts for data file `file` whose records start at `start`.
-    pub fn new(file: usize, start: Point) -> Self {
+    pub(crate) fn new(file: usize, start: Point) -> Self {
         Cuts {
             file,
             base: start,
@@ -180,7 +180,7 @@ impl Cuts {
     }
 
     /// Where the unresolved part starts.
-    pub fn base(&self) -> Point {
+    pub(crate) fn base(&self) -> Point {
         self.base
     }
 
@@ -202,7 +202,7 @@ impl Cuts {
     }
 
     /// The chunks from the base up to `upto` (a clean point); the base moves there.
-    pub fn take(&mut self, upto: Point) -> Vec<Chunk> {
+    pub(crate) fn take(&mut self, upto: Point) -> Vec<Chunk> {
         let mut chunks = Vec::new();
         if upto.offset <= self.base.offset {
             return chunks;
@@ -247,7 +247,7 @@ enum ChunkStart {
 }
 
 /// The engine's state over one input.
-pub struct Engine<'a> {
+pub(crate) struct Engine<'a> {
     opts: &'a Options,
     pool: &'a rayon::ThreadPool,
     host: Host,
@@ -315,7 +315,7 @@ pub struct Engine<'a> {
 
 impl<'a> Engine<'a> {
     /// An engine for a file-format input whose attrs and metadata come from its header.
-    pub fn for_file(
+    pub(crate) fn for_file(
         cx: Context<'a>,
         name: &Path,
         e: Endian,
@@ -343,7 +343,7 @@ impl<'a> Engine<'a> {
     }
 
     /// An engine for a stream, whose attrs and features arrive as records.
-    pub fn for_stream(cx: Context<'a>, name: &Path, e: Endian, dating: Dating) -> Self {
+    pub(crate) fn for_stream(cx: Context<'a>, name: &Path, e: Endian, dating: Dating) -> Self {
         let mut s = Self::new(cx, name, e, dating);
         s.from_records = true;
         s
@@ -392,49 +392,49 @@ impl<'a> Engine<'a> {
     }
 
     /// `--convert-callchain`: what the last resolve saw, and the unwind tables.
-    pub fn conversion(&self) -> Option<(&crate::convert::Seen, &UnwindTables)> {
+    pub(crate) fn conversion(&self) -> Option<(&crate::convert::Seen, &UnwindTables)> {
         Some((self.conversion.as_ref()?, self.tables.as_ref()?))
     }
 
     /// The worker pool.
-    pub fn pool(&self) -> &rayon::ThreadPool {
+    pub(crate) fn pool(&self) -> &rayon::ThreadPool {
         self.pool
     }
 
     /// The input's name in messages.
-    pub fn name(&self) -> &Path {
+    pub(crate) fn name(&self) -> &Path {
         &self.name
     }
 
     /// The input's byte order.
-    pub fn endian(&self) -> Endian {
+    pub(crate) fn endian(&self) -> Endian {
         self.e
     }
 
     /// The events so far.
-    pub fn attrs(&self) -> &[Attr] {
+    pub(crate) fn attrs(&self) -> &[Attr] {
         &self.attrs
     }
 
     /// The bodies of a stream's HEADER_ATTR records (attr bytes, then u64 ids).
-    pub fn attr_records(&self) -> &[Vec<u8>] {
+    pub(crate) fn attr_records(&self) -> &[Vec<u8>] {
         &self.attr_records
     }
 
     /// Feature payloads a stream carried in HEADER_FEATURE records, by bit.
-    pub fn stream_features(&self) -> &BTreeMap<u32, Vec<u8>> {
+    pub(crate) fn stream_features(&self) -> &BTreeMap<u32, Vec<u8>> {
         &self.stream_features
     }
 
     /// The mapping records outside compressed data, in input order.
-    pub fn mapping_records(&self) -> &[MappingRecord] {
+    pub(crate) fn mapping_records(&self) -> &[MappingRecord] {
         &self.mappings
     }
 
     /// The mapping records before `offset` are written: a stream forgets them (a
     /// stream's sinks look only at the records of the batch they write), so what it
     /// keeps does not grow with its length.
-    pub fn forget_mappings_before(&mut self, offset: u64) {
+    pub(crate) fn forget_mappings_before(&mut self, offset: u64) {
         let n = self.mappings.partition_point(|m| m.offset < offset);
         self.mappings.drain(..n);
         let n = self.user_records.partition_point(|&o| o < offset);
@@ -443,13 +443,13 @@ impl<'a> Engine<'a> {
 
     /// Offsets of a stream's HEADER_ATTR, HEADER_FEATURE and HEADER_BUILD_ID records
     /// outside compressed data not yet written, ascending.
-    pub fn user_records(&self) -> &[u64] {
+    pub(crate) fn user_records(&self) -> &[u64] {
         &self.user_records
     }
 
     /// A stream's records whose size is not a multiple of 8, but HEADER_FEATURE and
     /// COMPRESSED ones (which perf 7.3 reads unaligned).
-    pub fn unaligned_records(&self) -> u64 {
+    pub(crate) fn unaligned_records(&self) -> u64 {
         self.unaligned
     }
 
@@ -479,13 +479,13 @@ impl<'a> Engine<'a> {
 
     /// Bytes of records a stream may carry to its next batch: its budget less what
     /// it keeps.
-    pub fn stream_room(&self) -> u64 {
+    pub(crate) fn stream_room(&self) -> u64 {
         self.opts.stream_memory.saturating_sub(self.kept_total())
     }
 
     /// A stream carries `bytes` of records to its next batch (the report's figure
     /// of what it kept counts them).
-    pub fn note_carried(&self, bytes: u64) {
+    pub(crate) fn note_carried(&self, bytes: u64) {
         self.kept_peak
             .fetch_max(self.kept_total().saturating_add(bytes), Ordering::Relaxed);
     }
@@ -493,7 +493,7 @@ impl<'a> Engine<'a> {
     /// A sink that keeps `bytes` of a stream's records for the end of its output (a
     /// file's build-ID table and tracing data) checks them, with everything the
     /// stream keeps, against its budget; `offset` is the record that grew them.
-    pub fn check_output_kept(&self, bytes: u64, offset: u64) -> Result<()> {
+    pub(crate) fn check_output_kept(&self, bytes: u64, offset: u64) -> Result<()> {
         self.output_kept.store(bytes, Ordering::Relaxed);
         let kept = StreamKept {
             output: bytes,
@@ -506,27 +506,22 @@ impl<'a> Engine<'a> {
 
     /// COMPRESSED records seen so far (their inner mapping records are not in
     /// [`Engine::mapping_records`]).
-    pub fn compressed_records(&self) -> u64 {
+    pub(crate) fn compressed_records(&self) -> u64 {
         self.scan.compressed
     }
 
-    /// Every decision so far, in table order (address space, then name).
-    pub fn decisions(&self) -> impl Iterator<Item = &Decision> {
-        self.decided.values()
-    }
-
     /// Every decision so far, by address space (kernel or not) and name.
-    pub fn decided(&self) -> &BTreeMap<(bool, String), Decision> {
+    pub(crate) fn decided(&self) -> &BTreeMap<(bool, String), Decision> {
         &self.decided
     }
 
     /// The number the scan gives the next record.
-    pub fn next_seq(&self) -> u64 {
+    pub(crate) fn next_seq(&self) -> u64 {
         self.walker.seq
     }
 
     /// What the run is asked to do.
-    pub fn opts(&self) -> &Options {
+    pub(crate) fn opts(&self) -> &Options {
         self.opts
     }
 
@@ -535,7 +530,7 @@ impl<'a> Engine<'a> {
     /// when its DSO's claim was contradicted and not confirmed (the decided ID, if
     /// any, is written as a new entry), nor when its ID is one the input claims for
     /// another file too and no decision proved it (a DSO nothing touched).
-    pub fn passes_on(&self, e: &TableEntry) -> bool {
+    pub(crate) fn passes_on(&self, e: &TableEntry) -> bool {
         use crate::format::record::misc::{GUEST_KERNEL, GUEST_USER};
         if matches!(e.cpumode, GUEST_KERNEL | GUEST_USER) {
             return true;
@@ -559,7 +554,7 @@ impl<'a> Engine<'a> {
     /// features of a stream, counts, times, and chunk boundaries into `cuts`. When
     /// `stop` turns true the scan ends at the next chunk boundary with
     /// [`Error::Stopped`]; `progress` gets the offset reached at each boundary.
-    pub fn scan<W: Windows + ?Sized>(
+    pub(crate) fn scan<W: Windows + ?Sized>(
         &mut self,
         src: &W,
         range: std::ops::Range<u64>,
@@ -576,7 +571,7 @@ impl<'a> Engine<'a> {
     /// (given its offset) and returns that point; `None` when the range was scanned
     /// to its end. The scan goes on from the point by a new call.
     #[allow(clippy::too_many_arguments)]
-    pub fn scan_until<W: Windows + ?Sized>(
+    pub(crate) fn scan_until<W: Windows + ?Sized>(
         &mut self,
         src: &W,
         range: std::ops::Range<u64>,
@@ -883,7 +878,7 @@ impl<'a> Engine<'a> {
     /// Resolves `chunks` of `files` against the model so far (all of it when the
     /// input has ended), then identifies the DSOs decided for the first time; returns
     /// those decisions, which the sink must make known before the resolved bytes.
-    pub fn resolve(
+    pub(crate) fn resolve(
         &mut self,
         files: &[DataFile],
         chunks: &[Chunk],
@@ -1147,7 +1142,7 @@ impl<'a> Engine<'a> {
 
     /// The report: counts, notes and one line per decided DSO. `sink` says how many
     /// entries the output gained and what the user should know about it.
-    pub fn finish(mut self, sink: SinkReport, jobs: usize) -> Report {
+    pub(crate) fn finish(mut self, sink: SinkReport, jobs: usize) -> Report {
         let mut r = self.counts(&sink, jobs);
         r.notes.append(&mut self.notes);
         let meta = self.meta.take().unwrap_or_default();

@@ -19,7 +19,7 @@
 /// model's [`crate::model::Key`] is a time and a number too). Ordered by offset, then
 /// number.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Point {
+pub(crate) struct Point {
     /// Byte offset in the data file.
     pub offset: u64,
     /// The number the scan gives the record that starts there.
@@ -28,14 +28,14 @@ pub struct Point {
 
 impl Point {
     /// The record numbered `seq` starts at byte `offset`.
-    pub fn new(offset: u64, seq: u64) -> Self {
+    pub(crate) fn new(offset: u64, seq: u64) -> Self {
         Point { offset, seq }
     }
 }
 
 /// Whether more of the input is still to come after what was read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Ending {
+pub(crate) enum Ending {
     /// A stream with more batches to come: only what the round rule allows is final.
     MoreToCome,
     /// The input has ended (a file, or a stream's last batch): everything is final.
@@ -44,7 +44,7 @@ pub enum Ending {
 
 /// What the record that ends at a clean point was.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Follows {
+pub(crate) enum Follows {
     /// A FINISHED_ROUND record outside compressed data.
     Round,
     /// Any other record (or none: the end of what was read).
@@ -53,7 +53,7 @@ pub enum Follows {
 
 /// Clean points seen, and the two newest that follow a FINISHED_ROUND.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Rounds {
+pub(crate) struct Rounds {
     /// Clean points just after the last two rounds, older first.
     after_round: [Option<Point>; 2],
     /// The newest clean point.
@@ -62,7 +62,7 @@ pub struct Rounds {
 
 impl Rounds {
     /// Nothing seen yet; the stream's records start at `start`.
-    pub fn new(start: Point) -> Self {
+    pub(crate) fn new(start: Point) -> Self {
         Rounds {
             after_round: [None, None],
             clean: start,
@@ -70,7 +70,7 @@ impl Rounds {
     }
 
     /// A clean point at `p`, right after what `follows` says.
-    pub fn clean(&mut self, p: Point, follows: Follows) {
+    pub(crate) fn clean(&mut self, p: Point, follows: Follows) {
         self.clean = p;
         if follows == Follows::Round {
             self.after_round = [self.after_round[1], Some(p)];
@@ -79,7 +79,7 @@ impl Rounds {
 
     /// The newest clean point: where a stream may be resolved up to when it cannot
     /// wait for the round rule (see [`crate::limits::StreamKept`]).
-    pub fn newest_clean(&self) -> Point {
+    pub(crate) fn newest_clean(&self) -> Point {
         self.clean
     }
 
@@ -87,7 +87,13 @@ impl Rounds {
     /// `carried` how many bytes wait there and `limit` how many may wait at most;
     /// `ending` whether the stream has ended (everything is safe then). Never before
     /// `base`: returning `base` means "wait for more".
-    pub fn safe_end(&self, base: Point, carried: usize, limit: usize, ending: Ending) -> Point {
+    pub(crate) fn safe_end(
+        &self,
+        base: Point,
+        carried: usize,
+        limit: usize,
+        ending: Ending,
+    ) -> Point {
         if ending == Ending::Ended {
             return self.clean;
         }

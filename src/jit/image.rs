@@ -31,12 +31,12 @@ use std::path::{Path, PathBuf};
 /// Where `.text` starts in a shared image: after the ELF header and two program
 /// headers (PT_LOAD and PT_NOTE, which readers that look for the build ID in segments
 /// need), rounded up.
-pub const TEXT_OFFSET: u64 = 0xc0;
+pub(crate) const TEXT_OFFSET: u64 = 0xc0;
 /// Where it starts in a single-load image: perf's GEN_ELF_TEXT_OFFSET, after one
 /// program header. perf 7.3's DWARF unwinder (libdw) lost the frames of JIT code
 /// in single-load images with the shared layout (a PT_NOTE, `.text` at 0xc0); with
 /// perf's own it unwinds them as through perf's images.
-pub const SINGLE_TEXT_OFFSET: u64 = 0x80;
+pub(crate) const SINGLE_TEXT_OFFSET: u64 = 0x80;
 /// Alignment of each load in `.text`.
 const LOAD_ALIGN: u64 = 16;
 /// Largest string table and line program (their offsets are 32-bit).
@@ -58,7 +58,7 @@ const EM_HOST: u16 = 62;
 
 /// Where one load went in the image.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Placed {
+pub(crate) struct Placed {
     /// File offset (and address) of the code: the MMAP2's pgoff.
     pub offset: u64,
     /// Bytes perf maps for it: the code, or the code to 8 bytes and the unwinding
@@ -68,7 +68,7 @@ pub struct Placed {
 
 /// Unwinding tables of a load, as the jitdump gives them.
 #[derive(Clone, Copy, Debug)]
-pub struct Tables<'a> {
+pub(crate) struct Tables<'a> {
     /// `.eh_frame` then `.eh_frame_hdr`.
     pub data: &'a [u8],
     /// Size of `.eh_frame_hdr` (the tail of `data`).
@@ -79,7 +79,7 @@ pub struct Tables<'a> {
 
 /// What an image holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
+pub(crate) enum Kind {
     /// Every load of a dump, each at its own offset.
     Shared,
     /// One load with its unwinding tables as sections (`.eh_frame`, `.eh_frame_hdr`
@@ -90,7 +90,7 @@ pub enum Kind {
 }
 
 /// A source line of a load, relative to its code.
-pub struct Line<'a> {
+pub(crate) struct Line<'a> {
     /// Offset in the code.
     pub at: u64,
     /// Line number.
@@ -152,7 +152,7 @@ fn sleb(out: &mut Vec<u8>, mut v: i64) {
 }
 
 /// The image being written.
-pub struct ImageWriter {
+pub(crate) struct ImageWriter {
     /// The final path.
     pub path: PathBuf,
     tmp: PathBuf,
@@ -182,7 +182,7 @@ pub struct ImageWriter {
 impl ImageWriter {
     /// Starts the image at `path` (written to a temp name beside it, renamed by
     /// [`ImageWriter::finish`]).
-    pub fn create(path: &Path, kind: Kind) -> crate::Result<Self> {
+    pub(crate) fn create(path: &Path, kind: Kind) -> crate::Result<Self> {
         let dir = path.parent().unwrap_or(Path::new("."));
         let name = path
             .file_name()
@@ -236,7 +236,7 @@ impl ImageWriter {
 
     /// Adds one load: its code, the unwinding tables mapped behind it (`mapped` bytes
     /// of `unwinding`, zero-padded), its symbol and its lines.
-    pub fn add(
+    pub(crate) fn add(
         &mut self,
         name: &[u8],
         code: &[u8],
@@ -397,7 +397,7 @@ impl ImageWriter {
     /// Writes the tables and headers, syncs nothing (perf does not either; the
     /// output's own commit is what makes a run durable), renames the image into
     /// place, and returns its build ID.
-    pub fn finish(mut self) -> crate::Result<BuildId> {
+    pub(crate) fn finish(mut self) -> crate::Result<BuildId> {
         self.finished = true;
         let path = self.path.clone();
         let tmp = self.tmp.clone();

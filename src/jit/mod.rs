@@ -27,8 +27,8 @@
 //! to the cut; from the cut on, its code ranges are covered by anonymous maps so that
 //! a sample after it never takes the name of code that may have been replaced.
 
-pub mod image;
-pub mod sha1;
+pub(crate) mod image;
+pub(crate) mod sha1;
 
 use crate::format::Endian;
 use crate::format::attr::{Attr, st};
@@ -44,8 +44,6 @@ use std::fs::File;
 use std::io::{BufReader, BufWriter, Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-
-pub use crate::options::JitChoice;
 
 /// CLOCK_MONOTONIC, the clock of jitdump timestamps.
 const CLOCK_MONOTONIC: u32 = 1;
@@ -179,7 +177,7 @@ fn single_path(shared: &Path, pid: u32, index: u64) -> PathBuf {
 
 /// What the pass did (for the report's notes).
 #[derive(Debug, Default)]
-pub struct JitSummary {
+pub(crate) struct JitSummary {
     /// Notes for the report.
     pub notes: Vec<String>,
     /// Images written.
@@ -187,7 +185,7 @@ pub struct JitSummary {
 }
 
 /// The recording with the JIT records in it, ready for the normal run.
-pub struct Prepared {
+pub(crate) struct Prepared {
     /// The intermediate recording (removed when this is dropped).
     tmp: Option<TempOutput>,
     /// What happened.
@@ -197,7 +195,7 @@ pub struct Prepared {
 impl Prepared {
     /// The path the normal run reads: the intermediate, or the input itself when no
     /// dump was injected.
-    pub fn input<'a>(&'a self, original: &'a Path) -> &'a Path {
+    pub(crate) fn input<'a>(&'a self, original: &'a Path) -> &'a Path {
         self.tmp.as_ref().map_or(original, |t| t.path.as_path())
     }
 }
@@ -406,7 +404,7 @@ fn scan(path: &Path, l: &mut Layout) -> Result<(Vec<Marker>, Vec<Anon>, u64)> {
 
 /// Turns `input` (file or saved stream; stdin is spooled first) into a recording
 /// with every usable jitdump's records in it, written beside `output`.
-pub fn prepare(input: &Path, output: &Path) -> Result<Prepared> {
+pub(crate) fn prepare(input: &Path, output: &Path) -> Result<Prepared> {
     let dash = |p: &Path| p.as_os_str() == "-";
     let dir = |p: &Path| -> PathBuf {
         match p.parent() {
@@ -1141,11 +1139,6 @@ fn fix_file_header(src: &Path, f: &File, out: &Path, l: &Layout, new_size: u64) 
 }
 
 /// Adds the pass's notes to a run's report and names the original input.
-pub fn conclude(p: &Prepared, report: &mut crate::report::Report) {
+pub(crate) fn conclude(p: &Prepared, report: &mut crate::report::Report) {
     report.notes.extend(p.summary.notes.iter().cloned());
-}
-
-/// Whether a sample type carries what the records need (kept for tests).
-pub fn has_tid_time(sample_type: u64) -> bool {
-    sample_type & st::TID != 0 && sample_type & st::TIME != 0
 }

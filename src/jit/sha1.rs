@@ -2,7 +2,7 @@
 //! `--build-id=sha1` gives, from the image's contents alone.
 
 /// A running SHA-1.
-pub struct Sha1 {
+pub(crate) struct Sha1 {
     h: [u32; 5],
     block: [u8; 64],
     fill: usize,
@@ -17,7 +17,7 @@ impl Default for Sha1 {
 
 impl Sha1 {
     /// A new hash.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Sha1 {
             h: [
                 0x6745_2301,
@@ -75,7 +75,7 @@ impl Sha1 {
     }
 
     /// Adds bytes.
-    pub fn update(&mut self, mut data: &[u8]) {
+    pub(crate) fn update(&mut self, mut data: &[u8]) {
         self.len = self.len.wrapping_add(data.len() as u64);
         if self.fill == 0 {
             // Whole blocks straight from the input, without the copy.
@@ -100,7 +100,7 @@ impl Sha1 {
     }
 
     /// The digest.
-    pub fn finish(mut self) -> [u8; 20] {
+    pub(crate) fn finish(mut self) -> [u8; 20] {
         let bits = self.len.wrapping_mul(8);
         self.update(&[0x80]);
         while self.fill != 56 {

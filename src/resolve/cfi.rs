@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex};
 
 /// framehop's x86_64 rules that `.eh_frame` rows and misses become.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Rule {
+pub(super) enum Rule {
     /// No return address: the stack ends here.
     EndOfStack,
     /// In the first frame the return address is at the stack pointer; in any other,
@@ -42,7 +42,7 @@ pub enum Rule {
 
 /// What the CFI says of an address.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Found {
+pub(super) enum Found {
     /// This rule.
     Rule(Rule),
     /// A row framehop evaluates itself on every use (not cacheable there either).
@@ -54,7 +54,7 @@ type Rows = Arc<[(u64, u64, Found)]>;
 
 /// A DSO's `.eh_frame` with its `.eh_frame_hdr` index, and the rows of every FDE
 /// looked up so far.
-pub struct EhFrameRules {
+pub(super) struct EhFrameRules {
     eh_frame: Bytes,
     eh_frame_hdr: Bytes,
     bases: BaseAddresses,
@@ -65,7 +65,7 @@ pub struct EhFrameRules {
 impl EhFrameRules {
     /// The rules of a module framehop would unwind through `.eh_frame_hdr` and
     /// `.eh_frame` (it uses nothing else when both are there); `None` otherwise.
-    pub fn new(info: &ExplicitModuleSectionInfo<Bytes>) -> Option<Self> {
+    pub(super) fn new(info: &ExplicitModuleSectionInfo<Bytes>) -> Option<Self> {
         let start = |r: &Option<std::ops::Range<u64>>| r.as_ref().map_or(0, |r| r.start);
         // The base addresses framehop gives gimli for the module.
         let bases = BaseAddresses::default()
@@ -82,7 +82,7 @@ impl EhFrameRules {
     }
 
     /// What the CFI says of the module address `svma`.
-    pub fn find(&self, svma: u64) -> Found {
+    pub(super) fn find(&self, svma: u64) -> Found {
         // framehop: no FDE for the address in the index, or an FDE that does not
         // parse, is an error, and an error is its fallback rule.
         let Some(fde) = self.fde_offset(svma) else {
@@ -191,7 +191,7 @@ fn translate<T: gimli::ReaderOffset>(
 
 /// Executes `rule` on `regs` as framehop does: the caller's return address, `None`
 /// at the end of the stack, `Err` where the walk cannot go on.
-pub fn exec<F>(
+pub(super) fn exec<F>(
     rule: Rule,
     first: bool,
     regs: &mut UnwindRegsX86_64,

@@ -44,7 +44,7 @@ enum Inner<'w> {
 }
 
 /// The conversion sink.
-pub struct ConvertSink<'w> {
+pub(crate) struct ConvertSink<'w> {
     inner: Inner<'w>,
     /// The table alone, or build-ID mapping records too (`--mmap2-buildids`,
     /// `--mmap2-buildid-all`).
@@ -61,7 +61,7 @@ fn refuse(what: &str) -> Error {
 
 impl<'w> ConvertSink<'w> {
     /// A file-format output at `out`.
-    pub fn file(out: &Path, form: Form) -> Self {
+    pub(crate) fn file(out: &Path, form: Form) -> Self {
         Self::with(
             Inner::File {
                 out: out.to_path_buf(),
@@ -71,7 +71,7 @@ impl<'w> ConvertSink<'w> {
     }
 
     /// A stream output through `stream`.
-    pub fn stream(stream: StreamSink<'w>, form: Form) -> Self {
+    pub(crate) fn stream(stream: StreamSink<'w>, form: Form) -> Self {
         Self::with(Inner::Stream(stream), form)
     }
 

@@ -29,7 +29,7 @@ use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
 /// Rewrites a file-format input in place.
-pub struct InplaceSink {
+pub(crate) struct InplaceSink {
     form: Form,
     report: SinkReport,
 }
@@ -37,7 +37,7 @@ pub struct InplaceSink {
 impl InplaceSink {
     /// The IDs are written in `form` ([`Form::Mmap2`]: mapping records in build-ID
     /// form too).
-    pub fn new(form: Form) -> Self {
+    pub(crate) fn new(form: Form) -> Self {
         InplaceSink {
             form,
             report: SinkReport::default(),
@@ -49,7 +49,7 @@ impl InplaceSink {
 /// the end of the file; when the file had no BUILD_ID section, the feature table
 /// grows by one entry over the first bytes after it, so whatever feature payload
 /// lay there is copied past the end too, and the bitmap gains the bit.
-pub fn tail_changes(input: &PerfInput, payload: Vec<u8>, plan: &mut Plan) -> Result<()> {
+pub(crate) fn tail_changes(input: &PerfInput, payload: Vec<u8>, plan: &mut Plan) -> Result<()> {
     let h = &input.header;
     let e = h.endian;
     let name = &input.header_path;

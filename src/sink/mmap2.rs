@@ -50,7 +50,7 @@ use std::time::Instant;
 
 /// One record replaced: `old_len` bytes at `offset` of data file `file` become `new`.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Splice {
+pub(crate) struct Splice {
     /// Data file index (0: the header file's data section, or a stream).
     pub file: usize,
     /// Offset of the record.
@@ -63,7 +63,7 @@ pub struct Splice {
 
 impl Splice {
     /// Bytes the record grows by (32 for an MMAP, 0 for an MMAP2).
-    pub fn grows(&self) -> u64 {
+    pub(crate) fn grows(&self) -> u64 {
         self.new.len() as u64 - self.old_len
     }
 }
@@ -82,7 +82,7 @@ fn record_id(d: &Decision) -> Option<BuildId> {
 /// when every mapping record of the input is listed (a file), so a path whose records
 /// disagree about the file behind it is refused here too; `grow` whether an MMAP may
 /// become a longer MMAP2.
-pub fn plan(
+pub(crate) fn plan(
     facts: &Facts<'_>,
     records: &[MappingRecord],
     whole: bool,
@@ -184,7 +184,7 @@ pub fn plan(
 /// False for a DSO without a listed mapping record, for the vdso (never converted),
 /// and for every DSO when the input has compressed data (records inside it are not
 /// listed, and stay as they are).
-pub fn carried_by_records(
+pub(crate) fn carried_by_records(
     facts: &Facts<'_>,
     splices: &[Splice],
     read: &mut dyn FnMut(usize, u64) -> Option<Vec<u8>>,
@@ -225,7 +225,7 @@ pub fn carried_by_records(
 }
 
 /// Reads the whole record at `offset` of a file input's data file `file`.
-pub fn read_record(input: &PerfInput, file: usize, offset: u64) -> Option<Vec<u8>> {
+pub(crate) fn read_record(input: &PerfInput, file: usize, offset: u64) -> Option<Vec<u8>> {
     let df = input.data_files.get(file)?;
     let head = df.read_at(offset, 8).ok()?;
     let h = RecordHeader::parse(&head, input.header.endian)?;
@@ -238,7 +238,7 @@ pub fn read_record(input: &PerfInput, file: usize, offset: u64) -> Option<Vec<u8
 /// Appends `bytes` (offset `at` of the input) to `out` with every splice that starts
 /// in it replaced; a record that began in earlier bytes was replaced there and its
 /// rest is skipped. `splices` are sorted by offset (one data file).
-pub fn splice_into(out: &mut Vec<u8>, at: u64, bytes: &[u8], splices: &[Splice]) {
+pub(crate) fn splice_into(out: &mut Vec<u8>, at: u64, bytes: &[u8], splices: &[Splice]) {
     let end = at + bytes.len() as u64;
     let first = splices.partition_point(|s| s.offset + s.old_len <= at);
     let mut cursor = at;
@@ -275,7 +275,7 @@ enum Inner<'w> {
 }
 
 /// The build-ID MMAP2 sink: converts mapping records, and writes the table too.
-pub struct Mmap2Sink<'w> {
+pub(crate) struct Mmap2Sink<'w> {
     inner: Inner<'w>,
     converted: u64,
     grown: u64,
@@ -284,7 +284,7 @@ pub struct Mmap2Sink<'w> {
 
 impl<'w> Mmap2Sink<'w> {
     /// A file-format output at `out` (a directory input's data.N files into `dir`).
-    pub fn file(out: &Path, dir: Option<&Path>) -> Self {
+    pub(crate) fn file(out: &Path, dir: Option<&Path>) -> Self {
         Self::with(Inner::File {
             out: out.to_path_buf(),
             dir: dir.map(Path::to_path_buf),
@@ -292,7 +292,7 @@ impl<'w> Mmap2Sink<'w> {
     }
 
     /// A stream output through `stream`.
-    pub fn stream(stream: StreamSink<'w>) -> Self {
+    pub(crate) fn stream(stream: StreamSink<'w>) -> Self {
         Self::with(Inner::Stream(stream))
     }
 
@@ -594,7 +594,7 @@ impl Sink for Mmap2Sink<'_> {
 }
 
 /// The summary line of a run that writes build-ID MMAP2 records.
-pub fn mapping_note(converted: u64, grown: u64) -> String {
+pub(crate) fn mapping_note(converted: u64, grown: u64) -> String {
     if grown > 0 {
         format!(
             "{converted} mapping records written in build-ID form ({grown} MMAP records grew into MMAP2)"

@@ -20,11 +20,11 @@
 //! engine's plain data (`engine::{Decision, MappingRecord}`); never the engine itself
 //! or the driver.
 
-pub mod convert;
-pub mod inplace;
-pub mod mmap2;
-pub mod stream;
-pub mod table;
+pub(crate) mod convert;
+pub(crate) mod inplace;
+pub(crate) mod mmap2;
+pub(crate) mod stream;
+pub(crate) mod table;
 
 use crate::engine::{Decision, MappingRecord};
 use crate::format::Endian;
@@ -162,7 +162,7 @@ pub trait Sink {
 }
 
 /// Writes nothing: validation and fuzzing run the engine alone.
-pub struct NullSink;
+pub(crate) struct NullSink;
 
 impl Sink for NullSink {
     fn begin(&mut self, _: &Begin<'_>, _: &Arc<AtomicBool>) -> Result<()> {

@@ -25,7 +25,7 @@ use std::sync::atomic::AtomicBool;
 const FEAT_TRACING_DATA: u32 = 1;
 
 /// Writes a stream to any writer.
-pub struct StreamSink<'w> {
+pub(crate) struct StreamSink<'w> {
     w: Box<dyn Write + 'w>,
     out: PathBuf,
     e: Endian,
@@ -67,7 +67,7 @@ struct Fixes {
 
 impl<'w> StreamSink<'w> {
     /// A sink writing to `w`; `out` names it in messages.
-    pub fn new(w: Box<dyn Write + 'w>, out: &Path) -> Self {
+    pub(crate) fn new(w: Box<dyn Write + 'w>, out: &Path) -> Self {
         StreamSink {
             w,
             out: out.to_path_buf(),
@@ -85,7 +85,7 @@ impl<'w> StreamSink<'w> {
 
     /// Writes every attr at `to`'s size (`--attrs-for`); refuses an attr whose cut
     /// bytes are not zero.
-    pub fn set_attrs_for(&mut self, to: AttrsFor) {
+    pub(crate) fn set_attrs_for(&mut self, to: AttrsFor) {
         self.attrs_for = to;
     }
 
@@ -114,12 +114,12 @@ impl<'w> StreamSink<'w> {
 
     /// Whether the records of the next batches moved from where the engine's scan saw
     /// them (see [`StreamSink::pass_on`]).
-    pub fn set_moved(&mut self, moved: bool) {
+    pub(crate) fn set_moved(&mut self, moved: bool) {
         self.moved = moved;
     }
 
     /// Records of a file input's data section to replace as it is written (sorted).
-    pub fn set_splices(&mut self, splices: Vec<super::mmap2::Splice>) {
+    pub(crate) fn set_splices(&mut self, splices: Vec<super::mmap2::Splice>) {
         self.splices = splices;
     }
 
@@ -447,7 +447,7 @@ fn is_end_marker(rec: &[u8], e: Endian) -> bool {
 /// Appends a HEADER_BUILD_ID record for `name` in the modern form (the same bytes as
 /// a table entry, typed as a record; no sample-id trailer, which perf 6.1 does not
 /// expect). False when the name is too long for a record.
-pub fn build_id_record(
+pub(crate) fn build_id_record(
     out: &mut Vec<u8>,
     e: Endian,
     cpumode: u16,

@@ -34,7 +34,7 @@ const FEAT_TRACING_DATA: u32 = 1;
 
 /// Writes a file-format perf.data at `out` (the header file; data.N files of a
 /// directory input go into `dir`).
-pub struct TableSink {
+pub(crate) struct TableSink {
     out: PathBuf,
     dir: Option<PathBuf>,
     state: State,
@@ -69,7 +69,7 @@ struct FromStream {
 impl TableSink {
     /// A sink writing the header file `out` (and a directory input's data.N files
     /// into `dir`).
-    pub fn new(out: &Path, dir: Option<&Path>) -> Self {
+    pub(crate) fn new(out: &Path, dir: Option<&Path>) -> Self {
         TableSink {
             out: out.to_path_buf(),
             dir: dir.map(Path::to_path_buf),
@@ -154,7 +154,7 @@ pub(crate) fn table_plan_where(
                 &id,
                 d.group.name.as_bytes(),
             );
-            added += usize::from(!d.from_input());
+            added += usize::from(!d.came_from_input());
         }
     }
     let old = input
@@ -436,7 +436,7 @@ impl FromStream {
         let mut added = 0;
         for d in facts.decisions() {
             if let Some(id) = d.id_for_table()
-                && !d.from_input()
+                && !d.came_from_input()
             {
                 encode_table_entry(
                     &mut self.entries,
