@@ -26,7 +26,7 @@
 # and a summary line gives perf-script's (SCRIPT=1) and perf's times over pdi-inplace's.
 #
 # Usage (from anywhere): bash benches/compare.sh FILE...
-# Environment: RUNS (default 3), PDI_ARGS (extra pdinject arguments, e.g. "-j 1"),
+# Environment: RUNS (default 3), PDI_ARGS (extra pdinject arguments, e.g. "--jobs 1"),
 #              TMPDIR_OUT (output directory; default a new dir on /dev/shm),
 #              SCRIPT=1 (add the perf-script row),
 #              BASELINE (a second pdinject binary, row pdi-base), RSS=1 (peak RSS column),

@@ -78,3 +78,32 @@ if command -v python3 >/dev/null; then
     seed_sample dwarf 0x3137 0x0c 0 0x3 0x401000 0x0000000700000007 99 1 2 10 1 20 2 1 0x401000 2 0x7ffc0000 0x401000 16 0 0 16
     echo "seed.sh: 3 synthetic files -> corpus/sample" >&2
 fi
+
+# jitdump: a small dump of each kind of record (header, two CODE_LOADs at one
+# address, DEBUG_INFO, UNWINDING_INFO, CODE_MOVE, CLOSE), in both byte orders, and
+# any small real dump a JIT left in /tmp.
+mkdir -p corpus/jitdump
+if command -v python3 >/dev/null; then
+    for order in '<' '>'; do
+        python3 - "$order" >"corpus/jitdump/synthetic-$([ "$order" = '<' ] && echo le || echo be)" <<'PY'
+import struct, sys
+o = sys.argv[1]
+def rec(kind, ts, body):
+    return struct.pack(o + 'IIQ', kind, 16 + len(body), ts) + body
+def load(ts, name, code, index):
+    return rec(0, ts, struct.pack(o + 'IIQQQQ', 7, 7, 0x7f0000001000, 0x7f0000001000, len(code), index) + name + b'\0' + code)
+out = struct.pack(o + 'IIIIIIQQ', 0x4A695444, 1, 40, 62, 0, 7, 1, 0)
+out += rec(2, 5, struct.pack(o + 'QQ', 0x7f0000001000, 2)
+           + struct.pack(o + 'QII', 0x7f0000001000, 10, 0) + b'a.js\0'
+           + struct.pack(o + 'QII', 0x7f0000001004, 11, 0) + b'\xff\0')
+out += load(10, b'fnA', b'\x55\x48\x89\xe5\xc3', 0)
+out += rec(4, 11, struct.pack(o + 'QQQ', 8, 0, 8) + b'\0' * 8)
+out += rec(1, 12, struct.pack(o + 'IIQQQQQ', 7, 7, 0x7f0000001000, 0x7f0000001000, 0x7f0000002000, 5, 0))
+out += load(20, b'fnB', b'\x90\xc3', 1)
+out += rec(3, 30, b'')
+sys.stdout.buffer.write(out)
+PY
+    done
+fi
+find /tmp -maxdepth 4 -name 'jit-*.dump' -size -${max}c -exec cp {} corpus/jitdump/ \; 2>/dev/null || true
+echo "seed.sh: $(ls corpus/jitdump | wc -l) files -> corpus/jitdump" >&2

@@ -121,7 +121,7 @@ fuzz_target!(|data: &[u8]| {
     ] {
         let s = SampleStack {
             pid: 1,
-            key: (0, u64::MAX),
+            key: Key::new(0, u64::MAX),
             regs_mask: mask,
             regs,
             stack,

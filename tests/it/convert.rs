@@ -202,11 +202,11 @@ fn conversion_is_the_same_for_every_thread_count_and_form() {
     let d = cv.dir.path();
     let input = record(&perf, &cv, "in.data", &[]);
     let (j1, j2) = (d.join("j1.data"), d.join("j2.data"));
-    convert(&input, &j1, &["-j", "1"]);
-    convert(&input, &j2, &["-j", "2"]);
+    convert(&input, &j1, &["--jobs", "1"]);
+    convert(&input, &j2, &["--jobs", "2"]);
     assert!(
         std::fs::read(&j1).unwrap() == std::fs::read(&j2).unwrap(),
-        "-j 1 and -j 2 wrote different bytes"
+        "--jobs 1 and --jobs 2 wrote different bytes"
     );
     let want = chains(&perf, &j1);
     // A file to a stream.
@@ -218,7 +218,7 @@ fn conversion_is_the_same_for_every_thread_count_and_form() {
     to_stream(&input, &stream, &["-N"]);
     for jobs in ["1", "2"] {
         let o = d.join(format!("ss{jobs}.pipe"));
-        to_stream(&stream, &o, &["--convert-callchain", "-j", jobs]);
+        to_stream(&stream, &o, &["--convert-callchain", "--jobs", jobs]);
         assert_eq!(chains(&perf, &o), want, "stream -> stream, -j {jobs}");
     }
     let sf = d.join("sf.data");
@@ -226,7 +226,7 @@ fn conversion_is_the_same_for_every_thread_count_and_form() {
     assert_eq!(chains(&perf, &sf), want, "stream -> file");
     assert!(
         std::fs::read(d.join("ss1.pipe")).unwrap() == std::fs::read(d.join("ss2.pipe")).unwrap(),
-        "a stream converted with -j 1 and -j 2 differs"
+        "a stream converted with --jobs 1 and --jobs 2 differs"
     );
     // With build-ID MMAP2 records: the same chains, the IDs in the mapping records.
     let m = d.join("mmap2.data");
