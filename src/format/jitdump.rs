@@ -257,6 +257,20 @@ pub struct Reader<R: Read> {
 }
 
 /// Reads until `buf` is full or the input ends; returns the bytes read.
+/// Reads `n` bytes into `buf` (cleared first), growing it as bytes arrive: a record
+/// that claims megabytes in a dump cut short costs what the dump holds, not the
+/// claim. Returns how many bytes came.
+fn read_claimed(r: &mut impl Read, n: usize, buf: &mut Vec<u8>) -> Result<usize, JitdumpError> {
+    buf.clear();
+    loop {
+        match r.take((n - buf.len()) as u64).read_to_end(buf) {
+            Ok(_) => return Ok(buf.len()),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(JitdumpError::Io(e.to_string())),
+        }
+    }
+}
+
 fn read_full(r: &mut impl Read, buf: &mut [u8]) -> Result<usize, JitdumpError> {
     let mut got = 0;
     while got < buf.len() {
@@ -278,8 +292,8 @@ impl<R: Read> Reader<R> {
         let header = parse_header(&head[..got])?;
         let extra = header.total_size as usize - HEADER_SIZE;
         if extra > 0 {
-            let mut skip = vec![0u8; extra];
-            if read_full(&mut r, &mut skip)? < extra {
+            let mut skip = Vec::new();
+            if read_claimed(&mut r, extra, &mut skip)? < extra {
                 return Err(JitdumpError::ShortHeader(HEADER_SIZE + extra));
             }
         }
@@ -314,8 +328,7 @@ impl<R: Read> Reader<R> {
             });
         }
         let body = size as usize - PREFIX_SIZE;
-        self.buf.resize(body, 0);
-        if read_full(&mut self.r, &mut self.buf)? < body {
+        if read_claimed(&mut self.r, body, &mut self.buf)? < body {
             return Err(JitdumpError::Truncated {
                 offset,
                 time: Some(time),
