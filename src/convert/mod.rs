@@ -21,7 +21,7 @@ use crate::resolve::unwind::{self, Frame, SampleStack, UnwindConfig, UnwindTable
 use crate::{Error, Result};
 use rayon::prelude::*;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 /// What the engine's last resolve used, kept for the conversion.
 pub struct Seen {
@@ -336,10 +336,8 @@ impl<'a> Converter<'a> {
             }
             Ok::<(), Error>(())
         };
-        let shared = Arc::new(unwind::Shared::default());
-        let workers: Vec<Mutex<Option<unwind::Worker>>> = (0..pool.current_num_threads())
-            .map(|_| Mutex::new(None))
-            .collect();
+        let workers = unwind::WorkerSlots::new(pool.current_num_threads());
+        let arch = self.cfg.map(|cfg| (cfg.arch, self.tables));
         let mut total = Counts::default();
         let mut i = 0;
         let r = (|| -> Result<()> {
@@ -353,23 +351,7 @@ impl<'a> Converter<'a> {
                 let outs: Vec<Result<(Vec<u8>, Counts)>> = pool.install(|| {
                     chunks[i..j]
                         .par_iter()
-                        .map(|c| {
-                            let slot = rayon::current_thread_index().and_then(|k| workers.get(k));
-                            let mut guard = slot.and_then(|m| m.try_lock().ok());
-                            let mut own = None;
-                            let w = match guard.as_deref_mut() {
-                                Some(w) => w,
-                                None => &mut own,
-                            };
-                            if w.is_none() {
-                                *w = self.cfg.map(|cfg| self.tables.worker(cfg.arch, &shared));
-                            }
-                            let r = self.chunk(src, c, w.as_mut());
-                            if let Some(w) = own {
-                                self.tables.park(w);
-                            }
-                            r
-                        })
+                        .map(|c| workers.with(arch, |w| self.chunk(src, c, w)))
                         .collect()
                 });
                 for (o, c) in outs.into_iter().zip(&chunks[i..j]) {
@@ -383,12 +365,7 @@ impl<'a> Converter<'a> {
             }
             gap(&mut pos, to, emit)
         })();
-        for w in workers
-            .into_iter()
-            .filter_map(|m| m.into_inner().ok().flatten())
-        {
-            self.tables.park(w);
-        }
+        workers.park_all(self.tables);
         r.map(|()| total)
     }
 

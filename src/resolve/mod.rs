@@ -18,7 +18,7 @@ use crate::{Error, Result};
 use rayon::prelude::*;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+
 use unwind::{Frame, SampleStack, UnwindConfig, UnwindMode, UnwindTables};
 
 /// What the workers need besides the chunk.
@@ -190,48 +190,21 @@ impl<'a> Resolver<'a> {
         progress: &(dyn Fn(u64) + Sync),
         stop: &AtomicBool,
     ) -> Result<Hits> {
-        // One unwinding worker per pool thread, kept for the whole run and parked in
-        // the tables after it: its caches warm up once (rayon's map_init would start
-        // one per split of the work).
-        let shared = Arc::new(unwind::Shared::default());
-        let workers: Vec<Mutex<Option<unwind::Worker>>> = (0..rayon::current_num_threads())
-            .map(|_| Mutex::new(None))
-            .collect();
+        let workers = unwind::WorkerSlots::new(rayon::current_num_threads());
+        let arch = self.unwind.map(|(cfg, tables)| (cfg.arch, tables));
         let results: Vec<Result<Hits>> = chunks
             .par_iter()
             .map(|c| {
                 if stop.load(Ordering::Relaxed) {
                     return Err(Error::Stopped);
                 }
-                // try_lock: a thread that steals work while inside a chunk (nothing
-                // in a chunk waits on the pool today) gets a worker of its own.
-                let slot = rayon::current_thread_index().and_then(|i| workers.get(i));
-                let mut guard = slot.and_then(|m| m.try_lock().ok());
-                let mut own = None;
-                let w = match guard.as_deref_mut() {
-                    Some(w) => w,
-                    None => &mut own,
-                };
-                if w.is_none() {
-                    *w = self
-                        .unwind
-                        .map(|(cfg, tables)| tables.worker(cfg.arch, &shared));
-                }
-                let r = self.chunk(files, c, w.as_mut());
-                if let (Some(w), Some((_, tables))) = (own, self.unwind) {
-                    tables.park(w);
-                }
+                let r = workers.with(arch, |w| self.chunk(files, c, w));
                 progress(c.end - c.start);
                 r
             })
             .collect();
         if let Some((_, tables)) = self.unwind {
-            for w in workers
-                .into_iter()
-                .filter_map(|m| m.into_inner().ok().flatten())
-            {
-                tables.park(w);
-            }
+            workers.park_all(tables);
         }
         let mut total = Hits::new(self.model.dsos.len());
         for r in results {

@@ -348,6 +348,61 @@ impl<'a> ToImage<'a> {
     }
 }
 
+/// One unwinding worker per pool thread, kept for a whole pass and parked in the
+/// tables after it: its caches warm up once (rayon's map_init would start one per
+/// split of the work).
+pub struct WorkerSlots {
+    shared: Arc<Shared>,
+    slots: Vec<std::sync::Mutex<Option<Worker>>>,
+}
+
+impl WorkerSlots {
+    /// Slots for a pool of `threads` threads.
+    pub fn new(threads: usize) -> Self {
+        WorkerSlots {
+            shared: Arc::new(Shared::default()),
+            slots: (0..threads).map(|_| std::sync::Mutex::new(None)).collect(),
+        }
+    }
+
+    /// Runs `f` with the calling pool thread's worker (made on first use; `None`
+    /// when there is no unwinding). try_lock: a thread that steals work while inside
+    /// a chunk (nothing in a chunk waits on the pool today) gets a worker of its
+    /// own, parked in the tables after.
+    pub fn with<R>(
+        &self,
+        unwind: Option<(Arch, &UnwindTables)>,
+        f: impl FnOnce(Option<&mut Worker>) -> R,
+    ) -> R {
+        let slot = rayon::current_thread_index().and_then(|i| self.slots.get(i));
+        let mut guard = slot.and_then(|m| m.try_lock().ok());
+        let mut own = None;
+        let w = match guard.as_deref_mut() {
+            Some(w) => w,
+            None => &mut own,
+        };
+        if w.is_none() {
+            *w = unwind.map(|(arch, tables)| tables.worker(arch, &self.shared));
+        }
+        let r = f(w.as_mut());
+        if let (Some(w), Some((_, tables))) = (own, unwind) {
+            tables.park(w);
+        }
+        r
+    }
+
+    /// Parks every thread's worker in `tables` at the end of the pass.
+    pub fn park_all(self, tables: &UnwindTables) {
+        for w in self
+            .slots
+            .into_iter()
+            .filter_map(|m| m.into_inner().ok().flatten())
+        {
+            tables.park(w);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -27,7 +27,7 @@ mod tables;
 mod walk;
 
 pub use arch::Arch;
-pub use image::{Shared, Worker};
+pub use image::{Shared, Worker, WorkerSlots};
 pub use tables::{Bytes, DsoUnwind, UnwindTables};
 pub use walk::{Frame, Outcome, SampleStack, unwind, unwind_at};
 
