@@ -226,28 +226,6 @@ pub(crate) fn convert_header_feature(rec: &mut [u8], e: Endian) {
     }
 }
 
-/// Bytes of a stream batch in memory as windows for a [`Walker`].
-pub(crate) struct Slice<'b> {
-    /// The bytes.
-    pub bytes: &'b [u8],
-    /// The offset of the first.
-    pub base: u64,
-}
-
-impl<'b> Windows for Slice<'b> {
-    type Window = &'b [u8];
-    fn window(&self, offset: u64, len: u64) -> Result<&'b [u8]> {
-        offset
-            .checked_sub(self.base)
-            .and_then(|a| usize::try_from(a).ok())
-            .and_then(|a| {
-                self.bytes
-                    .get(a..a.checked_add(usize::try_from(len).ok()?)?)
-            })
-            .ok_or_else(|| Error::Internal("conversion: a window outside the batch".into()))
-    }
-}
-
 /// Input bytes of chunks converted at a time: their output (the same size for
 /// records that pass through) is held until written in order.
 const GROUP_BYTES: u64 = 64 << 20;

@@ -10,7 +10,7 @@ use crate::engine::{Context, Cuts, Ending, Engine, Host, Point};
 use crate::format::Endian;
 use crate::format::header::{PIPE_HEADER_SIZE, Section, pipe_header};
 use crate::format::record::RecordHeader;
-use crate::format::walk::{Windows, frame};
+use crate::format::walk::{InMemory, frame};
 use crate::input::{Backing, DataFile, WINDOW_BYTES};
 use crate::options::Options;
 use crate::report::Report;
@@ -25,26 +25,6 @@ use std::sync::atomic::AtomicBool;
 pub const BATCH_BYTES: usize = 64 << 20;
 /// Bytes read from a stream at a time.
 const READ_BLOCK: u64 = 4 << 20;
-
-/// A stream's bytes in memory, from stream offset `base`.
-struct Mem<'b> {
-    bytes: &'b [u8],
-    base: u64,
-}
-
-impl<'b> Windows for Mem<'b> {
-    type Window = &'b [u8];
-    fn window(&self, offset: u64, len: u64) -> Result<&'b [u8]> {
-        offset
-            .checked_sub(self.base)
-            .and_then(|a| usize::try_from(a).ok())
-            .and_then(|a| {
-                self.bytes
-                    .get(a..a.checked_add(usize::try_from(len).ok()?)?)
-            })
-            .ok_or_else(|| Error::format(offset, "window outside the batch"))
-    }
-}
 
 /// A stream being read: the bytes not yet written and where they stand.
 struct Pending {
@@ -108,7 +88,7 @@ pub fn run_stream(cx: Context<'_>, input: StreamInput<'_>, sink: &mut dyn Sink) 
             let eof = fill(&mut s, reader, batch, e, &name)?;
             let from = s.base + s.scanned as u64;
             let end = s.base + s.parsed as u64;
-            let mem = Mem {
+            let mem = InMemory {
                 bytes: &s.bytes,
                 base: s.base,
             };

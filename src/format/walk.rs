@@ -78,6 +78,28 @@ pub trait Windows {
     fn window(&self, offset: u64, len: u64) -> Result<Self::Window>;
 }
 
+/// Bytes of a stream in memory (a batch), from stream offset `base`, as windows.
+pub struct InMemory<'b> {
+    /// The bytes.
+    pub bytes: &'b [u8],
+    /// The stream offset of the first.
+    pub base: u64,
+}
+
+impl<'b> Windows for InMemory<'b> {
+    type Window = &'b [u8];
+    fn window(&self, offset: u64, len: u64) -> Result<&'b [u8]> {
+        offset
+            .checked_sub(self.base)
+            .and_then(|a| usize::try_from(a).ok())
+            .and_then(|a| {
+                self.bytes
+                    .get(a..a.checked_add(usize::try_from(len).ok()?)?)
+            })
+            .ok_or_else(|| crate::Error::format(offset, "window outside the batch"))
+    }
+}
+
 /// A record handed to a walker callback.
 #[derive(Clone, Copy, Debug)]
 pub struct Rec<'a> {

@@ -19,9 +19,9 @@ use super::mmap2::{Splice, mapping_note, plan, read_record};
 use super::stream::StreamSink;
 use super::table::{TableSink, table_plan};
 use super::{Batch, Begin, Facts, Sink};
-use crate::convert::{Converter, Counts, Slice, convert_attr};
+use crate::convert::{Converter, Counts, convert_attr};
 use crate::format::record::rt;
-use crate::format::walk::frame;
+use crate::format::walk::{InMemory, frame};
 use crate::input::PerfInput;
 use crate::options::Form;
 use crate::report::SinkReport;
@@ -221,7 +221,7 @@ impl<'w> ConvertSink<'w> {
                     .filter(|c| c.start >= offset && c.end <= end)
                     .cloned()
                     .collect();
-                let src = Slice {
+                let src = InMemory {
                     bytes,
                     base: offset,
                 };
