@@ -25,6 +25,15 @@
 #                printed after the table.
 # and a summary line gives perf-script's (SCRIPT=1) and perf's times over pdi-inplace's.
 #
+# With MODE=convert, the job is `--convert-callchain` instead: rows pdinject
+# (`pdinject --convert-callchain FILE OUT`), perf73 (`perf inject --convert-callchain`
+# of perf 7.3 from /tmp/p73, ../shared/tools/perf73.sh) and cp; build IDs are counted
+# with perf 7.3 (perf 6.1 and 6.12 refuse perf 7.3's output: its attrs are 144 bytes).
+# With MODE=jit, the job is `--jit`: rows pdinject (`pdinject --jit`), perf (`perf
+# inject --jit`, which also writes one jitted-PID-N.so per code load beside each
+# jitdump), perf73 and cp; a column counts the files each run left in the jitdumps'
+# directories (JITDIR=DIR names it; default the input's directory).
+#
 # Usage (from anywhere): bash benches/compare.sh FILE...
 # Environment: RUNS (default 3), PDI_ARGS (extra pdinject arguments, e.g. "--jobs 1"),
 #              TMPDIR_OUT (output directory; default a new dir on /dev/shm),
@@ -65,6 +74,21 @@ cd "$(dirname "$0")/.."
 
 runs=${RUNS:-3}
 read -r -a pdi_args <<<"${PDI_ARGS:-}"
+mode=${MODE:-buildids}
+case $mode in
+buildids) job=(--buildids) ;;
+convert) job=(--convert-callchain) ;;
+jit) job=(--jit) ;;
+*)
+    echo "compare.sh: MODE=$mode: expected buildids, convert or jit" >&2
+    exit 2
+    ;;
+esac
+p73=${PERF73:-/tmp/p73/perf}
+if [ "$mode" = convert ] && [ ! -x "$p73" ]; then
+    echo "compare.sh: MODE=convert needs perf 7.3 at $p73 (bash ../shared/tools/perf73.sh)" >&2
+    exit 2
+fi
 
 echo "compare.sh: building the release binary" >&2
 cargo build --release --quiet
@@ -73,10 +97,19 @@ pdinject=$PWD/target/release/pdinject
 tools=(pdinject)
 [ -n "$baseline" ] && tools+=(pdi-base)
 perf61=$(command -v perf || true)
-[ -n "$perf61" ] && tools+=(perf)
 p612=/tmp/p612/usr/bin/perf
 p612_lib=/tmp/p612/usr/lib/x86_64-linux-gnu
-[ -x "$p612" ] && tools+=(perf612)
+case $mode in
+buildids)
+    [ -n "$perf61" ] && tools+=(perf)
+    [ -x "$p612" ] && tools+=(perf612)
+    ;;
+convert) tools+=(perf73) ;;
+jit)
+    [ -n "$perf61" ] && tools+=(perf)
+    [ -x "$p73" ] && tools+=(perf73)
+    ;;
+esac
 tools+=(cp)
 inplace=${INPLACE:-0}
 [ "$inplace" = 1 ] && tools+=(pdi-inplace pdi-mmap2-ip)
@@ -97,7 +130,8 @@ fi
 
 version() {
     case $1 in
-    pdinject) echo "pdinject ($pdinject)" ;;
+    pdinject) echo "pdinject ${job[*]} ($pdinject)" ;;
+    perf73) echo "perf $("$p73" --version | awk '{print $3}') inject ${job[*]} ($p73)" ;;
     pdi-base) echo "$("$baseline" --version 2>/dev/null || echo "version unknown") ($baseline)" ;;
     perf) echo "perf $("$perf61" --version | awk '{print $3}')" ;;
     perf612) echo "perf $(LD_LIBRARY_PATH=$p612_lib "$p612" --version | awk '{print $3}')" ;;
@@ -158,15 +192,34 @@ run() {
     rm -rf "$out"
     [ "$rss" = 1 ] && w=("$gnu_time" -f %M -o "$out_dir/$tool.rss")
     case $tool in
-    pdinject) "${w[@]}" "$pdinject" --buildids "$in" "$out" "${pdi_args[@]}" ;;
-    pdi-base) "${w[@]}" "$baseline" --buildids "$in" "$out" "${pdi_args[@]}" ;;
-    perf) "${w[@]}" "$perf61" inject -b -i "$in" -o "$out" ;;
+    pdinject) "${w[@]}" "$pdinject" "${job[@]}" "$in" "$out" "${pdi_args[@]}" ;;
+    pdi-base) "${w[@]}" "$baseline" "${job[@]}" "$in" "$out" "${pdi_args[@]}" ;;
+    perf) "${w[@]}" "$perf61" inject "$(perf_job)" -i "$in" -o "$out" ;;
+    perf73) "${w[@]}" "$p73" inject "${job[@]}" -i "$in" -o "$out" ;;
     perf612) LD_LIBRARY_PATH=$p612_lib "${w[@]}" "$p612" inject -b -i "$in" -o "$out" ;;
     perf-script) "${w[@]}" "$perf61" script -F ip,dso -i "$in" ;;
     cp) "${w[@]}" cp -r "$in" "$out" ;;
     pdi-inplace) "${w[@]}" "$pdinject" --buildids --in-place "$copy" "${pdi_args[@]}" ;;
     pdi-mmap2-ip) "${w[@]}" "$pdinject" --mmap2-buildid-all --in-place "$copy2" "${pdi_args[@]}" ;;
     esac >/dev/null 2>"$out_dir/$tool.err"
+}
+
+# perf_job: perf inject's flag for the job (-b is its --buildids).
+perf_job() {
+    case $mode in
+    buildids) echo -b ;;
+    *) echo "${job[0]}" ;;
+    esac
+}
+
+# jit_files IN: the files in the jitdumps' directory (JITDIR, default IN's directory)
+# whose names perf inject --jit gives its images, before they are cleared for the next
+# tool's run.
+jit_files() {
+    find "${JITDIR:-$(dirname "$1")}" -maxdepth 1 -name 'jitted-*.so' | wc -l
+}
+clear_jit_files() {
+    find "${JITDIR:-$(dirname "$1")}" -maxdepth 1 -name 'jitted-*.so' -delete
 }
 
 # peak_rss TOOL: the peak RSS in KB of TOOL's last run (GNU time's last line: it puts
@@ -184,6 +237,7 @@ once() {
     pdi-inplace) reset_copy "$copy" ;;
     pdi-mmap2-ip) reset_copy "$copy2" ;;
     esac
+    [ "$mode" = jit ] && clear_jit_files "$in"
     s=$(date +%s.%N)
     if ! run "$tool" "$in" "$out"; then
         echo fail
@@ -206,7 +260,9 @@ count_ids() {
         echo "-"
         return 0
     }
-    if [ -x "$p612" ]; then
+    if [ "$mode" = convert ]; then
+        list=$("$p73" buildid-list -i "$out" 2>/dev/null) || list=\?
+    elif [ -x "$p612" ]; then
         list=$(LD_LIBRARY_PATH=$p612_lib "$p612" buildid-list -i "$out" 2>/dev/null) || list=\?
     else
         list=$("$perf61" buildid-list -i "$out" 2>/dev/null) || list=\?
@@ -231,7 +287,7 @@ for f in "${files[@]}"; do
     name=$(basename "$f")
     size=$(du -h --apparent-size "$f" | cut -f1)
     pdi_t=
-    declare -A took=() mem=() ids=()
+    declare -A took=() mem=() ids=() jit_left=()
     [ "$inplace" = 1 ] && make_copy "$f"
     # Rounds, each running every tool once: the VM's speed drifts within a minute, and
     # a tool whose runs all fell in one slow spell would be judged by it alone.
@@ -256,6 +312,7 @@ for f in "${files[@]}"; do
                 *) ids[$t]=$(count_ids "$out") ;;
                 esac
                 [ "$t" = pdi-mmap2-ip ] && mmap2_size=$(stat -c %s "$copy2")
+                [ "$mode" = jit ] && jit_left[$t]=$(jit_files "$f")
             fi
             rm -rf "$out"
         done
@@ -274,6 +331,12 @@ for f in "${files[@]}"; do
             sed 's/^/    /' "$out_dir/$t.err" | tail -3
         fi
     done
+    if [ "$mode" = jit ]; then
+        for t in "${tools[@]}"; do
+            echo "$name: $t left ${jit_left[$t]:-?} jitted-*.so files beside the jitdumps"
+        done
+        clear_jit_files "$f"
+    fi
     [ "$inplace" = 1 ] && echo "$name: --mmap2-buildid-all --in-place: $copy_len -> ${mmap2_size:-?} bytes"
     if [ "$inplace" = 1 ]; then
         ip=${took[pdi-inplace]}
@@ -283,5 +346,5 @@ for f in "${files[@]}"; do
         done
         drop_copy
     fi
-    unset took mem ids
+    unset took mem ids jit_left
 done

@@ -5,10 +5,20 @@
 //! `PERF_SAMPLE_STACK_USER` (and gains `PERF_SAMPLE_CALLCHAIN`), at the input's attr
 //! size. See docs/convert.md.
 //!
-//! The engine resolves the input as in every run (its hits decide the build IDs,
-//! with the frames found here); the sink then walks the same chunks again, unwinds
-//! each DWARF sample on the pool with the model and unwind tables of that resolve,
-//! and writes the records in order, a bounded group of chunks at a time.
+//! A file into a file in the table form: the resolve converts each chunk as it walks
+//! it ([`SpillTap`]), unwinding each stack once for its hits and its chain, and the
+//! chunks go to a [`Spill`] that the sink copies into the output in order; batches
+//! are resolved (and converted) beside the scan as in every run.
+//!
+//! Streams and the MMAP2 forms (whose build-ID records are only known once the
+//! resolve is done): the engine resolves the input as in every run, and the sink
+//! then walks the same chunks again, unwinds each DWARF sample on the pool with the
+//! model and unwind tables of that resolve, and writes the records in order, a
+//! bounded group of chunks at a time.
+
+mod spill;
+
+pub(crate) use spill::{Spill, SpillTap};
 
 use crate::format::Endian;
 use crate::format::attr::{Attr, st};
@@ -17,7 +27,7 @@ use crate::format::record::{misc, rt};
 use crate::format::sample::{SampleLayout, sample_id, u64s};
 use crate::format::walk::{Chunk, Rec, Walker, Windows};
 use crate::model::{Key, Model};
-use crate::resolve::unwind::{self, Frame, SampleStack, UnwindConfig, UnwindTables};
+use crate::resolve::unwind::{self, Frame, Outcome, SampleStack, UnwindConfig, UnwindTables};
 use crate::{Error, Result};
 use rayon::prelude::*;
 use std::collections::HashMap;
@@ -35,6 +45,9 @@ pub struct Seen {
     pub time_mode: bool,
     /// Why local files may not be read (another host, no recording time), if so.
     pub local: Option<String>,
+    /// The records as the resolve converted them ([`Spill`]), when it did: then the
+    /// sink only copies them.
+    pub spill: Option<Arc<Spill>>,
 }
 
 /// `PERF_CONTEXT_USER`: the callchain entries after it are user addresses.
@@ -230,6 +243,18 @@ pub(crate) fn convert_header_feature(rec: &mut [u8], e: Endian) {
 /// records that pass through) is held until written in order.
 const GROUP_BYTES: u64 = 64 << 20;
 
+/// How a resolve unwinds, as a converter must unwind too: its model and tables, its
+/// unwinding, whether samples are keyed by time, and why local files may not be read
+/// (another host, no recording time), if so.
+#[derive(Clone, Copy)]
+pub(crate) struct How<'a, 'w> {
+    pub model: &'a Model,
+    pub tables: &'a UnwindTables,
+    pub unwind: Option<UnwindConfig>,
+    pub time_mode: bool,
+    pub local: Option<&'w str>,
+}
+
 /// Converts the records of one input with what the engine's last resolve saw.
 pub(crate) struct Converter<'a> {
     model: &'a Model,
@@ -258,14 +283,31 @@ impl<'a> Converter<'a> {
         e: Endian,
         splices: &'a [(u64, &'a [u8])],
     ) -> Result<Self> {
+        let how = How {
+            model: &seen.model,
+            tables,
+            unwind: seen.unwind,
+            time_mode: seen.time_mode,
+            local: seen.local.as_deref(),
+        };
+        Self::with(how, attrs, e, splices)
+    }
+
+    /// A converter for `attrs` unwinding as `how` says (see [`Converter::new`]).
+    pub(crate) fn with(
+        how: How<'a, '_>,
+        attrs: &[Attr],
+        e: Endian,
+        splices: &'a [(u64, &'a [u8])],
+    ) -> Result<Self> {
         let any = attrs.iter().any(|a| is_dwarf(a.sample_type));
         if any {
-            if let Some(why) = &seen.local {
+            if let Some(why) = how.local {
                 return Err(Error::unsupported(format!(
                     "--convert-callchain: this host cannot unwind the recording ({why}); converting would drop its stack dumps for good. Convert it on the host that recorded it"
                 )));
             }
-            if seen.unwind.is_none() {
+            if how.unwind.is_none() {
                 return Err(Error::unsupported(
                     "--convert-callchain: the recording's user stacks cannot be unwound here (unsupported architecture, or --unwind none)",
                 ));
@@ -278,10 +320,10 @@ impl<'a> Converter<'a> {
             }
         }
         Ok(Converter {
-            model: &seen.model,
-            tables,
-            cfg: seen.unwind,
-            time_mode: seen.time_mode,
+            model: how.model,
+            tables: how.tables,
+            cfg: how.unwind,
+            time_mode: how.time_mode,
             layouts: attrs.iter().map(SampleLayout::new).collect(),
             dwarf: attrs.iter().map(|a| is_dwarf(a.sample_type)).collect(),
             regs_masks: attrs.iter().map(|a| a.sample_regs_user).collect(),
@@ -356,13 +398,17 @@ impl<'a> Converter<'a> {
     ) -> Result<(Vec<u8>, Counts)> {
         let mut out = Vec::with_capacity(((c.end - c.start) / 16) as usize);
         let mut counts = Counts::default();
+        let mut bufs = Bufs::default();
         let mut walker = Walker::new(self.e, c.first_seq);
         walker.walk(
             src,
             c.start,
             c.end,
             (c.end - c.start).min(crate::limits::MAX_RESOLVE_WINDOW),
-            &mut |r| self.record(r, &mut out, &mut counts, w.as_deref_mut()),
+            &mut |r| {
+                self.record(r, &mut out, &mut counts, w.as_deref_mut(), &mut bufs)
+                    .map(drop)
+            },
             &mut |_, _| Ok(()),
         )?;
         Ok((out, counts))
@@ -370,13 +416,16 @@ impl<'a> Converter<'a> {
 
     /// One record: a DWARF sample converted, a HEADER_ATTR of a DWARF event
     /// rewritten, a record the MMAP2 plan replaces replaced, anything else as it is.
-    fn record(
+    /// A sample whose user stack was unwound leaves its frames in `bufs.frames` and
+    /// returns the unwinding's outcome (see [`crate::resolve::Tap`]).
+    pub(crate) fn record(
         &self,
         r: &Rec<'_>,
         out: &mut Vec<u8>,
         counts: &mut Counts,
         w: Option<&mut unwind::Worker>,
-    ) -> Result<()> {
+        bufs: &mut Bufs,
+    ) -> Result<Option<Outcome>> {
         if r.inner {
             return Err(Error::Internal(
                 "conversion: compressed records reached the converter".into(),
@@ -386,11 +435,11 @@ impl<'a> Converter<'a> {
             let i = self.splices.partition_point(|s| s.0 < r.offset);
             if let Some((_, new)) = self.splices.get(i).filter(|s| s.0 == r.offset) {
                 out.extend_from_slice(new);
-                return Ok(());
+                return Ok(None);
             }
         }
         match r.header.kind {
-            rt::SAMPLE => self.sample(r, out, counts, w),
+            rt::SAMPLE => self.sample(r, out, counts, w, bufs),
             rt::HEADER_ATTR => {
                 let start = out.len();
                 out.extend_from_slice(r.bytes);
@@ -400,13 +449,13 @@ impl<'a> Converter<'a> {
                 };
                 let end = (8 + size).min(out.len() - start);
                 convert_attr(&mut out[start + 8..start + end], self.e);
-                Ok(())
+                Ok(None)
             }
             _ => {
                 let start = out.len();
                 out.extend_from_slice(r.bytes);
                 convert_header_feature(&mut out[start..], self.e);
-                Ok(())
+                Ok(None)
             }
         }
     }
@@ -417,7 +466,8 @@ impl<'a> Converter<'a> {
         out: &mut Vec<u8>,
         counts: &mut Counts,
         w: Option<&mut unwind::Worker>,
-    ) -> Result<()> {
+        bufs: &mut Bufs,
+    ) -> Result<Option<Outcome>> {
         let e = self.e;
         let bytes = r.bytes;
         let ai = if self.layouts.len() == 1 {
@@ -428,7 +478,7 @@ impl<'a> Converter<'a> {
         // A sample of an event not declared, or not DWARF, passes as it is.
         let Some(ai) = ai.filter(|&i| self.dwarf.get(i) == Some(&true)) else {
             out.extend_from_slice(bytes);
-            return Ok(());
+            return Ok(None);
         };
         let layout = &self.layouts[ai];
         let bad = |err: crate::format::sample::SampleError| {
@@ -445,10 +495,14 @@ impl<'a> Converter<'a> {
         let s = layout.decode(bytes, e).map_err(bad)?;
         let spans = layout.spans(bytes, e).map_err(bad)?;
         counts.samples += 1;
-        let mut chain: Vec<u64> = u64s(s.callchain, e).collect();
+        let Bufs { frames, chain } = bufs;
+        chain.clear();
+        chain.extend(u64s(s.callchain, e));
         let kernel_len = chain.len();
         let cpumode = r.header.cpumode();
         let guest = matches!(cpumode, misc::GUEST_KERNEL | misc::GUEST_USER);
+        frames.clear();
+        let mut outcome = None;
         match (self.cfg, w, s.pid) {
             (Some(cfg), Some(w), Some(pid))
                 if !guest && s.regs_abi != 0 && !s.stack_user.is_empty() =>
@@ -477,6 +531,7 @@ impl<'a> Converter<'a> {
                 let mut end: Option<Lost> = None;
                 let mut lost = None;
                 let o = unwind::unwind_at(&cfg, model, self.tables, w, &stack, &mut |f, addr| {
+                    frames.push(f);
                     if let Some(why) = end {
                         lost.get_or_insert(why);
                         return;
@@ -498,6 +553,7 @@ impl<'a> Converter<'a> {
                         }
                     }
                 });
+                outcome = Some(o);
                 match lost {
                     Some(Lost::Unproven) => counts.lost_unproven_dso += 1,
                     Some(Lost::NoFile) => counts.lost_no_file += 1,
@@ -529,13 +585,21 @@ impl<'a> Converter<'a> {
         out.extend_from_slice(&bytes[..spans.callchain]);
         out[start + 6..start + 8].copy_from_slice(&e.put_u16(size as u16));
         out.extend_from_slice(&e.put_u64(chain.len() as u64));
-        for a in &chain {
+        for a in chain.iter() {
             out.extend_from_slice(&e.put_u64(*a));
         }
         out.extend_from_slice(&bytes[spans.callchain_end..spans.regs]);
         out.extend_from_slice(&bytes[spans.stack_end..]);
-        Ok(())
+        Ok(outcome)
     }
+}
+
+/// A converting worker's buffers, kept from sample to sample.
+#[derive(Default)]
+pub(crate) struct Bufs {
+    /// The frames of the last sample unwound (see [`Converter::record`]).
+    pub frames: Vec<Frame>,
+    chain: Vec<u64>,
 }
 
 /// Why a chain ended before the stack did.

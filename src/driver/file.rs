@@ -40,6 +40,13 @@ pub fn run_file(cx: Context<'_>, input: &PerfInput, sink: &mut dyn Sink) -> Resu
         )),
     };
     let mut engine = Engine::for_file(cx, &input.header_path, e, input.attrs.clone(), meta, dating);
+    // --convert-callchain into a file: the resolve converts as it goes (one data file,
+    // the others are refused by the sink).
+    if input.data_files.len() == 1
+        && let Some(dir) = sink.spill_dir()
+    {
+        engine.convert_into(Arc::new(crate::convert::Spill::new_in(&dir)?));
+    }
     let stop = Arc::new(AtomicBool::new(false));
     sink.begin(&Begin::File(input), &stop)?;
     let r = (|| {

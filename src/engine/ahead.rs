@@ -22,8 +22,8 @@ use crate::model::Model;
 use crate::resolve::unwind::{UnwindConfig, UnwindTables};
 use crate::resolve::{Hits, Resolver};
 use crate::{Error, Result};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// A batch of a file resolved while its scan goes on: the model as far as the scan
@@ -68,6 +68,8 @@ pub(crate) struct Beside<'f> {
     e: Endian,
     /// A batch is being resolved.
     busy: AtomicBool,
+    /// Where a conversion goes, when the resolve converts ([`Engine::convert_into`]).
+    spill: Option<Arc<crate::convert::Spill>>,
     /// The tables of the first batch (each later one takes its predecessor's).
     first_tables: Mutex<Option<UnwindTables>>,
     finished: Mutex<Vec<AheadDone>>,
@@ -82,14 +84,17 @@ impl<'f> Beside<'f> {
         stop: &'f AtomicBool,
     ) -> Self {
         Beside {
-            // A conversion unwinds every chunk again after the last resolve
-            // (crate::convert), which must therefore have them all.
+            // A conversion in the sink unwinds every chunk again after the last
+            // resolve (crate::convert), which must therefore have them all; one into
+            // the resolve's spill converts each batch as it is resolved.
             every: every
                 .filter(|_| {
                     files.len() == 1
-                        && engine.opts().callchains == crate::options::Callchains::AsRecorded
+                        && (engine.opts().callchains == crate::options::Callchains::AsRecorded
+                            || engine.spill().is_some())
                 })
                 .map(|n| n.max(1)),
+            spill: engine.spill.clone(),
             files,
             stop,
             attrs: engine.attrs().to_vec(),
@@ -131,6 +136,13 @@ impl<'f> Beside<'f> {
         let Some(ahead) = engine.ahead() else {
             return;
         };
+        // A batch converts only what this host may unwind now; else its chunks wait
+        // for the last resolve, which converts them or refuses the run.
+        if self.spill.is_some()
+            && (ahead.allow_local != crate::buildid::LocalFiles::Trusted || ahead.unwind.is_none())
+        {
+            return;
+        }
         // The previous batch is done (`due` waits for it): its tables come back.
         let first = self.first_tables.lock().ok().and_then(|mut t| t.take());
         let Some(mut t) = first.or_else(|| {
@@ -151,8 +163,35 @@ impl<'f> Beside<'f> {
             if let Some(cfg) = ahead.unwind {
                 resolver = resolver.with_unwinding(cfg, &t);
             }
-            let hits = resolver.run(self.files, &batch, &|_| {}, self.stop);
+            let tap = self.spill.as_deref().and_then(|spill| {
+                let how = crate::convert::How {
+                    model: &ahead.model,
+                    tables: &t,
+                    unwind: ahead.unwind,
+                    time_mode: ahead.time_mode,
+                    local: None,
+                };
+                let conv = crate::convert::Converter::with(how, &self.attrs, self.e, &[]).ok()?;
+                Some(crate::convert::SpillTap { conv, spill })
+            });
+            let hits = match (&self.spill, &tap) {
+                // Cannot happen (checked above): resolve nothing rather than chunks
+                // whose conversion would be missing.
+                (Some(_), None) => Err(Error::Internal("conversion: no converter".into())),
+                _ => resolver.run(
+                    self.files,
+                    &batch,
+                    &|_| {},
+                    self.stop,
+                    tap.as_ref().map(|t| t as &dyn crate::resolve::Tap),
+                ),
+            };
+            drop(tap);
             drop(resolver);
+            // Only the batch's settings are judged at the end: its model goes now, or
+            // every batch's would be held until the scan ends.
+            let mut ahead = ahead;
+            ahead.model = Model::default();
             if let Ok(mut f) = self.finished.lock() {
                 f.push(AheadDone {
                     newest: hits.as_ref().ok().and_then(|h| h.max_time),

@@ -83,7 +83,7 @@ pub(super) fn resolve(
                         first_seq: *seq,
                     })
                     .collect();
-                let hits = pool.install(|| resolver.run(&files, &cs, &|_| {}, stop))?;
+                let hits = pool.install(|| resolver.run(&files, &cs, &|_| {}, stop, None))?;
                 total.merge(hits);
                 progress(upto - done_to);
                 done_to = upto;

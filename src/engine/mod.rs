@@ -311,6 +311,9 @@ pub(crate) struct Engine<'a> {
     /// `--convert-callchain`: what the last resolve saw, for the sink to unwind the
     /// same records again into callchains.
     conversion: Option<crate::convert::Seen>,
+    /// Where the resolve writes the records it converts, when it converts them
+    /// ([`Engine::convert_into`]).
+    spill: Option<std::sync::Arc<crate::convert::Spill>>,
 }
 
 impl<'a> Engine<'a> {
@@ -388,10 +391,22 @@ impl<'a> Engine<'a> {
             kept_peak: AtomicU64::new(0),
             output_kept: AtomicU64::new(0),
             conversion: None,
+            spill: None,
         }
     }
 
     /// `--convert-callchain`: what the last resolve saw, and the unwind tables.
+    /// `--convert-callchain` with the resolve converting each chunk into `spill`
+    /// (a file input into a file in the table form; see [`crate::convert`]).
+    pub(crate) fn convert_into(&mut self, spill: std::sync::Arc<crate::convert::Spill>) {
+        self.spill = Some(spill);
+    }
+
+    /// The spill the resolve converts into, if any.
+    pub(crate) fn spill(&self) -> Option<&crate::convert::Spill> {
+        self.spill.as_deref()
+    }
+
     pub(crate) fn conversion(&self) -> Option<(&crate::convert::Seen, &UnwindTables)> {
         Some((self.conversion.as_ref()?, self.tables.as_ref()?))
     }
@@ -942,6 +957,22 @@ impl<'a> Engine<'a> {
         if let Some(cfg) = unwind {
             resolver = resolver.with_unwinding(cfg, &*tables);
         }
+        let local = batch.trust.local.clone().err().map(|(_, why)| why);
+        let tap = match &self.spill {
+            Some(spill) if self.scan.compressed == 0 => {
+                let how = crate::convert::How {
+                    model,
+                    tables: &*tables,
+                    unwind,
+                    time_mode,
+                    local: local.as_deref(),
+                };
+                let conv = crate::convert::Converter::with(how, &self.attrs, self.e, &[])
+                    .map_err(|e| e.in_file(&self.name))?;
+                Some(crate::convert::SpillTap { conv, spill })
+            }
+            _ => None,
+        };
         let hits = if self.scan.compressed > 0 {
             let mut w = match self.flat_walker.take() {
                 Some(w) if self.from_records => w,
@@ -951,9 +982,11 @@ impl<'a> Engine<'a> {
             self.flat_walker = Some(w);
             r?
         } else {
+            let tap = tap.as_ref().map(|t| t as &dyn crate::resolve::Tap);
             self.pool
-                .install(|| resolver.run(files, chunks, progress, stop))?
+                .install(|| resolver.run(files, chunks, progress, stop, tap))?
         };
+        drop(tap);
         drop(resolver);
         self.add_time("resolve", t.elapsed());
         if self.opts.callchains == crate::options::Callchains::Converted {
@@ -962,7 +995,8 @@ impl<'a> Engine<'a> {
                 chunks: chunks.to_vec(),
                 unwind,
                 time_mode,
-                local: batch.trust.local.clone().err().map(|(_, why)| why),
+                local,
+                spill: self.spill.clone(),
             });
         }
         let mut hits = hits;

@@ -19,7 +19,38 @@ use rayon::prelude::*;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use unwind::{Frame, SampleStack, UnwindConfig, UnwindMode, UnwindTables};
+use unwind::{Frame, Outcome, SampleStack, UnwindConfig, UnwindMode, UnwindTables};
+
+/// Another pass that walks each chunk together with the resolve, so that the records
+/// are read and the user stacks unwound once for both: `--convert-callchain`'s
+/// converter ([`crate::convert`]) writes each chunk converted while the resolve counts
+/// its hits from the same frames.
+pub trait Tap: Sync {
+    /// The pass over one chunk, handed every record of it in order.
+    fn chunk<'t>(&'t self, c: &Chunk) -> Box<dyn ChunkTap + 't>;
+}
+
+/// [`Tap`]'s pass over one chunk.
+pub trait ChunkTap {
+    /// Takes record `r`. For a sample whose user stack it unwound, it leaves the frames
+    /// in `frames` and returns the outcome: the resolve counts those, and unwinds no
+    /// sample itself when there is a tap.
+    fn record(
+        &mut self,
+        r: &Rec<'_>,
+        w: Option<&mut unwind::Worker>,
+        frames: &mut Vec<Frame>,
+    ) -> Result<Option<Outcome>>;
+    /// The chunk's records are all taken.
+    fn done(self: Box<Self>) -> Result<()>;
+}
+
+/// How the resolve gets a sample's user stack: unwinds it, or takes what a [`Tap`]
+/// unwound (nothing when the tap did not unwind it).
+enum Stack<'f> {
+    Unwind,
+    Tapped(Option<(&'f [Frame], Outcome)>),
+}
 
 /// What the workers need besides the chunk.
 pub struct Resolver<'a> {
@@ -183,12 +214,14 @@ impl<'a> Resolver<'a> {
 
     /// Resolves every chunk on the current rayon pool and merges in chunk order;
     /// chunks not begun when `stop` turns true end the run with [`Error::Stopped`].
+    /// With a `tap`, each chunk's records go through it too (see [`Tap`]).
     pub fn run(
         &self,
         files: &[DataFile],
         chunks: &[Chunk],
         progress: &(dyn Fn(u64) + Sync),
         stop: &AtomicBool,
+        tap: Option<&dyn Tap>,
     ) -> Result<Hits> {
         let workers = unwind::WorkerSlots::new(rayon::current_num_threads());
         let arch = self.unwind.map(|(cfg, tables)| (cfg.arch, tables));
@@ -198,7 +231,7 @@ impl<'a> Resolver<'a> {
                 if stop.load(Ordering::Relaxed) {
                     return Err(Error::Stopped);
                 }
-                let r = workers.with(arch, |w| self.chunk(files, c, w));
+                let r = workers.with(arch, |w| self.chunk(files, c, w, tap));
                 progress(c.end - c.start);
                 r
             })
@@ -213,12 +246,13 @@ impl<'a> Resolver<'a> {
         Ok(total)
     }
 
-    /// Resolves one chunk.
+    /// Resolves one chunk (its records handed to `tap` too, when there is one).
     pub fn chunk(
         &self,
         files: &[DataFile],
         c: &Chunk,
         mut w: Option<&mut unwind::Worker>,
+        tap: Option<&dyn Tap>,
     ) -> Result<Hits> {
         let df = files
             .get(c.file)
@@ -230,9 +264,18 @@ impl<'a> Resolver<'a> {
             spaces: [None, None],
         };
         let mut walker = Walker::new(self.e, c.first_seq);
+        let mut tap = tap.map(|t| t.chunk(c));
+        let mut frames = Vec::new();
         let mut on_rec = |r: &Rec<'_>| -> Result<()> {
+            let stack = match &mut tap {
+                Some(t) => {
+                    let o = t.record(r, w.as_deref_mut(), &mut frames)?;
+                    Stack::Tapped(o.map(|o| (frames.as_slice(), o)))
+                }
+                None => Stack::Unwind,
+            };
             if r.header.kind == rt::SAMPLE {
-                self.sample(r, &mut hits, &mut sc, w.as_deref_mut())?;
+                self.sample(r, &mut hits, &mut sc, w.as_deref_mut(), stack)?;
             }
             Ok(())
         };
@@ -247,6 +290,9 @@ impl<'a> Resolver<'a> {
                 &mut |_, _| Ok(()),
             )
             .map_err(|e| e.in_file(&df.path))?;
+        if let Some(t) = tap {
+            t.done()?;
+        }
         Ok(hits)
     }
 
@@ -256,6 +302,7 @@ impl<'a> Resolver<'a> {
         hits: &mut Hits,
         sc: &mut Scratch<'a>,
         w: Option<&mut unwind::Worker>,
+        stack: Stack<'_>,
     ) -> Result<()> {
         let e = self.e;
         prefetch_after(r.bytes);
@@ -339,22 +386,41 @@ impl<'a> Resolver<'a> {
             && s.regs_abi != 0
             && !s.stack_user.is_empty()
         {
-            let stack = SampleStack {
-                pid,
-                key,
-                regs_mask: self.regs_masks[ai],
-                regs: s.regs_user,
-                stack: s.stack_user,
-                e,
-            };
-            let o = unwind::unwind(&cfg, model, tables, w, &stack, &mut |f| match f {
+            let mut on_frame = |f: Frame| match f {
                 Frame::Dso(d) => sc.touch(d),
                 Frame::Address(addr) => sc.look(model, pid, addr, key, &mut hits.unmapped),
-            });
-            hits.unwound_samples += 1;
-            hits.unwound_frames += o.frames as u64;
-            hits.over_budget += u64::from(o.over_budget);
-            hits.frame_capped += u64::from(o.frame_capped);
+            };
+            let o = match stack {
+                Stack::Unwind => {
+                    let stack = SampleStack {
+                        pid,
+                        key,
+                        regs_mask: self.regs_masks[ai],
+                        regs: s.regs_user,
+                        stack: s.stack_user,
+                        e,
+                    };
+                    Some(unwind::unwind(
+                        &cfg,
+                        model,
+                        tables,
+                        w,
+                        &stack,
+                        &mut on_frame,
+                    ))
+                }
+                Stack::Tapped(Some((frames, o))) => {
+                    frames.iter().for_each(|&f| on_frame(f));
+                    Some(o)
+                }
+                Stack::Tapped(None) => None,
+            };
+            if let Some(o) = o {
+                hits.unwound_samples += 1;
+                hits.unwound_frames += o.frames as u64;
+                hits.over_budget += u64::from(o.over_budget);
+                hits.frame_capped += u64::from(o.frame_capped);
+            }
         }
         for &d in &sc.touched {
             if let Some(h) = hits.per_dso.get_mut(d as usize) {

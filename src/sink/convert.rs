@@ -130,10 +130,14 @@ impl<'w> ConvertSink<'w> {
         f.seek(SeekFrom::Start(from)).map_err(io)?;
         let mut w = BufWriter::with_capacity(1 << 20, f);
         let mut size = 0u64;
-        let counts = conv.run(facts.pool, df, (from, to), &seen.chunks, &mut |b| {
+        let mut emit = |b: &[u8]| {
             size += b.len() as u64;
             w.write_all(b).map_err(io)
-        })?;
+        };
+        let counts = match &seen.spill {
+            Some(spill) => spill.emit((from, to), &mut emit)?,
+            None => conv.run(facts.pool, df, (from, to), &seen.chunks, &mut emit)?,
+        };
         w.flush().map_err(io)?;
         drop(w);
         self.counts = counts;
@@ -286,6 +290,20 @@ fn convert_attr_records(recs: &mut [u8], e: crate::format::Endian) -> Result<()>
 }
 
 impl Sink for ConvertSink<'_> {
+    fn spill_dir(&self) -> Option<PathBuf> {
+        match (&self.inner, self.form) {
+            // The MMAP2 forms replace records by build-ID ones known only after the
+            // resolve; a stream output converts as it writes.
+            (Inner::File { out }, Form::Table) => Some(
+                out.parent()
+                    .filter(|d| !d.as_os_str().is_empty())
+                    .unwrap_or(Path::new("."))
+                    .to_path_buf(),
+            ),
+            _ => None,
+        }
+    }
+
     fn begin(&mut self, begin: &Begin<'_>, stop: &Arc<AtomicBool>) -> Result<()> {
         if let Begin::File(input) = begin {
             if input.is_dir || input.data_files.len() > 1 {

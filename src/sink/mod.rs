@@ -154,6 +154,13 @@ pub trait Sink {
     fn mapped_beside(&self) -> u64 {
         0
     }
+    /// A file input's `--convert-callchain` output that the resolve may convert
+    /// itself, into a spill in the directory returned ([`crate::convert::Spill`]):
+    /// the sink then copies the spilled records instead of unwinding every stack a
+    /// second time. `None` (the default) for the forms that cannot take it.
+    fn spill_dir(&self) -> Option<std::path::PathBuf> {
+        None
+    }
     /// The run failed: stop what runs beside the stages. Returns that work's own
     /// error when it failed first (it explains why the stages stopped).
     fn abort(&mut self) -> Option<Error> {

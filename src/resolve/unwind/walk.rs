@@ -14,7 +14,7 @@ use crate::model::{DsoId, Key, MapEntry, Model};
 use framehop::aarch64::UnwindRegsAarch64;
 use framehop::x86_64::UnwindRegsX86_64;
 use framehop::{FrameAddress, Module, Unwinder};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// What unwinding one sample did.
 #[derive(Clone, Copy, Debug, Default)]
@@ -205,7 +205,8 @@ where
     U::UnwindRegs: OwnRules,
 {
     let (stack, e) = (s.stack, s.e);
-    let start = Instant::now();
+    // No budget (a conversion, whose chains must not depend on load): no clock.
+    let start = (cfg.budget != Duration::MAX).then(Instant::now);
     let mut out = Outcome::default();
     let mut regs = regs;
     let mut frame = FrameAddress::InstructionPointer(pc);
@@ -238,7 +239,8 @@ where
         // The wall clock is cheap (vDSO); only when it says the budget is spent is the
         // thread's CPU time asked, so a worker preempted by another process is not
         // charged for the time it did not run.
-        if n.is_multiple_of(CLOCK_EVERY)
+        if let Some(start) = start
+            && n.is_multiple_of(CLOCK_EVERY)
             && start.elapsed() > cfg.budget
             && clock.spent(start, &mut first_check, cfg.budget)
         {
