@@ -28,6 +28,7 @@
 //! a sample after it never takes the name of code that may have been replaced.
 
 pub(crate) mod image;
+mod plain;
 pub(crate) mod sha1;
 
 use crate::format::Endian;
@@ -313,8 +314,13 @@ fn file_layout(path: &Path) -> Result<Layout> {
     })
 }
 
-/// Pass 1: markers, anonymous maps and (for a stream) attrs and hostname.
-fn scan(path: &Path, l: &mut Layout) -> Result<(Vec<Marker>, Vec<Anon>, u64)> {
+/// What pass 1 found: the markers, the anonymous maps, the newest record time.
+type Scanned = (Vec<Marker>, Vec<Anon>, u64);
+
+/// Pass 1: markers, anonymous maps and (for a stream) attrs and hostname. `None`
+/// when the recording holds compressed records (it is then expanded first, see
+/// [`plain`]).
+fn scan(path: &Path, l: &mut Layout) -> Result<Option<Scanned>> {
     let f = File::open(path).map_err(|e| Error::io(path, e))?;
     let mut r = BufReader::with_capacity(IO_BUF, f);
     r.seek(SeekFrom::Start(l.data.0))
@@ -346,12 +352,7 @@ fn scan(path: &Path, l: &mut Layout) -> Result<(Vec<Marker>, Vec<Anon>, u64)> {
             end_time = end_time.max(t);
         }
         match h.kind {
-            rt::COMPRESSED | rt::COMPRESSED2 => {
-                return Err(Error::unsupported(
-                    "--jit does not read compressed recordings (perf record -z) yet; record without -z, or decompress with perf inject -i IN -o OUT first",
-                )
-                .in_file(path));
-            }
+            rt::COMPRESSED | rt::COMPRESSED2 => return Ok(None),
             rt::HEADER_ATTR if l.stream => {
                 let size = e.u32(rec, 12).unwrap_or(0) as usize;
                 let raw = rec.get(8..8 + size.max(64)).unwrap_or(&[]);
@@ -399,7 +400,22 @@ fn scan(path: &Path, l: &mut Layout) -> Result<(Vec<Marker>, Vec<Anon>, u64)> {
                 .map_err(|e| Error::io(path, e))?;
         }
     }
-    Ok((markers, anons, end_time))
+    Ok(Some((markers, anons, end_time)))
+}
+
+/// The layout of the recording at `path` (its first bytes `head`, its length `len`).
+fn layout(path: &Path, head: &[u8; 16], len: u64) -> Result<Layout> {
+    Ok(match pipe_header(head) {
+        Some(e) => Layout {
+            endian: e,
+            stream: true,
+            data: (PIPE_HEADER_SIZE, len),
+            attrs: Vec::new(),
+            clocks: Vec::new(),
+            hostname: None,
+        },
+        None => file_layout(path)?,
+    })
 }
 
 /// Turns `input` (file or saved stream; stdin is spooled first) into a recording
@@ -449,20 +465,30 @@ pub(crate) fn prepare(input: &Path, output: &Path) -> Result<Prepared> {
             .and_then(|f| f.read_exact_at(&mut head, 0))
             .map_err(|e| Error::io(name, e))?;
     }
-    let mut l = if let Some(e) = pipe_header(&head) {
-        Layout {
-            endian: e,
-            stream: true,
-            data: (PIPE_HEADER_SIZE, meta.len()),
-            attrs: Vec::new(),
-            clocks: Vec::new(),
-            hostname: None,
+    let mut l = layout(&source, &head, meta.len())?;
+    let mut plain = None;
+    let (markers, anons, end_time) = match scan(&source, &mut l)
+        .map_err(|e| rename_err(e, &source, name))?
+    {
+        Some(s) => s,
+        None => {
+            // perf record -z: expanded into a temp beside the output first.
+            let t = TempOutput::create(&place, false)?;
+            plain::decompress(&source, &l, &t.path).map_err(|e| rename_err(e, &source, name))?;
+            let len = std::fs::metadata(&t.path)
+                .map_err(|e| Error::io(&t.path, e))?
+                .len();
+            l = layout(&t.path, &head, len)?;
+            let s = scan(&t.path, &mut l)
+                .map_err(|e| rename_err(e, &t.path, name))?
+                .ok_or_else(|| {
+                    Error::Internal("--jit: compressed records after expanding them".into())
+                })?;
+            plain = Some(t);
+            s
         }
-    } else {
-        file_layout(&source)?
     };
-    let (markers, anons, end_time) =
-        scan(&source, &mut l).map_err(|e| rename_err(e, &source, name))?;
+    let source = plain.as_ref().map_or(source, |t| t.path.clone());
     let mut summary = JitSummary::default();
     if markers.is_empty() {
         summary.notes.push(
@@ -502,6 +528,12 @@ pub(crate) fn prepare(input: &Path, output: &Path) -> Result<Prepared> {
             summary.images.push(d.image.clone());
         }
     }
+    if plain.is_some() {
+        summary.notes.push(
+            "--jit: the recording's compressed records (perf record -z) are written expanded, as perf inject writes them: the JIT records go between them by time".into(),
+        );
+    }
+    drop(plain);
     drop(spool);
     Ok(Prepared {
         tmp: Some(out),

@@ -102,6 +102,16 @@ fn images(dir: &Path, prefix: &str) -> Vec<PathBuf> {
 /// Builds minijit and records it in `dir` (with `env`); returns the recording and
 /// the boundary time (ns) after which samples ran fnB.
 fn record_minijit(perf: &Perf, dir: &Path, env: &[(&str, &str)]) -> (PathBuf, u64) {
+    record_minijit_with(perf, dir, env, &[])
+}
+
+/// [`record_minijit`] with more `perf record` options.
+fn record_minijit_with(
+    perf: &Perf,
+    dir: &Path,
+    env: &[(&str, &str)],
+    opts: &[&str],
+) -> (PathBuf, u64) {
     let bin = dir.join("minijit");
     common::gcc(&[
         common::fixtures_src().join("minijit.c").as_os_str(),
@@ -111,7 +121,9 @@ fn record_minijit(perf: &Perf, dir: &Path, env: &[(&str, &str)]) -> (PathBuf, u6
     let data = dir.join("m.data");
     let mut c = perf.cmd();
     c.current_dir(dir)
-        .args(["record", "-q", "-k", "1", "-o"])
+        .args(["record", "-q", "-k", "1"])
+        .args(opts)
+        .arg("-o")
         .arg(&data)
         .arg("--")
         .arg(&bin);
@@ -256,6 +268,96 @@ fn jit_minijit_address_reuse_lines_streams_and_reruns() {
         bytes,
         "the stream runs wrote other bytes"
     );
+}
+
+/// COMPRESSED and COMPRESSED2 records in the data of a file or a stream
+/// (little-endian), counted by walking its record headers.
+fn compressed_records(f: &Path) -> usize {
+    use pdinject::format::record::rt;
+    let b = fs::read(f).unwrap();
+    let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().unwrap());
+    let (mut at, end) = if u64_at(8) == 16 {
+        (16, b.len())
+    } else {
+        (u64_at(40) as usize, (u64_at(40) + u64_at(48)) as usize)
+    };
+    let mut n = 0;
+    while at + 8 <= end {
+        let kind = u32::from_le_bytes(b[at..at + 4].try_into().unwrap());
+        let size = u16::from_le_bytes(b[at + 6..at + 8].try_into().unwrap()) as usize;
+        if kind == rt::COMPRESSED || kind == rt::COMPRESSED2 {
+            n += 1;
+        }
+        if size < 8 {
+            break;
+        }
+        at += size;
+    }
+    n
+}
+
+/// `perf record -z`: the compressed records are written expanded with the JIT records
+/// between them by time. Every sample of the recording is there (same time and IP)
+/// and names the code at its address at its time (the program's own boundary), in
+/// perf 6.1, 6.12 and 7.3, for a file and a stream. (perf inject --jit, 6.1 and 7.3,
+/// leaves every JIT sample of such a recording `[unknown]`.)
+#[test]
+fn jit_minijit_compressed_recording() {
+    let t = "jit_minijit_compressed_recording";
+    let Some(perf) = common::can_record(t) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (data, boundary) = record_minijit_with(&perf, dir.path(), &[], &["-z"]);
+    let has_compressed = |f: &Path| compressed_records(f) > 0;
+    assert!(
+        has_compressed(&data),
+        "perf record -z wrote no compressed record"
+    );
+    let ours = dir.path().join("ours.data");
+    let report = pdinject_jit(&data, &ours, &[]);
+    assert!(
+        notes(&report).contains("2 code loads") && notes(&report).contains("written expanded"),
+        "{}",
+        notes(&report)
+    );
+    assert!(
+        !has_compressed(&ours),
+        "compressed records left in the output"
+    );
+    let samples = timed_jit_samples(&perf, &ours);
+    let a = samples.iter().filter(|(_, s)| s == "fnA").count();
+    let b = samples.iter().filter(|(_, s)| s == "fnB").count();
+    assert!(a > 50 && b > 50, "fnA {a}, fnB {b} samples");
+    for (time, sym) in &samples {
+        let want = if *time < boundary { "fnA" } else { "fnB" };
+        assert_eq!(
+            sym, want,
+            "sample at {time} ns (fnB loaded after {boundary})"
+        );
+    }
+    let timed = |f: &Path| common::perf_script(&perf, f, &["-F", "time,ip", "--ns"]);
+    assert_eq!(timed(&ours), timed(&data), "the samples changed");
+    let want = symbols(&perf, &ours, &[]);
+    for p in readers(t) {
+        assert_eq!(symbols(&p, &ours, &[]), want, "{}", p.name);
+    }
+    // A compressed stream in, a file out.
+    let stream = dir.path().join("z.pipe");
+    common::run_ok(
+        perf.cmd()
+            .args(["inject", "-i"])
+            .arg(&data)
+            .args(["-o", "-"])
+            .stdout(fs::File::create(&stream).unwrap()),
+    );
+    assert!(
+        has_compressed(&stream),
+        "perf inject's stream lost the compression"
+    );
+    let from_stream = dir.path().join("from-stream.data");
+    pdinject_jit(&stream, &from_stream, &["-N"]);
+    assert_eq!(symbols(&perf, &from_stream, &[]), want, "stream to file");
 }
 
 #[test]
