@@ -587,6 +587,97 @@ fn jit_node_matches_perf_inject() {
     }
 }
 
+/// node recorded with DWARF stacks: every load gets an image of its own, as perf's
+/// libdw unwinder needs (one shared image would be reported to libdw at as many
+/// overlapping places, and the chains would stop at the first JIT frame); each
+/// sample's whole chain, unwound by perf 6.1, 6.12 and 7.3 at report time, equals the
+/// one on perf inject --jit's output.
+#[test]
+fn jit_node_dwarf_chains_match_perf_inject() {
+    let t = "jit_node_dwarf_chains_match_perf_inject";
+    let Some(node) = runtime(&["node"]) else {
+        common::skip(t, "node not found");
+        return;
+    };
+    let Some(perf) = common::can_record(t) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    fs::write(dir.path().join("w.js"), NODE_JS).unwrap();
+    let data = dir.path().join("n.data");
+    // Few samples: perf unwinds each at report time, through thousands of images.
+    common::record_in(
+        &perf,
+        dir.path(),
+        &data,
+        &[
+            "-k",
+            "1",
+            "-F",
+            "200",
+            "--call-graph",
+            "dwarf,8192",
+            "--",
+            node.to_str().unwrap(),
+            "--perf-prof",
+            "w.js",
+            "20",
+            "300",
+        ],
+    );
+    let chains = |p: &Perf, f: &Path| -> Vec<String> {
+        common::perf_script(p, f, &["-F", "ip,sym"])
+            .split("\n\n")
+            .map(|s| {
+                s.lines()
+                    .map(|l| {
+                        l.trim()
+                            .split_once(' ')
+                            .map_or(l.trim(), |x| x.1)
+                            .to_string()
+                    })
+                    .collect::<Vec<_>>()
+                    .join("|")
+            })
+            .collect()
+    };
+    // pdinject's images and perf inject's have perf's names, beside the dump: each
+    // output is read while its own images are there.
+    let ours = dir.path().join("ours.data");
+    let report = pdinject_jit(&data, &ours, &[]);
+    assert!(
+        notes(&report).contains("images of one load each"),
+        "{}",
+        notes(&report)
+    );
+    let readers = readers(t);
+    let mine: Vec<Vec<String>> = readers.iter().map(|p| chains(p, &ours)).collect();
+    let theirs = dir.path().join("perf-jit.data");
+    perf_inject_jit(&perf, &data, &theirs);
+    for (p, a) in readers.iter().zip(&mine) {
+        let b = chains(p, &theirs);
+        let differ = a.iter().zip(&b).filter(|(x, y)| x != y).count();
+        assert!(
+            a.len() == b.len() && differ == 0,
+            "{}: {differ} of {} chains differ from perf inject --jit's; first: {:?}",
+            p.name,
+            a.len(),
+            a.iter().zip(&b).find(|(x, y)| x != y)
+        );
+    }
+    // perf 6.1 unwinds through the JIT frames to node's main (perf 7.3 stops at the
+    // first JIT frame on both outputs).
+    let deep = mine[0]
+        .iter()
+        .filter(|c| c.contains("Builtin:") && c.contains("node::Start"))
+        .count();
+    assert!(
+        deep > 0,
+        "{}: no chain goes through JIT code to node::Start",
+        readers[0].name
+    );
+}
+
 #[test]
 fn jit_python_matches_perf_inject() {
     let t = "jit_python_matches_perf_inject";
