@@ -533,6 +533,23 @@ fn compare_with_perf(t: &str, perf: &Perf, data: &Path, dir: &Path) {
     }
 }
 
+/// Records NODE_JS (`w.js ARGS`: functions, milliseconds) under `node --perf-prof`
+/// in `dir` with `perf record -k 1 OPTS`; returns the recording.
+fn record_node(perf: &Perf, dir: &Path, node: &Path, opts: &[&str], args: &[&str]) -> PathBuf {
+    fs::write(dir.join("w.js"), NODE_JS).unwrap();
+    let data = dir.join("n.data");
+    let node = node.to_str().unwrap();
+    let cmd = [
+        &["-k", "1"],
+        opts,
+        &["--", node, "--perf-prof", "w.js"],
+        args,
+    ]
+    .concat();
+    common::record_in(perf, dir, &data, &cmd);
+    data
+}
+
 #[test]
 fn jit_node_matches_perf_inject() {
     let t = "jit_node_matches_perf_inject";
@@ -544,23 +561,7 @@ fn jit_node_matches_perf_inject() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    fs::write(dir.path().join("w.js"), NODE_JS).unwrap();
-    let data = dir.path().join("n.data");
-    common::record_in(
-        &perf,
-        dir.path(),
-        &data,
-        &[
-            "-k",
-            "1",
-            "--",
-            node.to_str().unwrap(),
-            "--perf-prof",
-            "w.js",
-            "200",
-            "800",
-        ],
-    );
+    let data = record_node(&perf, dir.path(), &node, &[], &["200", "800"]);
     compare_with_perf(t, &perf, &data, dir.path());
     // One image for the process, and the same source lines as perf inject's.
     let mine = images(dir.path(), "jit-");
@@ -603,27 +604,13 @@ fn jit_node_dwarf_chains_match_perf_inject() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    fs::write(dir.path().join("w.js"), NODE_JS).unwrap();
-    let data = dir.path().join("n.data");
     // Few samples: perf unwinds each at report time, through thousands of images.
-    common::record_in(
+    let data = record_node(
         &perf,
         dir.path(),
-        &data,
-        &[
-            "-k",
-            "1",
-            "-F",
-            "200",
-            "--call-graph",
-            "dwarf,8192",
-            "--",
-            node.to_str().unwrap(),
-            "--perf-prof",
-            "w.js",
-            "20",
-            "300",
-        ],
+        &node,
+        &["-F", "200", "--call-graph", "dwarf,8192"],
+        &["20", "300"],
     );
     let chains = |p: &Perf, f: &Path| -> Vec<String> {
         common::perf_script(p, f, &["-F", "ip,sym"])
