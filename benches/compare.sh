@@ -125,7 +125,7 @@ else
     base=/dev/shm
     [ -d "$base" ] && [ -w "$base" ] || base=${TMPDIR:-/tmp}
     out_dir=$(mktemp -d "$base/pdinject-compare.XXXXXX")
-    trap 'rm -rf "$out_dir"; drop_copy' EXIT
+    own_out=1
 fi
 
 version() {
@@ -183,7 +183,9 @@ drop_copy() {
     copy=
     copy2=
 }
-trap 'drop_copy' EXIT
+# The copies, and the output directory when this script made it (the trap is set once,
+# here: a second `trap ... EXIT` would replace the first).
+trap 'drop_copy; [ -n "${own_out:-}" ] && rm -rf "$out_dir"' EXIT
 
 # run TOOL IN OUT: one run, output to OUT; stderr to $out_dir/TOOL.err. With RSS=1 the
 # command runs under GNU time, which writes the peak RSS (KB) to $out_dir/TOOL.rss.
