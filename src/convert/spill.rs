@@ -5,7 +5,7 @@
 //! its hits from the same frames), and no more than one chunk's output per worker is
 //! held in memory, whatever the size of the input.
 
-use super::{Bufs, Converter, Counts};
+use super::{Bufs, Converter, Counts, How};
 use crate::format::walk::{Chunk, Rec};
 use crate::resolve::unwind::{Frame, Outcome, Worker};
 use crate::resolve::{ChunkTap, Tap};
@@ -158,8 +158,24 @@ fn tmpfile(dir: &Path) -> std::io::Result<File> {
 
 /// The conversion as a [`Tap`] of the resolve, into a [`Spill`].
 pub(crate) struct SpillTap<'a> {
-    pub conv: Converter<'a>,
-    pub spill: &'a Spill,
+    conv: Converter<'a>,
+    spill: &'a Spill,
+}
+
+impl<'a> SpillTap<'a> {
+    /// Converts the records of `attrs`, unwound as `how` says, into `spill`; Err when
+    /// this host may not unwind them ([`Converter::with`]).
+    pub(crate) fn new(
+        spill: &'a Spill,
+        how: How<'a, '_>,
+        attrs: &[crate::format::attr::Attr],
+        e: crate::format::Endian,
+    ) -> Result<Self> {
+        Ok(SpillTap {
+            conv: Converter::with(how, attrs, e, &[])?,
+            spill,
+        })
+    }
 }
 
 impl Tap for SpillTap<'_> {

@@ -163,30 +163,22 @@ impl<'f> Beside<'f> {
             if let Some(cfg) = ahead.unwind {
                 resolver = resolver.with_unwinding(cfg, &t);
             }
-            let tap = self.spill.as_deref().and_then(|spill| {
-                let how = crate::convert::How {
-                    model: &ahead.model,
-                    tables: &t,
-                    unwind: ahead.unwind,
-                    time_mode: ahead.time_mode,
-                    local: None,
-                };
-                let conv = crate::convert::Converter::with(how, &self.attrs, self.e, &[]).ok()?;
-                Some(crate::convert::SpillTap { conv, spill })
-            });
-            let hits = match (&self.spill, &tap) {
-                // Cannot happen (checked above): resolve nothing rather than chunks
-                // whose conversion would be missing.
-                (Some(_), None) => Err(Error::Internal("conversion: no converter".into())),
-                _ => resolver.run(
-                    self.files,
-                    &batch,
-                    &|_| {},
-                    self.stop,
-                    tap.as_ref().map(|t| t as &dyn crate::resolve::Tap),
-                ),
+            let how = crate::convert::How {
+                model: &ahead.model,
+                tables: &t,
+                unwind: ahead.unwind,
+                time_mode: ahead.time_mode,
+                local: None,
             };
-            drop(tap);
+            let hits = self
+                .spill
+                .as_deref()
+                .map(|spill| crate::convert::SpillTap::new(spill, how, &self.attrs, self.e))
+                .transpose()
+                .and_then(|tap| {
+                    let tap = tap.as_ref().map(|t| t as &dyn crate::resolve::Tap);
+                    resolver.run(self.files, &batch, &|_| {}, self.stop, tap)
+                });
             drop(resolver);
             // Only the batch's settings are judged at the end: its model goes now, or
             // every batch's would be held until the scan ends.

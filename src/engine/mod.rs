@@ -395,7 +395,6 @@ impl<'a> Engine<'a> {
         }
     }
 
-    /// `--convert-callchain`: what the last resolve saw, and the unwind tables.
     /// `--convert-callchain` with the resolve converting each chunk into `spill`
     /// (a file input into a file in the table form; see [`crate::convert`]).
     pub(crate) fn convert_into(&mut self, spill: std::sync::Arc<crate::convert::Spill>) {
@@ -407,6 +406,7 @@ impl<'a> Engine<'a> {
         self.spill.as_deref()
     }
 
+    /// `--convert-callchain`: what the last resolve saw, and the unwind tables.
     pub(crate) fn conversion(&self) -> Option<(&crate::convert::Seen, &UnwindTables)> {
         Some((self.conversion.as_ref()?, self.tables.as_ref()?))
     }
@@ -958,19 +958,18 @@ impl<'a> Engine<'a> {
             resolver = resolver.with_unwinding(cfg, &*tables);
         }
         let local = batch.trust.local.clone().err().map(|(_, why)| why);
+        let how = crate::convert::How {
+            model,
+            tables: &*tables,
+            unwind,
+            time_mode,
+            local: local.as_deref(),
+        };
         let tap = match &self.spill {
-            Some(spill) if self.scan.compressed == 0 => {
-                let how = crate::convert::How {
-                    model,
-                    tables: &*tables,
-                    unwind,
-                    time_mode,
-                    local: local.as_deref(),
-                };
-                let conv = crate::convert::Converter::with(how, &self.attrs, self.e, &[])
-                    .map_err(|e| e.in_file(&self.name))?;
-                Some(crate::convert::SpillTap { conv, spill })
-            }
+            Some(spill) if self.scan.compressed == 0 => Some(
+                crate::convert::SpillTap::new(spill, how, &self.attrs, self.e)
+                    .map_err(|e| e.in_file(&self.name))?,
+            ),
             _ => None,
         };
         let hits = if self.scan.compressed > 0 {
