@@ -299,31 +299,31 @@ impl Proc {
         // run that ends at the tree's end is covered by about half as many nodes.
         let width = (versions + 1).next_power_of_two();
         close_all(&mut state, &mut runs, width);
-        // (node, piece) for every node whose range a run covers (the canonical cover
-        // of [born, died): at most two nodes per level).
-        let mut entries: Vec<(u32, u32)> = Vec::with_capacity(runs.len() * 2);
-        for &(id, born, died) in &runs {
-            let (mut l, mut r) = (born + width, died.min(width) + width);
-            while l < r {
-                if l & 1 == 1 {
-                    entries.push((l as u32, id));
-                    l += 1;
-                }
-                if r & 1 == 1 {
-                    r -= 1;
-                    entries.push((r as u32, id));
-                }
-                l >>= 1;
-                r >>= 1;
-            }
-        }
-        entries.sort_unstable_by_key(|&(node, id)| (node, pieces[id as usize].start));
+        // Every node whose range a run covers gets the run's piece (the canonical cover
+        // of [born, died): at most two nodes per level). A counting sort by node over
+        // the runs taken in order of their pieces' starts leaves each node's pieces
+        // sorted by start with no comparison sort of the (many) node entries: sorting
+        // them was most of indexing a JIT's process of 50,000 code loads.
+        runs.sort_unstable_by_key(|&(id, _, _)| pieces[id as usize].start);
         let mut offsets = vec![0u32; 2 * width + 1];
-        for &(node, _) in &entries {
-            offsets[node as usize + 1] += 1;
+        let mut nodes = Vec::new();
+        for &(_, born, died) in &runs {
+            cover(born, died, width, &mut nodes);
+            for &node in &nodes {
+                offsets[node + 1] += 1;
+            }
         }
         for i in 1..offsets.len() {
             offsets[i] += offsets[i - 1];
+        }
+        let mut ids = vec![0u32; offsets.last().map_or(0, |&n| n as usize)];
+        let mut next: Vec<u32> = offsets[..2 * width].to_vec();
+        for &(id, born, died) in &runs {
+            cover(born, died, width, &mut nodes);
+            for &node in &nodes {
+                ids[next[node] as usize] = id;
+                next[node] += 1;
+            }
         }
         Proc {
             events,
@@ -331,7 +331,7 @@ impl Proc {
             pieces,
             width,
             offsets,
-            ids: entries.into_iter().map(|(_, id)| id).collect(),
+            ids,
         }
     }
 
@@ -383,6 +383,25 @@ impl Proc {
             .collect();
         maps.sort_unstable_by_key(|m| m.start);
         maps
+    }
+}
+
+/// The nodes of a segment tree of `width` leaves whose ranges make up the versions
+/// `[born, died)` (the canonical cover: at most two per level), into `out`.
+fn cover(born: usize, died: usize, width: usize, out: &mut Vec<usize>) {
+    out.clear();
+    let (mut l, mut r) = (born + width, died.min(width) + width);
+    while l < r {
+        if l & 1 == 1 {
+            out.push(l);
+            l += 1;
+        }
+        if r & 1 == 1 {
+            r -= 1;
+            out.push(r);
+        }
+        l >>= 1;
+        r >>= 1;
     }
 }
 

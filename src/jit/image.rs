@@ -48,6 +48,8 @@ const LAYOUT_VERSION: &[u8] = b"pdinject jit image 1";
 const MAX_FILE_TABLE: usize = 64 << 20;
 /// Buffer of each temp stream.
 const BUF: usize = 256 << 10;
+/// Padding.
+static ZEROS: [u8; 4096] = [0; 4096];
 
 #[cfg(target_arch = "aarch64")]
 const EM_HOST: u16 = 183;
@@ -151,6 +153,98 @@ fn sleb(out: &mut Vec<u8>, mut v: i64) {
     }
 }
 
+/// Bytes handed to the hashing thread at a time.
+const HASH_BATCH: usize = 256 << 10;
+/// Batches on their way to it (the memory it may hold back).
+const HASH_QUEUE: usize = 4;
+
+/// The image's SHA-1 as it is written: on a thread of its own for a shared image
+/// (tens of megabytes, hashed while the next loads are read and written), in line
+/// for an image of one load.
+enum Hash {
+    Inline(Sha1),
+    Thread {
+        batch: Vec<u8>,
+        to: std::sync::mpsc::SyncSender<Vec<u8>>,
+        /// Batches hashed, their buffers to reuse.
+        back: std::sync::mpsc::Receiver<Vec<u8>>,
+        worker: std::thread::JoinHandle<Sha1>,
+    },
+}
+
+impl Default for Hash {
+    fn default() -> Self {
+        Hash::Inline(Sha1::new())
+    }
+}
+
+impl Hash {
+    fn new(kind: Kind) -> Hash {
+        if kind == Kind::Single {
+            return Hash::default();
+        }
+        let (to, from) = std::sync::mpsc::sync_channel::<Vec<u8>>(HASH_QUEUE);
+        let (give_back, back) = std::sync::mpsc::channel::<Vec<u8>>();
+        let worker = std::thread::Builder::new()
+            .name("pdinject-jit-sha1".into())
+            .spawn(move || {
+                let mut h = Sha1::new();
+                for mut b in from {
+                    h.update(&b);
+                    b.clear();
+                    let _ = give_back.send(b);
+                }
+                h
+            });
+        match worker {
+            Ok(worker) => Hash::Thread {
+                batch: Vec::with_capacity(HASH_BATCH),
+                to,
+                back,
+                worker,
+            },
+            // No thread to be had: hashed in line.
+            Err(_) => Hash::default(),
+        }
+    }
+
+    fn update(&mut self, b: &[u8]) {
+        match self {
+            Hash::Inline(h) => h.update(b),
+            Hash::Thread {
+                batch, to, back, ..
+            } => {
+                batch.extend_from_slice(b);
+                if batch.len() >= HASH_BATCH {
+                    let next = back
+                        .try_recv()
+                        .unwrap_or_else(|_| Vec::with_capacity(HASH_BATCH));
+                    // A send fails only if the thread is gone; the join below says so.
+                    let _ = to.send(std::mem::replace(batch, next));
+                }
+            }
+        }
+    }
+
+    /// The hash of everything so far, to go on with in line.
+    fn into_sha1(self) -> crate::Result<Sha1> {
+        match self {
+            Hash::Inline(h) => Ok(h),
+            Hash::Thread {
+                batch, to, worker, ..
+            } => {
+                if !batch.is_empty() {
+                    let _ = to.send(batch);
+                }
+                drop(to);
+                worker.join().map_err(|_| {
+                    crate::Error::Internal("the JIT image's hashing thread failed".into())
+                })
+            }
+        }
+    }
+}
+
 /// The image being written.
 pub(crate) struct ImageWriter {
     /// The final path.
@@ -160,7 +254,7 @@ pub(crate) struct ImageWriter {
     syms: BufWriter<File>,
     strs: BufWriter<File>,
     lines: BufWriter<File>,
-    hash: Sha1,
+    hash: Hash,
     text_end: u64,
     nsyms: u64,
     strs_len: u64,
@@ -169,6 +263,10 @@ pub(crate) struct ImageWriter {
     files: std::collections::HashMap<Vec<u8>, u64>,
     /// The header's file table (name, NUL, directory, time and size 0).
     file_names: Vec<u8>,
+    /// The last file name met and its number (0: none yet).
+    last_file: (Vec<u8>, u64),
+    /// A load's line program, its buffer reused.
+    prog: Vec<u8>,
     finished: bool,
     kind: Kind,
     /// End of the last load's code.
@@ -212,13 +310,15 @@ impl ImageWriter {
             strs,
             lines: BufWriter::with_capacity(BUF, scratch(dir, "line")?),
             tmp,
-            hash: Sha1::new(),
+            hash: Hash::new(kind),
             text_end: text_at,
             nsyms: 0,
             strs_len: 1,
             lines_len: 0,
             files: std::collections::HashMap::new(),
             file_names: Vec::new(),
+            last_file: (Vec::new(), 0),
+            prog: Vec::new(),
             finished: false,
             kind,
             code_end: text_at,
@@ -244,7 +344,7 @@ impl ImageWriter {
         lines: &mut dyn Iterator<Item = Line<'_>>,
     ) -> crate::Result<Placed> {
         let pad = self.text_end.next_multiple_of(LOAD_ALIGN) - self.text_end;
-        self.put_text(&vec![0u8; pad as usize])?;
+        self.put_text(&ZEROS[..pad as usize])?;
         let offset = self.text_end;
         self.put_text(code)?;
         let csize = code.len() as u64;
@@ -253,7 +353,7 @@ impl ImageWriter {
         let single = self.kind == Kind::Single;
         if let Some(t) = unwinding.filter(|u| u.mapped > 0 || single) {
             let aligned = csize.next_multiple_of(8);
-            self.put_text(&vec![0u8; (aligned - csize) as usize])?;
+            self.put_text(&ZEROS[..(aligned - csize) as usize])?;
             // A shared image keeps what the JIT maps behind the code (the bytes a
             // record covers); a single one the whole tables, as sections.
             let take = if single {
@@ -265,8 +365,8 @@ impl ImageWriter {
             self.put_text(&t.data[..take])?;
             let mut rest = t.mapped.saturating_sub(take as u64);
             while rest > 0 {
-                let n = rest.min(4096);
-                self.put_text(&[0u8; 4096][..n as usize])?;
+                let n = rest.min(ZEROS.len() as u64);
+                self.put_text(&ZEROS[..n as usize])?;
                 rest -= n;
             }
             if single {
@@ -323,10 +423,12 @@ impl ImageWriter {
         csize: u64,
         lines: &mut dyn Iterator<Item = Line<'_>>,
     ) -> crate::Result<()> {
-        let mut p = Vec::new();
+        let mut p = std::mem::take(&mut self.prog);
+        p.clear();
         let mut last_at = 0u64;
         let mut last_line = 1i64;
-        let mut file: Option<Vec<u8>> = None;
+        // The file number the rows are in (0: none yet).
+        let mut file = 0u64;
         let mut rows = 0;
         for l in lines {
             // Rows go forward in a sequence and stay inside the code.
@@ -338,13 +440,20 @@ impl ImageWriter {
                 p.extend_from_slice(&offset.to_le_bytes());
             }
             if let Some(f) = l.file
-                && file.as_deref() != Some(f)
+                && (file == 0 || self.last_file.0 != f)
             {
                 // Files go into the header's table, each name once: defining them in
                 // the program (DW_LNE_define_file, as genelf_debug does) gave binutils'
-                // reader garbage names once a program defined thousands.
-                let n = match self.files.get(f) {
-                    Some(&n) => n,
+                // reader garbage names once a program defined thousands. The last name
+                // is compared before any is hashed: a load's rows, and a run of loads,
+                // are mostly in one file.
+                let known = if self.last_file.1 > 0 && self.last_file.0 == f {
+                    Some(self.last_file.1)
+                } else {
+                    self.files.get(f).copied()
+                };
+                let n = match known {
+                    Some(n) => n,
                     None if self.file_names.len() + f.len() + 4 <= MAX_FILE_TABLE => {
                         self.file_names.extend_from_slice(f);
                         self.file_names.extend_from_slice(&[0, 0, 0, 0]);
@@ -359,9 +468,14 @@ impl ImageWriter {
                 };
                 p.push(4);
                 uleb(&mut p, n);
-                file = Some(f.to_vec());
+                file = n;
+                if self.last_file.0 != f {
+                    self.last_file.0.clear();
+                    self.last_file.0.extend_from_slice(f);
+                    self.last_file.1 = n;
+                }
             }
-            if file.is_none() {
+            if file == 0 {
                 // Lines with no file yet name none perf could show.
                 continue;
             }
@@ -379,6 +493,7 @@ impl ImageWriter {
             rows += 1;
         }
         if rows == 0 {
+            self.prog = p;
             return Ok(());
         }
         // The sequence ends at its last row, as genelf_debug ends it: code after the
@@ -386,11 +501,13 @@ impl ImageWriter {
         p.extend_from_slice(&[0, 1, 1]); // DW_LNE_end_sequence
         if self.lines_len + p.len() as u64 > MAX_TABLE - MAX_FILE_TABLE as u64 {
             self.dropped_tables += 1;
+            self.prog = p;
             return Ok(());
         }
         self.lines.write_all(&p).map_err(|e| io_err(&self.tmp, e))?;
         self.hash.update(&p);
         self.lines_len += p.len() as u64;
+        self.prog = p;
         Ok(())
     }
 
@@ -421,6 +538,7 @@ impl ImageWriter {
         let lines = std::mem::replace(&mut self.lines, sink(&tmp)?);
         let mut hash = hash;
         hash.update(&self.file_names);
+        let hash = hash.into_sha1()?;
         let files = std::mem::take(&mut self.file_names);
         let r = Self::write_tables(
             &path, &tmp, out, syms, strs, lines, hash, text_end, nsyms, strs_len, lines_len,
@@ -741,6 +859,16 @@ impl ImageWriter {
         use std::os::unix::fs::FileExt;
         f.write_all_at(&h, 0).map_err(e)?;
         drop(f);
+        // An image already at the path (a rerun, or an older process with this pid)
+        // is unlinked first: renamed over, ext4 (auto_da_alloc) writes the new image's
+        // blocks out at once, 25 ms of a 24 MB image, which a rename to a free name
+        // leaves to the page cache. The window without an image at the path is what
+        // a first run has; the old image, if it was needed, is in the build-ID cache.
+        match std::fs::remove_file(path) {
+            Ok(()) => {}
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+            Err(err) => return Err(io_err(path, err)),
+        }
         std::fs::rename(tmp, path).map_err(|err| io_err(path, err))?;
         Ok(id)
     }
