@@ -156,13 +156,24 @@ impl Space<'_> {
     /// Iterative: a fork continues in the parent as of the fork, one process at a
     /// time, so a chain of forks costs one step per fork (never a recursion per event).
     pub fn lookup(&self, addr: u64) -> Option<MapEntry> {
+        self.lookup_seen(addr).map(|(m, _)| m)
+    }
+
+    /// [`Space::lookup`], with the keys over which this process sees the same mapping
+    /// at `addr` when the process's own mappings hold it (not a parent's as of a
+    /// fork): a caller that meets the address again within them has its answer.
+    pub fn lookup_seen(&self, addr: u64) -> Option<(MapEntry, Option<Seen>)> {
         let mut sp = *self;
         // The visible interval around `addr` left by the mappings of the children
         // already searched (a child's own mappings hide its parent's).
         let (mut lo, mut hi) = (0u64, u64::MAX);
         loop {
             match sp.proc.stab(sp.version, addr) {
-                Stab::Found(m) => return Some(clamp(m, lo, hi)),
+                Stab::Found(id) => {
+                    let m = sp.proc.pieces[id as usize];
+                    let seen = (sp.depth == self.depth).then(|| sp.proc.seen(id));
+                    return Some((clamp(m, lo, hi), seen.flatten()));
+                }
                 Stab::Gap { below, above } => {
                     lo = lo.max(below);
                     hi = hi.min(above);
@@ -177,6 +188,22 @@ impl Space<'_> {
             }
             sp = sp.model.space_depth(parent, key, sp.depth + 1)?;
         }
+    }
+}
+
+/// The keys over which a process sees one piece of a mapping unchanged: every key
+/// from `from` on and before `until` (none: to the end of the recording).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Seen {
+    pub from: Key,
+    pub until: Option<Key>,
+}
+
+impl Seen {
+    /// Whether `key` is in the window.
+    #[inline]
+    pub fn holds(&self, key: Key) -> bool {
+        self.from <= key && self.until.is_none_or(|u| key < u)
     }
 }
 
@@ -235,7 +262,7 @@ struct Event {
 /// nearest one below the address, 0 when none; `above` the start of the nearest one
 /// above, `u64::MAX` when none).
 enum Stab {
-    Found(MapEntry),
+    Found(u32),
     Gap { below: u64, above: u64 },
 }
 
@@ -249,6 +276,8 @@ struct Proc {
     resets: Vec<(usize, Base)>,
     /// Every piece: a stretch of a mapping visible, uncut, over a run of versions.
     pieces: Vec<MapEntry>,
+    /// Each piece's run: the first version it is visible at and the first it is not.
+    spans: Vec<(u32, u32)>,
     /// Leaves of the segment tree (a power of two above the last version).
     width: usize,
     /// Node `i`'s pieces are `ids[offsets[i]..offsets[i + 1]]`, sorted by start; node
@@ -304,6 +333,10 @@ impl Proc {
         // the runs taken in order of their pieces' starts leaves each node's pieces
         // sorted by start with no comparison sort of the (many) node entries: sorting
         // them was most of indexing a JIT's process of 50,000 code loads.
+        let mut spans = vec![(0u32, 0u32); pieces.len()];
+        for &(id, born, died) in &runs {
+            spans[id as usize] = (born as u32, died.min(u32::MAX as usize) as u32);
+        }
         runs.sort_unstable_by_key(|&(id, _, _)| pieces[id as usize].start);
         let mut offsets = vec![0u32; 2 * width + 1];
         let mut nodes = Vec::new();
@@ -329,6 +362,7 @@ impl Proc {
             events,
             resets,
             pieces,
+            spans,
             width,
             offsets,
             ids,
@@ -354,9 +388,12 @@ impl Proc {
         let (mut below, mut above) = (0u64, u64::MAX);
         for ids in self.path(version) {
             let k = ids.partition_point(|&id| self.pieces[id as usize].start <= addr);
-            if let Some(p) = k.checked_sub(1).map(|j| self.pieces[ids[j] as usize]) {
+            if let Some((id, p)) = k
+                .checked_sub(1)
+                .map(|j| (ids[j], self.pieces[ids[j] as usize]))
+            {
                 if addr < p.end {
-                    return Stab::Found(p);
+                    return Stab::Found(id);
                 }
                 below = below.max(p.end);
             }
@@ -365,6 +402,19 @@ impl Proc {
             }
         }
         Stab::Gap { below, above }
+    }
+
+    /// The keys of piece `id`'s run of versions: version `v` is the state after the
+    /// first `v` events, so the piece is seen from the key of event `born - 1` on
+    /// and up to (not at) the key of event `died - 1`.
+    fn seen(&self, id: u32) -> Option<Seen> {
+        let &(born, died) = self.spans.get(id as usize)?;
+        let from = self.events.get((born as usize).checked_sub(1)?)?.key;
+        let until = match (died as usize).checked_sub(1) {
+            Some(i) if i < self.events.len() => Some(self.events[i].key),
+            _ => None,
+        };
+        Some(Seen { from, until })
     }
 
     /// What the layer at `version` lies on: set by the newest exec or fork at or
@@ -1238,6 +1288,26 @@ mod replay_tests {
                     replay(&evs, pid, addr, key),
                     "round {round}: pid {pid} addr {addr:#x} at {key:?}"
                 );
+                // Every key of the window a lookup gives sees the same mapping there:
+                // its ends, and keys of the process's events inside it.
+                let Some((m, Some(seen))) = model.space(pid, key).and_then(|s| s.lookup_seen(addr))
+                else {
+                    continue;
+                };
+                assert!(seen.holds(key), "round {round}: {key:?} outside {seen:?}");
+                let inside = evs
+                    .iter()
+                    .map(|&(_, ev)| ev.key)
+                    .chain([seen.from, Key::new(u64::MAX, u64::MAX)])
+                    .chain(seen.until.map(|u| Key::new(u.time, u.seq.wrapping_sub(1))))
+                    .filter(|&k| seen.holds(k));
+                for k in inside {
+                    assert_eq!(
+                        replay(&evs, pid, addr, k),
+                        Some(m),
+                        "round {round}: pid {pid} addr {addr:#x} seen {seen:?}, at {k:?}"
+                    );
+                }
             }
             // The whole address space: each of its entries is what a lookup there gives.
             for _ in 0..20 {

@@ -905,10 +905,12 @@ impl<'a> Engine<'a> {
             // Nothing can have been sampled or mapped without an event.
             return Ok(Vec::new());
         }
+        let t = Instant::now();
         let model = std::sync::Arc::new(match ending {
             Ending::Ended => std::mem::take(&mut self.builder).build(),
             Ending::MoreToCome => self.builder.snapshot(),
         });
+        self.add_time("model", t.elapsed());
         let meta = self.metadata();
         let start = self.start();
         let trust = self.effective_trust(&meta, model.kernel_ref.as_ref(), &start);

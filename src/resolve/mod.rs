@@ -13,7 +13,7 @@ use crate::format::record::{misc, rt};
 use crate::format::sample::{SampleLayout, sample_id, u64s};
 use crate::format::walk::{Chunk, Rec, Walker};
 use crate::input::DataFile;
-use crate::model::{DsoId, KERNEL_PID, Key, MapEntry, Model, Space};
+use crate::model::{DsoId, KERNEL_PID, Key, MapEntry, Model, Seen, Space};
 use crate::{Error, Result};
 use rayon::prelude::*;
 use std::collections::HashMap;
@@ -120,10 +120,18 @@ impl Hits {
     }
 }
 
+/// Slots of [`Scratch::seen`].
+const SEEN_SLOTS: usize = 256;
+
 /// Scratch reused for every sample of a chunk.
 struct Scratch<'m> {
     touched: Vec<DsoId>,
     last: Option<(u32, MapEntry)>,
+    /// Mappings found by earlier samples of the chunk, each with the keys over which
+    /// its process sees it unchanged, by address: the next sample in the same code
+    /// is answered without a search (a JIT's process has tens of thousands of
+    /// mappings, and a search of them was most of a resolve).
+    seen: Vec<Option<(u32, MapEntry, Seen)>>,
     /// The sample's address spaces (kernel, process), found once per sample.
     spaces: [Option<(u32, Option<Space<'m>>)>; 2],
 }
@@ -154,17 +162,32 @@ impl<'m> Scratch<'m> {
     /// answers first, since neighbouring entries of one sample share DSOs.
     #[inline]
     fn look(&mut self, model: &'m Model, space: u32, addr: u64, key: Key, unmapped: &mut u64) {
+        let slot = (addr >> 6) as usize % SEEN_SLOTS;
         let m = match self.last {
             Some((sp, m)) if sp == space && m.start <= addr && addr < m.end => m,
-            _ => match self.space(model, space, key).and_then(|s| s.lookup(addr)) {
-                Some(m) => {
+            _ => match self.seen.get(slot).copied().flatten() {
+                Some((sp, m, seen))
+                    if sp == space && m.start <= addr && addr < m.end && seen.holds(key) =>
+                {
                     self.last = Some((space, m));
                     m
                 }
-                None => {
-                    *unmapped += 1;
-                    return;
-                }
+                _ => match self
+                    .space(model, space, key)
+                    .and_then(|s| s.lookup_seen(addr))
+                {
+                    Some((m, seen)) => {
+                        self.last = Some((space, m));
+                        if let (Some(seen), Some(s)) = (seen, self.seen.get_mut(slot)) {
+                            *s = Some((space, m, seen));
+                        }
+                        m
+                    }
+                    None => {
+                        *unmapped += 1;
+                        return;
+                    }
+                },
             },
         };
         // Only code counts: an address in a data mapping (a locale archive, a
@@ -261,6 +284,7 @@ impl<'a> Resolver<'a> {
         let mut sc = Scratch {
             touched: Vec::with_capacity(64),
             last: None,
+            seen: vec![None; SEEN_SLOTS],
             spaces: [None, None],
         };
         let mut walker = Walker::new(self.e, c.first_seq);
