@@ -292,29 +292,31 @@ impl Proc {
         let versions = events.len();
         let mut pieces: Vec<MapEntry> = Vec::new();
         // (piece, first version it is visible at, first version it is not)
-        let mut runs: Vec<(u32, usize, usize)> = Vec::new();
+        let mut runs: Vec<(u32, u32, u32)> = Vec::new();
         let mut resets = Vec::new();
         // The layer being built: start -> (the piece there, the version it appeared).
-        let mut state: BTreeMap<u64, (u32, usize)> = BTreeMap::new();
-        let close_all = |state: &mut BTreeMap<u64, (u32, usize)>, runs: &mut Vec<_>, v| {
+        let mut state: BTreeMap<u64, (u32, u32)> = BTreeMap::new();
+        let close_all = |state: &mut BTreeMap<u64, (u32, u32)>, runs: &mut Vec<_>, v: u32| {
             runs.extend(
                 std::mem::take(state)
                     .into_values()
                     .map(|(id, born)| (id, born, v)),
             );
         };
+        // Versions and piece ids fit 32 bits: the model's limits stop a recording
+        // long before 4 billion events.
         for (i, ev) in events.iter().enumerate() {
-            let v = i + 1;
+            let v = (i + 1) as u32;
             match ev.kind {
                 EventKind::Map(m) => overlay_pieces(&mut state, &mut pieces, &mut runs, m, v),
                 EventKind::Exec => {
                     close_all(&mut state, &mut runs, v);
-                    resets.push((v, Base::Empty));
+                    resets.push((v as usize, Base::Empty));
                 }
                 EventKind::Fork { parent } => {
                     close_all(&mut state, &mut runs, v);
                     resets.push((
-                        v,
+                        v as usize,
                         Base::Fork {
                             parent,
                             key: ev.key,
@@ -327,7 +329,7 @@ impl Proc {
         // last event stays so up to the last leaf: no lookup asks past `versions`, and a
         // run that ends at the tree's end is covered by about half as many nodes.
         let width = (versions + 1).next_power_of_two();
-        close_all(&mut state, &mut runs, width);
+        close_all(&mut state, &mut runs, width as u32);
         // Every node whose range a run covers gets the run's piece (the canonical cover
         // of [born, died): at most two nodes per level). A counting sort by node over
         // the runs taken in order of their pieces' starts leaves each node's pieces
@@ -335,13 +337,18 @@ impl Proc {
         // them was most of indexing a JIT's process of 50,000 code loads.
         let mut spans = vec![(0u32, 0u32); pieces.len()];
         for &(id, born, died) in &runs {
-            spans[id as usize] = (born as u32, died.min(u32::MAX as usize) as u32);
+            spans[id as usize] = (born, died);
         }
-        runs.sort_unstable_by_key(|&(id, _, _)| pieces[id as usize].start);
+        // Sorted with the start beside each run, not looked up in `pieces` per compare.
+        let mut runs: Vec<(u64, u32, u32, u32)> = runs
+            .into_iter()
+            .map(|(id, born, died)| (pieces[id as usize].start, id, born, died))
+            .collect();
+        runs.sort_unstable_by_key(|r| r.0);
         let mut offsets = vec![0u32; 2 * width + 1];
         let mut nodes = Vec::new();
-        for &(_, born, died) in &runs {
-            cover(born, died, width, &mut nodes);
+        for &(_, _, born, died) in &runs {
+            cover(born as usize, died as usize, width, &mut nodes);
             for &node in &nodes {
                 offsets[node + 1] += 1;
             }
@@ -351,8 +358,8 @@ impl Proc {
         }
         let mut ids = vec![0u32; offsets.last().map_or(0, |&n| n as usize)];
         let mut next: Vec<u32> = offsets[..2 * width].to_vec();
-        for &(id, born, died) in &runs {
-            cover(born, died, width, &mut nodes);
+        for &(_, id, born, died) in &runs {
+            cover(born as usize, died as usize, width, &mut nodes);
             for &node in &nodes {
                 ids[next[node] as usize] = id;
                 next[node] += 1;
@@ -458,29 +465,27 @@ fn cover(born: usize, died: usize, width: usize, out: &mut Vec<usize>) {
 /// Lays `m` over the layer at version `v` (as [`overlay`]): the pieces it cuts or
 /// hides stop being visible at `v`, their remnants and `m` itself start at `v`.
 fn overlay_pieces(
-    state: &mut BTreeMap<u64, (u32, usize)>,
+    state: &mut BTreeMap<u64, (u32, u32)>,
     pieces: &mut Vec<MapEntry>,
-    runs: &mut Vec<(u32, usize, usize)>,
+    runs: &mut Vec<(u32, u32, u32)>,
     m: MapEntry,
-    v: usize,
+    v: u32,
 ) {
-    let add = |pieces: &mut Vec<MapEntry>, state: &mut BTreeMap<u64, (u32, usize)>, p: MapEntry| {
+    let add = |pieces: &mut Vec<MapEntry>, state: &mut BTreeMap<u64, (u32, u32)>, p: MapEntry| {
         let id = pieces.len() as u32;
         pieces.push(p);
         state.insert(p.start, (id, v));
     };
-    let hit: Vec<u64> = state
-        .range(..m.end)
-        .rev()
-        .take_while(|(_, (id, _))| pieces[*id as usize].end > m.start)
-        .map(|(&start, _)| start)
-        .collect();
-    for start in hit {
-        let Some((id, born)) = state.remove(&start) else {
-            continue;
-        };
-        runs.push((id, born, v));
+    // The pieces `m` overlaps, highest first, one search each (most maps of a JIT's
+    // process overlap none): a remnant put back below `m` ends at its start, one
+    // above starts at its end, so neither is met again.
+    while let Some((&start, &(id, born))) = state.range(..m.end).next_back() {
         let old = pieces[id as usize];
+        if old.end <= m.start {
+            break;
+        }
+        state.remove(&start);
+        runs.push((id, born, v));
         if old.start < m.start {
             add(
                 pieces,

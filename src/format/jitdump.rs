@@ -462,8 +462,10 @@ pub fn lines(raw: &[u8], count: u64, swapped: bool) -> impl Iterator<Item = Line
         let lineno = o.u32(raw, at + 8)?;
         let discrim = o.u32(raw, at + 12)?;
         let rest = raw.get(at + 16..)?;
-        let len = rest.iter().position(|&c| c == 0)?;
-        let name = &rest[..len];
+        // CStr's search for the NUL goes a word at a time: every entry of the
+        // hundreds of thousands a JIT writes repeats its file name.
+        let name = std::ffi::CStr::from_bytes_until_nul(rest).ok()?.to_bytes();
+        let len = name.len();
         at += 16 + len + 1;
         Some(LineEntry {
             addr,

@@ -17,10 +17,12 @@
 //! with an address range made perf 6.12 and 7.3 (libdw) give a line to addresses
 //! before the first row and after the last row of a load, where perf's images have none).
 //!
-//! Memory: the code goes straight to the image; symbols, names and line programs go to
-//! unlinked temp files beside it and are copied in at the end, so a dump of any size
-//! is written in a few buffers. The build ID is the SHA-1 of the code, symbols, names
-//! and lines: the same dump gives the same bytes and the same ID.
+//! Memory: the code goes straight to the image (through a thread that hashes and
+//! writes it, for a shared image); symbols, names and line programs go to unlinked
+//! temp files beside it and are copied in at the end, so a dump of any size is
+//! written in a few buffers. The build ID is the SHA-1 of the SHA-1 of `.text` and
+//! the SHA-1 of the symbols, names and lines (and of the image's name and layout):
+//! the same dump gives the same bytes and the same ID.
 
 use super::sha1::Sha1;
 use crate::format::buildid::BuildId;
@@ -42,7 +44,7 @@ const LOAD_ALIGN: u64 = 16;
 /// Largest string table and line program (their offsets are 32-bit).
 const MAX_TABLE: u64 = u32::MAX as u64 - (1 << 20);
 /// Names this writer's layout in the build ID: change it with the layout.
-const LAYOUT_VERSION: &[u8] = b"pdinject jit image 1";
+const LAYOUT_VERSION: &[u8] = b"pdinject jit image 2";
 /// Bytes of source file names held for the line program's header (beyond it, lines
 /// of further files are left out, with a note).
 const MAX_FILE_TABLE: usize = 64 << 20;
@@ -153,93 +155,107 @@ fn sleb(out: &mut Vec<u8>, mut v: i64) {
     }
 }
 
-/// Bytes handed to the hashing thread at a time.
-const HASH_BATCH: usize = 256 << 10;
+/// `.text` bytes handed to the writing thread at a time.
+const TEXT_BATCH: usize = 1 << 20;
 /// Batches on their way to it (the memory it may hold back).
-const HASH_QUEUE: usize = 4;
+const TEXT_QUEUE: usize = 4;
 
-/// The image's SHA-1 as it is written: on a thread of its own for a shared image
-/// (tens of megabytes, hashed while the next loads are read and written), in line
-/// for an image of one load.
-enum Hash {
-    Inline(Sha1),
+/// `.text` on its way into the image, with its SHA-1: for a shared image (tens of
+/// megabytes) a thread of its own hashes and writes it while the next loads are read
+/// and laid out (the hashing and the writes were half of a `--jit` run's image
+/// stage on one core); an image of one load writes and hashes in line.
+enum Text {
+    Inline {
+        out: BufWriter<File>,
+        hash: Sha1,
+    },
     Thread {
         batch: Vec<u8>,
         to: std::sync::mpsc::SyncSender<Vec<u8>>,
-        /// Batches hashed, their buffers to reuse.
+        /// Batches written, their buffers to reuse.
         back: std::sync::mpsc::Receiver<Vec<u8>>,
-        worker: std::thread::JoinHandle<Sha1>,
+        worker: std::thread::JoinHandle<std::io::Result<(File, Sha1)>>,
     },
 }
 
-impl Default for Hash {
-    fn default() -> Self {
-        Hash::Inline(Sha1::new())
-    }
-}
-
-impl Hash {
-    fn new(kind: Kind) -> Hash {
+impl Text {
+    fn new(out: File, kind: Kind) -> Text {
+        let inline = |out| Text::Inline {
+            out: BufWriter::with_capacity(BUF, out),
+            hash: Sha1::new(),
+        };
         if kind == Kind::Single {
-            return Hash::default();
+            return inline(out);
         }
-        let (to, from) = std::sync::mpsc::sync_channel::<Vec<u8>>(HASH_QUEUE);
+        let Ok(spare) = out.try_clone() else {
+            return inline(out);
+        };
+        let (to, from) = std::sync::mpsc::sync_channel::<Vec<u8>>(TEXT_QUEUE);
         let (give_back, back) = std::sync::mpsc::channel::<Vec<u8>>();
         let worker = std::thread::Builder::new()
-            .name("pdinject-jit-sha1".into())
+            .name("pdinject-jit-text".into())
             .spawn(move || {
-                let mut h = Sha1::new();
+                let mut out = out;
+                let mut hash = Sha1::new();
                 for mut b in from {
-                    h.update(&b);
+                    hash.update(&b);
+                    // On an error the thread stops: the next send fails, the join
+                    // says why.
+                    out.write_all(&b)?;
                     b.clear();
                     let _ = give_back.send(b);
                 }
-                h
+                Ok((out, hash))
             });
         match worker {
-            Ok(worker) => Hash::Thread {
-                batch: Vec::with_capacity(HASH_BATCH),
+            Ok(worker) => Text::Thread {
+                batch: Vec::with_capacity(TEXT_BATCH),
                 to,
                 back,
                 worker,
             },
-            // No thread to be had: hashed in line.
-            Err(_) => Hash::default(),
+            // No thread to be had: written in line.
+            Err(_) => inline(spare),
         }
     }
 
-    fn update(&mut self, b: &[u8]) {
+    fn put(&mut self, b: &[u8]) -> std::io::Result<()> {
         match self {
-            Hash::Inline(h) => h.update(b),
-            Hash::Thread {
+            Text::Inline { out, hash } => {
+                hash.update(b);
+                out.write_all(b)
+            }
+            Text::Thread {
                 batch, to, back, ..
             } => {
                 batch.extend_from_slice(b);
-                if batch.len() >= HASH_BATCH {
+                if batch.len() >= TEXT_BATCH {
                     let next = back
                         .try_recv()
-                        .unwrap_or_else(|_| Vec::with_capacity(HASH_BATCH));
-                    // A send fails only if the thread is gone; the join below says so.
-                    let _ = to.send(std::mem::replace(batch, next));
+                        .unwrap_or_else(|_| Vec::with_capacity(TEXT_BATCH));
+                    if to.send(std::mem::replace(batch, next)).is_err() {
+                        return Err(std::io::Error::other("the image's writing thread stopped"));
+                    }
                 }
+                Ok(())
             }
         }
     }
 
-    /// The hash of everything so far, to go on with in line.
-    fn into_sha1(self) -> crate::Result<Sha1> {
+    /// The image file with all of `.text` in it, and `.text`'s SHA-1.
+    fn finish(self) -> std::io::Result<(File, Sha1)> {
         match self {
-            Hash::Inline(h) => Ok(h),
-            Hash::Thread {
+            Text::Inline { out, hash } => Ok((out.into_inner().map_err(|e| e.into_error())?, hash)),
+            Text::Thread {
                 batch, to, worker, ..
             } => {
                 if !batch.is_empty() {
                     let _ = to.send(batch);
                 }
                 drop(to);
-                worker.join().map_err(|_| {
-                    crate::Error::Internal("the JIT image's hashing thread failed".into())
-                })
+                worker
+                    .join()
+                    .map_err(|_| std::io::Error::other("the image's writing thread failed"))?
             }
         }
     }
@@ -250,11 +266,13 @@ pub(crate) struct ImageWriter {
     /// The final path.
     pub path: PathBuf,
     tmp: PathBuf,
-    out: BufWriter<File>,
+    /// `.text`, written and hashed as it comes.
+    text: Option<Text>,
     syms: BufWriter<File>,
     strs: BufWriter<File>,
     lines: BufWriter<File>,
-    hash: Hash,
+    /// The SHA-1 of the symbols, names and lines, in the order they come.
+    hash: Sha1,
     text_end: u64,
     nsyms: u64,
     strs_len: u64,
@@ -293,24 +311,26 @@ impl ImageWriter {
             .truncate(true)
             .open(&tmp)
             .map_err(|e| io_err(&tmp, e))?;
-        let mut out = BufWriter::with_capacity(BUF, f);
-        // Headers are written last, over these zeros.
+        // Headers are written last, over zeros.
         let text_at = match kind {
             Kind::Shared => TEXT_OFFSET,
             Kind::Single => SINGLE_TEXT_OFFSET,
         };
-        out.write_all(&vec![0u8; text_at as usize])
+        f.set_len(text_at).map_err(|e| io_err(&tmp, e))?;
+        let mut f = f;
+        f.seek(SeekFrom::Start(text_at))
             .map_err(|e| io_err(&tmp, e))?;
+        let text = Text::new(f, kind);
         let mut strs = BufWriter::with_capacity(BUF, scratch(dir, "str")?);
         strs.write_all(&[0]).map_err(|e| io_err(&tmp, e))?;
         Ok(ImageWriter {
             path: path.to_path_buf(),
-            out,
+            text: Some(text),
             syms: BufWriter::with_capacity(BUF, scratch(dir, "sym")?),
             strs,
             lines: BufWriter::with_capacity(BUF, scratch(dir, "line")?),
             tmp,
-            hash: Hash::new(kind),
+            hash: Sha1::new(),
             text_end: text_at,
             nsyms: 0,
             strs_len: 1,
@@ -328,8 +348,9 @@ impl ImageWriter {
     }
 
     fn put_text(&mut self, b: &[u8]) -> crate::Result<()> {
-        self.out.write_all(b).map_err(|e| io_err(&self.tmp, e))?;
-        self.hash.update(b);
+        if let Some(t) = &mut self.text {
+            t.put(b).map_err(|e| io_err(&self.tmp, e))?;
+        }
         self.text_end += b.len() as u64;
         Ok(())
     }
@@ -526,19 +547,27 @@ impl ImageWriter {
             Kind::Shared => text_end - TEXT_OFFSET,
         };
         let eh = self.eh;
-        let hash = std::mem::take(&mut self.hash);
         let sink = |t: &PathBuf| -> crate::Result<BufWriter<File>> {
             Ok(BufWriter::new(
                 File::open("/dev/null").map_err(|e| io_err(t, e))?,
             ))
         };
-        let out = std::mem::replace(&mut self.out, sink(&tmp)?);
+        let (out, text_hash) = self
+            .text
+            .take()
+            .ok_or_else(|| crate::Error::Internal("a JIT image finished twice".into()))?
+            .finish()
+            .map_err(|e| io_err(&tmp, e))?;
         let syms = std::mem::replace(&mut self.syms, sink(&tmp)?);
         let strs = std::mem::replace(&mut self.strs, sink(&tmp)?);
         let lines = std::mem::replace(&mut self.lines, sink(&tmp)?);
-        let mut hash = hash;
-        hash.update(&self.file_names);
-        let hash = hash.into_sha1()?;
+        let mut tables = std::mem::take(&mut self.hash);
+        tables.update(&self.file_names);
+        // The ID hashes the two digests: `.text` and the tables are hashed apart, so
+        // that one can be hashed beside the other.
+        let mut hash = Sha1::new();
+        hash.update(&text_hash.finish());
+        hash.update(&tables.finish());
         let files = std::mem::take(&mut self.file_names);
         let r = Self::write_tables(
             &path, &tmp, out, syms, strs, lines, hash, text_end, nsyms, strs_len, lines_len,
@@ -554,7 +583,7 @@ impl ImageWriter {
     fn write_tables(
         path: &Path,
         tmp: &Path,
-        out: BufWriter<File>,
+        out: File,
         syms: BufWriter<File>,
         strs: BufWriter<File>,
         lines: BufWriter<File>,
@@ -598,7 +627,7 @@ impl ImageWriter {
         let id_bytes = hash.finish();
         let id = BuildId::new(&id_bytes, 20)
             .ok_or_else(|| crate::Error::Internal("a 20-byte build ID".into()))?;
-        let mut out = out.into_inner().map_err(|err| e(err.into_error()))?;
+        let mut out = out;
         out.seek(SeekFrom::Start(text_end)).map_err(e)?;
         let mut out = BufWriter::with_capacity(BUF, out);
         let mut at = text_end;
