@@ -262,8 +262,10 @@ pub struct Reader<R: Read> {
     eof: bool,
 }
 
-/// What the reader asks of the input at once.
+/// What the reader asks of the input at once, at most.
 const READ_AHEAD: usize = 1 << 20;
+/// Its first buffer.
+const FIRST_READ: usize = 64 << 10;
 
 impl<R: Read> Reader<R> {
     /// Reads the header (and skips what a newer writer added to it).
@@ -297,16 +299,21 @@ impl<R: Read> Reader<R> {
         if self.end - self.pos >= n || self.eof {
             return Ok((self.end - self.pos).min(n));
         }
-        // Move what is left to the front, then read in large pieces.
+        // Move what is left to the front, then read in large pieces: the buffer
+        // doubles at each refill up to a read-ahead (a small dump costs a small one).
         self.buf.copy_within(self.pos..self.end, 0);
         self.end -= self.pos;
         self.pos = 0;
+        if self.buf.len() < READ_AHEAD {
+            let len = (self.buf.len() * 2).clamp(FIRST_READ, READ_AHEAD);
+            self.buf.resize(len, 0);
+        }
         while self.end < n && !self.eof {
-            let want = (n - self.end).max(READ_AHEAD);
-            if self.buf.len() < self.end + want {
-                // At most a read-ahead beyond what is already here.
-                self.buf
-                    .resize(self.end + want.min(self.end.max(READ_AHEAD)), 0);
+            if self.buf.len() == self.end {
+                // A record larger than the buffer: it grows as the record's bytes
+                // arrive, not by what the record claims.
+                let step = self.buf.len().clamp(FIRST_READ, READ_AHEAD);
+                self.buf.resize(self.end + step, 0);
             }
             match self.r.read(&mut self.buf[self.end..]) {
                 Ok(0) => self.eof = true,

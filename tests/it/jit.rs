@@ -113,6 +113,33 @@ fn same_srclines(perf: &Perf, ours: &[(String, String)], theirs: &[(String, Stri
     );
 }
 
+/// `perf annotate --stdio -s SYM` on `file`: (percent, mnemonic) per instruction
+/// (addresses and branch targets differ by design: the code sits at its own offset
+/// in one image instead of at 0x80 in a file of its own).
+fn annotated(perf: &Perf, file: &Path, sym: &str) -> Option<Vec<(String, String)>> {
+    let o = perf
+        .cmd()
+        .args(["annotate", "--stdio", "-i"])
+        .arg(file)
+        .args(["-s", sym])
+        .output()
+        .expect("perf annotate runs");
+    // None: perf failed (perf 6.12's annotate crashes on JIT functions of perf
+    // inject's output as of pdinject's).
+    o.status.success().then(|| {
+        String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .filter_map(|l| {
+                let (pct, rest) = l.split_once(" : ")?;
+                let pct = pct.trim();
+                pct.parse::<f64>().ok()?;
+                let insn = rest.split_once(':')?.1.split_whitespace().next()?;
+                Some((pct.to_string(), insn.to_string()))
+            })
+            .collect()
+    })
+}
+
 fn perf_inject_jit(perf: &Perf, input: &Path, out: &Path) {
     common::run_ok(
         perf.cmd()
@@ -634,6 +661,41 @@ fn jit_node_matches_perf_inject() {
             &srclines(&p, &theirs, &list),
         );
     }
+    // perf annotate of the hottest optimized JS function: the same instructions with
+    // the same share of its samples.
+    let report = common::run_ok(
+        perf.cmd()
+            .args(["report", "--stdio", "--sort", "sym", "-i"])
+            .arg(&ours),
+    );
+    let syms: Vec<String> = String::from_utf8_lossy(&report.stdout)
+        .lines()
+        .filter_map(|l| Some(l.split_once("[.] ")?.1.trim().to_string()))
+        .collect();
+    let hottest = ["JS:*", "JS:", "Builtin"]
+        .iter()
+        .find_map(|pre| syms.iter().find(|s| s.starts_with(pre)).cloned())
+        .expect("no JIT function in perf report of pdinject's output");
+    let mut annotated_by = 0;
+    for p in readers(t) {
+        let (a, b) = match (
+            annotated(&p, &ours, &hottest),
+            annotated(&p, &theirs, &hottest),
+        ) {
+            (None, None) => continue,
+            (a, b) => (a.unwrap_or_default(), b.unwrap_or_default()),
+        };
+        assert!(
+            !a.is_empty() && a == b,
+            "{}: perf annotate of {hottest} differs from perf inject --jit's ({} and {} instructions; first difference {:?})",
+            p.name,
+            a.len(),
+            b.len(),
+            a.iter().zip(&b).find(|(x, y)| x != y)
+        );
+        annotated_by += 1;
+    }
+    assert!(annotated_by > 0, "no perf could annotate {hottest}");
 }
 
 /// node recorded with DWARF stacks: every load gets an image of its own, as perf's
