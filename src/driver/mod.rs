@@ -206,7 +206,7 @@ fn run_uncommitted(
             output.display()
         )));
     }
-    let prepared = crate::jit::prepare(input, output)?;
+    let prepared = crate::jit::prepare(input, output, cx.pool)?;
     let (mut report, tmp) = run_plain(cx, prepared.input(input), output)?;
     crate::jit::conclude(&prepared, &mut report);
     report.input = input.display().to_string();

@@ -477,7 +477,7 @@ fn layout(path: &Path, head: &[u8; 16], len: u64) -> Result<Layout> {
 
 /// Turns `input` (file or saved stream; stdin is spooled first) into a recording
 /// with every usable jitdump's records in it, written beside `output`.
-pub(crate) fn prepare(input: &Path, output: &Path) -> Result<Prepared> {
+pub(crate) fn prepare(input: &Path, output: &Path, pool: &rayon::ThreadPool) -> Result<Prepared> {
     let dash = |p: &Path| p.as_os_str() == "-";
     let dir = |p: &Path| -> PathBuf {
         match p.parent() {
@@ -559,7 +559,7 @@ pub(crate) fn prepare(input: &Path, output: &Path) -> Result<Prepared> {
         });
     }
     let t = std::time::Instant::now();
-    let dumps = make_dumps(&l, &markers, end_time, &mut summary)?;
+    let dumps = make_dumps(pool, &l, &markers, end_time, &mut summary)?;
     summary.timings.push(("jit-images", t.elapsed()));
     if dumps.is_empty() {
         return Ok(Prepared {
@@ -630,8 +630,10 @@ fn rename_err(e: Error, tmp: &Path, name: &Path) -> Error {
     }
 }
 
-/// Decides which markers' dumps are used, and writes their images and lists.
+/// Decides which markers' dumps are used, and writes their images and lists (each
+/// process's on a core of its own).
 fn make_dumps(
+    pool: &rayon::ThreadPool,
     l: &Layout,
     markers: &[Marker],
     end_time: u64,
@@ -670,14 +672,32 @@ fn make_dumps(
         );
         return Ok(Vec::new());
     }
-    let mut dumps: Vec<Dump> = Vec::new();
-    let mut seen: Vec<(u32, Vec<u8>)> = Vec::new();
+    let mut unique: Vec<&Marker> = Vec::new();
     for m in markers {
-        if seen.iter().any(|(p, path)| *p == m.pid && *path == m.path) {
-            continue;
+        if !unique.iter().any(|u| u.pid == m.pid && u.path == m.path) {
+            unique.push(m);
         }
-        seen.push((m.pid, m.path.clone()));
-        match make_dump(m, l, end_time) {
+    }
+    // Each process's dump on a core of its own. Two dumps of one pid would write
+    // per-load images of the same names (`jitted-PID-N.so`): those go one by one.
+    let distinct = unique
+        .iter()
+        .enumerate()
+        .all(|(i, m)| unique[..i].iter().all(|u| u.pid != m.pid));
+    let made: Vec<_> = if distinct {
+        pool.install(|| {
+            use rayon::prelude::*;
+            unique
+                .par_iter()
+                .map(|m| make_dump(m, l, end_time))
+                .collect()
+        })
+    } else {
+        unique.iter().map(|m| make_dump(m, l, end_time)).collect()
+    };
+    let mut dumps: Vec<Dump> = Vec::new();
+    for (m, r) in unique.iter().zip(made) {
+        match r {
             Ok((d, notes)) => {
                 summary.notes.extend(notes);
                 dumps.push(d);

@@ -698,6 +698,47 @@ fn jit_node_matches_perf_inject() {
     assert!(annotated_by > 0, "no perf could annotate {hottest}");
 }
 
+/// Two node processes at once: their dumps are made on two cores, each into its own
+/// image; the output's bytes do not depend on `--jobs`, and every sample's symbol is
+/// perf inject --jit's.
+#[test]
+fn jit_two_processes_on_two_cores() {
+    let t = "jit_two_processes_on_two_cores";
+    let Some(node) = runtime(&["node"]) else {
+        common::skip(t, "node not found");
+        return;
+    };
+    let Some(perf) = common::can_record(t) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    fs::write(d.join("w.js"), NODE_JS).unwrap();
+    let node = node.display().to_string();
+    let data = d.join("two.data");
+    common::record_in(
+        &perf,
+        d,
+        &data,
+        &[
+            "-k",
+            "1",
+            "--",
+            "sh",
+            "-c",
+            &format!("{node} --perf-prof w.js 100 400 & {node} --perf-prof w.js 100 400; wait"),
+        ],
+    );
+    compare_with_perf(t, &perf, &data, d);
+    assert_eq!(images(d, "jit-").len(), 2, "{:?}", images(d, "jit-"));
+    let one = d.join("one.data");
+    common::pdinject_ok(&data, &one, &["--jit", "--jobs", "1"]);
+    assert!(
+        fs::read(&one).unwrap() == fs::read(d.join("ours.data")).unwrap(),
+        "--jit --jobs 1 and the default (every core) wrote different bytes"
+    );
+}
+
 /// node recorded with DWARF stacks: every load gets an image of its own, as perf's
 /// libdw unwinder needs (one shared image would be reported to libdw at as many
 /// overlapping places, and the chains would stop at the first JIT frame); each
