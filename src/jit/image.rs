@@ -174,7 +174,8 @@ enum Text {
         to: std::sync::mpsc::SyncSender<Vec<u8>>,
         /// Batches written, their buffers to reuse.
         back: std::sync::mpsc::Receiver<Vec<u8>>,
-        worker: std::thread::JoinHandle<std::io::Result<(File, Sha1)>>,
+        /// Taken when it is joined.
+        worker: Option<std::thread::JoinHandle<std::io::Result<(File, Sha1)>>>,
     },
 }
 
@@ -212,7 +213,7 @@ impl Text {
                 batch: Vec::with_capacity(TEXT_BATCH),
                 to,
                 back,
-                worker,
+                worker: Some(worker),
             },
             // No thread to be had: written in line.
             Err(_) => inline(spare),
@@ -226,7 +227,10 @@ impl Text {
                 out.write_all(b)
             }
             Text::Thread {
-                batch, to, back, ..
+                batch,
+                to,
+                back,
+                worker,
             } => {
                 batch.extend_from_slice(b);
                 if batch.len() >= TEXT_BATCH {
@@ -234,7 +238,12 @@ impl Text {
                         .try_recv()
                         .unwrap_or_else(|_| Vec::with_capacity(TEXT_BATCH));
                     if to.send(std::mem::replace(batch, next)).is_err() {
-                        return Err(std::io::Error::other("the image's writing thread stopped"));
+                        // The thread stopped at a write error: that error is the one
+                        // to report (a full disk, say).
+                        return Err(match worker.take().map(|w| w.join()) {
+                            Some(Ok(Err(e))) => e,
+                            _ => std::io::Error::other("the image's writing thread stopped"),
+                        });
                     }
                 }
                 Ok(())
@@ -254,6 +263,7 @@ impl Text {
                 }
                 drop(to);
                 worker
+                    .ok_or_else(|| std::io::Error::other("the image's writing thread stopped"))?
                     .join()
                     .map_err(|_| std::io::Error::other("the image's writing thread failed"))?
             }

@@ -62,35 +62,13 @@ const PROT_RX: u32 = 5;
 /// flags of the records: MAP_PRIVATE.
 const MAP_PRIVATE: u32 = 2;
 
-/// Hashing of code indexes (counters the JIT picks): one folded multiply, where
-/// SipHash was 5% of a run over 53,000 loads.
-#[derive(Clone, Copy, Default)]
-struct IndexHasher(u64);
-
-impl std::hash::Hasher for IndexHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u64(u64::from(b));
-        }
-    }
-    fn write_u64(&mut self, v: u64) {
-        let m = u128::from(self.0 ^ v) * 0x9E37_79B9_7F4A_7C15;
-        self.0 = (m as u64) ^ ((m >> 64) as u64);
-    }
-}
-
-type IndexHash = std::hash::BuildHasherDefault<IndexHasher>;
-
 /// Where each code index's load went (its place and image), for CODE_MOVE records:
 /// a list while no move has come (V8 and CPython write none, and 50,000 inserts into
 /// a map were 5% of a run), a map from the first move on.
 #[derive(Default)]
 struct Indexes {
     list: Vec<(u64, image::Placed, u64)>,
-    map: Option<HashMap<u64, (image::Placed, u64), IndexHash>>,
+    map: Option<HashMap<u64, (image::Placed, u64)>>,
 }
 
 impl Indexes {
@@ -772,6 +750,7 @@ fn make_dump(
     let mut singles: Vec<(u64, BuildId)> = Vec::new();
     let list = scratch_beside(&image_path).map_err(|e| format!("cannot write beside it: {e}"))?;
     let mut lw = BufWriter::with_capacity(IO_BUF, list);
+    let beside = |e: std::io::Error| format!("cannot write beside it: {e}");
     let mut notes = Vec::new();
     // The last DEBUG_INFO's entries (its buffer reused: most loads of a JIT with
     // line tables have one) and whether they still wait for their load.
@@ -868,7 +847,7 @@ fn make_dump(
                     pgoff: placed.offset,
                     img: which,
                 };
-                lw.write_all(&rec.encode()).map_err(|e| e.to_string())?;
+                lw.write_all(&rec.encode()).map_err(beside)?;
                 count += 1;
                 loads += 1;
             }
@@ -886,7 +865,7 @@ fn make_dump(
                     pgoff: p.offset,
                     img: which,
                 };
-                lw.write_all(&rec.encode()).map_err(|e| e.to_string())?;
+                lw.write_all(&rec.encode()).map_err(beside)?;
                 count += 1;
                 moves += 1;
             }
@@ -902,14 +881,14 @@ fn make_dump(
             _ => last_time,
         }
         .saturating_add(1);
-        lw.flush().map_err(|e| e.to_string())?;
-        let f = lw.get_ref().try_clone().map_err(|e| e.to_string())?;
+        lw.flush().map_err(beside)?;
+        let f = lw.get_ref().try_clone().map_err(beside)?;
         let n = count;
         let mut covers = Vec::new();
         for i in 0..n {
             let mut b = [0u8; MapRec::SIZE];
             f.read_exact_at(&mut b, i * MapRec::SIZE as u64)
-                .map_err(|e| e.to_string())?;
+                .map_err(beside)?;
             let rec = MapRec::decode(&b);
             covers.push(MapRec {
                 time: t,
@@ -918,12 +897,12 @@ fn make_dump(
             });
             if covers.len() >= 4096 {
                 for c in covers.drain(..) {
-                    lw.write_all(&c.encode()).map_err(|e| e.to_string())?;
+                    lw.write_all(&c.encode()).map_err(beside)?;
                 }
             }
         }
         for c in covers {
-            lw.write_all(&c.encode()).map_err(|e| e.to_string())?;
+            lw.write_all(&c.encode()).map_err(beside)?;
         }
         count += n;
         notes.push(format!(
@@ -947,7 +926,7 @@ fn make_dump(
     } else {
         None
     };
-    let list = lw.into_inner().map_err(|e| e.to_string())?;
+    let list = lw.into_inner().map_err(|e| beside(e.into_error()))?;
     let mut into = Vec::new();
     if let Some(id) = id {
         into.push(format!("{} (build ID {id})", image_path.display()));

@@ -625,6 +625,15 @@ fn compare_with_perf(t: &str, perf: &Perf, data: &Path, dir: &Path) {
     }
 }
 
+/// node and a perf that can record, for test `t` (None: it SKIPs, saying why).
+fn node_and_perf(t: &str) -> Option<(PathBuf, Perf)> {
+    let Some(node) = runtime(&["node"]) else {
+        common::skip(t, "node not found");
+        return None;
+    };
+    Some((node, common::can_record(t)?))
+}
+
 /// Records NODE_JS (`w.js ARGS`: functions, milliseconds) under `node --perf-prof`
 /// in `dir` with `perf record -k 1 OPTS`; returns the recording.
 fn record_node(perf: &Perf, dir: &Path, node: &Path, opts: &[&str], args: &[&str]) -> PathBuf {
@@ -645,11 +654,7 @@ fn record_node(perf: &Perf, dir: &Path, node: &Path, opts: &[&str], args: &[&str
 #[test]
 fn jit_node_matches_perf_inject() {
     let t = "jit_node_matches_perf_inject";
-    let Some(node) = runtime(&["node"]) else {
-        common::skip(t, "node not found");
-        return;
-    };
-    let Some(perf) = common::can_record(t) else {
+    let Some((node, perf)) = node_and_perf(t) else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
@@ -711,11 +716,7 @@ fn jit_node_matches_perf_inject() {
 #[test]
 fn jit_two_processes_on_two_cores() {
     let t = "jit_two_processes_on_two_cores";
-    let Some(node) = runtime(&["node"]) else {
-        common::skip(t, "node not found");
-        return;
-    };
-    let Some(perf) = common::can_record(t) else {
+    let Some((node, perf)) = node_and_perf(t) else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
@@ -754,11 +755,7 @@ fn jit_two_processes_on_two_cores() {
 #[test]
 fn jit_node_dwarf_chains_match_perf_inject() {
     let t = "jit_node_dwarf_chains_match_perf_inject";
-    let Some(node) = runtime(&["node"]) else {
-        common::skip(t, "node not found");
-        return;
-    };
-    let Some(perf) = common::can_record(t) else {
+    let Some((node, perf)) = node_and_perf(t) else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
