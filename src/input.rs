@@ -75,6 +75,9 @@ impl crate::format::walk::Windows for DataFile {
     fn window(&self, offset: u64, len: u64) -> Result<Window> {
         DataFile::window(self, offset, len)
     }
+    fn file(&self) -> Option<&Path> {
+        Some(&self.path)
+    }
 }
 
 impl DataFile {
@@ -234,6 +237,9 @@ pub(crate) struct Spread<'a> {
 
 impl crate::format::walk::Windows for Spread<'_> {
     type Window = Window;
+    fn file(&self) -> Option<&Path> {
+        Some(&self.file.path)
+    }
     fn window(&self, offset: u64, len: u64) -> Result<Window> {
         let w = self.file.window_with(offset, len, self.pool)?;
         // `offset` is byte `a` of the map (page alignment, or where a lent window

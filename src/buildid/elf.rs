@@ -565,14 +565,32 @@ pub fn judge(
             ));
         }
     }
-    // A mapping's offset is its segment's offset rounded down to the page size (4 KiB
-    // to 64 KiB: a sysroot's machine may have other pages than this one).
-    if !loads.is_empty() {
-        for pg in maps.pgoffs() {
-            if !loads
+    // A loader's mapping's offset is its segment's offset rounded down to the page
+    // size (4 KiB to 64 KiB: a sysroot's machine may have other pages than this one).
+    // A process may also map part of its own code again, at a page inside an
+    // executable segment (V8 under --perf-prof maps its builtins from node's file, at
+    // an offset inside .text): such a mapping must lie inside the segment, and the
+    // loader's own mapping must still be at a segment's start.
+    const MAX_PAGE: u64 = 64 << 10;
+    if !loads.is_empty() && !maps.maps.is_empty() {
+        let at_start = |pg: u64| {
+            loads
                 .iter()
-                .any(|s| s.offset >= pg && s.offset - pg < 64 << 10)
-            {
+                .any(|s| s.offset >= pg && s.offset - pg < MAX_PAGE)
+        };
+        let inside = |pg: u64, len: u64| {
+            loads.iter().any(|s| {
+                s.exec
+                    && pg >= s.offset
+                    && pg.saturating_add(len)
+                        <= s.offset.saturating_add(s.filesz).next_multiple_of(MAX_PAGE)
+            })
+        };
+        let mut loader = false;
+        for &(pg, len) in &maps.maps {
+            if at_start(pg) {
+                loader = true;
+            } else if !inside(pg, len) {
                 return Err((
                     Reason::Stale,
                     format!(
@@ -580,6 +598,12 @@ pub fn judge(
                     ),
                 ));
             }
+        }
+        if !loader {
+            return Err((
+                Reason::Stale,
+                "no recorded mapping is at a loadable segment's start: the layout differs".into(),
+            ));
         }
     }
     Ok(())
@@ -939,5 +963,44 @@ mod proof_tests {
         let far = maps(&[(0x9_0000, 0x1000)]);
         assert!(j(times(50, 160, None), &far, Place::Sysroot).is_err());
         assert!(j(times(50, 60, None), &far, Place::RecordedInode).is_err());
+    }
+
+    /// A process that maps part of its own code again (V8 under --perf-prof maps its
+    /// builtins from node's file) keeps the ID when the mapping lies inside an
+    /// executable segment and the loader's mapping is there too; not otherwise.
+    #[test]
+    fn a_second_mapping_inside_the_code_is_the_same_file() {
+        // /usr/bin/node 20 of Debian 12 (readelf -l), and what perf recorded of it.
+        let node = [
+            seg(0, 0x400000, 0x76e5d8, 0x76e5d8, false),
+            seg(0x76f000, 0xb6f000, 0x1e90, 0x1e90, true),
+            seg(0x772000, 0xb72000, 0x1a8bca0, 0x1a8bca0, true),
+            seg(0x2200000, 0x2600000, 0x1f1, 0x1f1, true),
+            seg(0x2201000, 0x2601000, 0x3038cae, 0x3038cae, false),
+        ];
+        let t = FileTimes {
+            mtime: 50,
+            ctime: 50,
+            btime: None,
+        };
+        let j = |m: &ExecMaps| judge(&t, &node, m, 100, Place::RecordedInode).map_err(|e| e.1);
+        let loader = [
+            (0x76f000, 0x2000),
+            (0x772000, 0x1a8c000),
+            (0x2200000, 0x1000),
+        ];
+        let mut with_builtins = loader.to_vec();
+        with_builtins.push((0x14c4000, 0x192000));
+        assert_eq!(j(&maps(&with_builtins)), Ok(()));
+        // Past the segment's end, or in a segment that is not code.
+        for extra in [(0x21f0000, 0x20000), (0x2300000, 0x1000)] {
+            let mut m = loader.to_vec();
+            m.push(extra);
+            let e = j(&maps(&m)).unwrap_err();
+            assert!(e.contains("no loadable segment"), "{e}");
+        }
+        // Only the inside mapping: nothing shows the file was loaded as it is now.
+        let e = j(&maps(&[(0x14c4000, 0x192000)])).unwrap_err();
+        assert!(e.contains("segment's start"), "{e}");
     }
 }

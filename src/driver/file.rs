@@ -103,6 +103,7 @@ fn scan_file(
     let beside = Beside::new(engine, files, opts.resolve_ahead, stop);
     let scanned = cx.pool.in_place_scope(|scope| -> Result<()> {
         for (fi, df) in files.iter().enumerate() {
+            engine.begin_file();
             let (start, end) = (df.range.offset, df.range.offset + df.range.size);
             let mut cuts = Cuts::new(fi, Point::new(start, engine.next_seq()));
             // The pool maps the scan's windows only when it has nothing else to do:

@@ -49,8 +49,11 @@ pub(super) fn resolve(
             .get(fi)
             .ok_or_else(|| Error::Internal("chunk of an unknown data file".into()))?;
         if walker.seq != chunks[start].first_seq {
-            // A file-format input: each data file starts its own decompressor.
             *walker = Walker::new(walker.endian(), chunks[start].first_seq);
+        } else if start > 0 {
+            // The next file of a directory, numbered on from the last: a zstd stream
+            // of its own (a stream's batches, one file, go on in the same walker).
+            walker.begin_file();
         }
         let flat = std::cell::RefCell::new(Flat::new(walker.seq, from, walker.endian()));
         let mut ready: Vec<(Arc<Vec<u8>>, u64, u64)> = Vec::new();

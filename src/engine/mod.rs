@@ -535,6 +535,11 @@ impl<'a> Engine<'a> {
         self.walker.seq
     }
 
+    /// The scan goes on in another data file of a directory ([`Walker::begin_file`]).
+    pub(crate) fn begin_file(&mut self) {
+        self.walker.begin_file();
+    }
+
     /// What the run is asked to do.
     pub(crate) fn opts(&self) -> &Options {
         self.opts
@@ -648,7 +653,7 @@ impl<'a> Engine<'a> {
         match r {
             Ok(ControlFlow::Break(p)) => Ok(Some(p)),
             Ok(ControlFlow::Continue(())) => Ok(None),
-            Err(e) => Err(e.in_file(&self.name)),
+            Err(e) => Err(e.in_file(src.file().unwrap_or(&self.name))),
         }
     }
 

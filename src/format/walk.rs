@@ -76,6 +76,11 @@ pub trait Windows {
     type Window: Deref<Target = [u8]>;
     /// `len` bytes at `offset` (the caller keeps the range inside the stream).
     fn window(&self, offset: u64, len: u64) -> Result<Self::Window>;
+    /// The file the bytes are from, for messages (a directory's `data.N`); `None`
+    /// when the caller knows better.
+    fn file(&self) -> Option<&std::path::Path> {
+        None
+    }
 }
 
 /// Bytes of a stream in memory (a batch), from stream offset `base`, as windows.
@@ -155,6 +160,13 @@ impl Walker {
     /// record is half-way).
     pub fn is_clean(&self) -> bool {
         self.inner.as_ref().is_none_or(|i| i.is_clean())
+    }
+
+    /// Goes on in another data file of a directory: each is compressed by a zstd
+    /// stream of its own (one per recording thread), so what was open is dropped;
+    /// the records' numbers go on.
+    pub fn begin_file(&mut self) {
+        self.inner = None;
     }
 
     /// Calls `f` for every record (outer and inner) of `src[start..end)`, reading

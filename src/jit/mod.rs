@@ -27,6 +27,7 @@
 //! to the cut; from the cut on, its code ranges are covered by anonymous maps so that
 //! a sample after it never takes the name of code that may have been replaced.
 
+mod flat;
 pub(crate) mod image;
 mod plain;
 pub(crate) mod sha1;
@@ -320,13 +321,11 @@ fn attr_clock(raw: &[u8], e: Endian, a: &Attr) -> (bool, u32) {
 
 /// Reads the layout of a file-format recording.
 fn file_layout(path: &Path) -> Result<Layout> {
-    let input = crate::input::PerfInput::open(path)?;
-    if input.is_dir {
-        return Err(Error::unsupported(
-            "--jit takes a single-file recording (a perf record --threads directory has its records in several files)",
-        )
-        .in_file(path));
-    }
+    input_layout(&crate::input::PerfInput::open(path)?, path)
+}
+
+/// The layout of an opened recording (of a directory: its header file's).
+fn input_layout(input: &crate::input::PerfInput, path: &Path) -> Result<Layout> {
     let h = &input.header;
     let f = File::open(&input.header_path).map_err(|e| Error::io(path, e))?;
     let mut clocks = Vec::new();
@@ -493,8 +492,40 @@ pub(crate) fn prepare(input: &Path, output: &Path, pool: &rayon::ThreadPool) -> 
     } else {
         input
     };
+    let mut summary = JitSummary::default();
+    let mut meta = std::fs::metadata(&source).map_err(|e| Error::io(name, e))?;
+    // What the intermediate is dated like and takes the mode of: the recording's
+    // header file (the engine dates a recording by it).
+    let dated = if meta.is_dir() {
+        std::fs::metadata(source.join("data")).map_err(|e| Error::io(name, e))?
+    } else {
+        meta.clone()
+    };
+    let mut flat = None;
+    let source = if meta.is_dir() {
+        // perf record --threads: the directory's files merged into one first.
+        let t = std::time::Instant::now();
+        let tmp = TempOutput::create(&place, false)?;
+        let done = flat::flatten(&source, &tmp.path, &place)?;
+        summary.notes.push(format!(
+            "--jit: the directory's {} record files are written as one recording, merged by time{} (perf reads it as it reads the directory; perf inject --jit's output of a directory has no samples)",
+            done.files,
+            if done.expanded {
+                ", their compressed records expanded"
+            } else {
+                ""
+            }
+        ));
+        summary.timings.push(("jit-flatten", t.elapsed()));
+        like_recording(&tmp.path, &dated, true);
+        let p = tmp.path.clone();
+        meta = std::fs::metadata(&p).map_err(|e| Error::io(&p, e))?;
+        flat = Some(tmp);
+        p
+    } else {
+        source
+    };
     let mut head = [0u8; 16];
-    let meta = std::fs::metadata(&source).map_err(|e| Error::io(name, e))?;
     if meta.is_file() {
         File::open(&source)
             .and_then(|f| f.read_exact_at(&mut head, 0))
@@ -525,14 +556,13 @@ pub(crate) fn prepare(input: &Path, output: &Path, pool: &rayon::ThreadPool) -> 
         }
     };
     let source = plain.as_ref().map_or(source, |t| t.path.clone());
-    let mut summary = JitSummary::default();
     summary.timings.push(("jit-scan", t.elapsed()));
     if markers.is_empty() {
         summary.notes.push(
             "--jit: no jitdump marker (an executable mapping of a jit-PID.dump by its process) in the recording; nothing injected".into(),
         );
         return Ok(Prepared {
-            tmp: spool_as_input(spool),
+            tmp: flat.or(spool),
             summary,
         });
     }
@@ -541,7 +571,7 @@ pub(crate) fn prepare(input: &Path, output: &Path, pool: &rayon::ThreadPool) -> 
     summary.timings.push(("jit-images", t.elapsed()));
     if dumps.is_empty() {
         return Ok(Prepared {
-            tmp: spool_as_input(spool),
+            tmp: flat.or(spool),
             summary,
         });
     }
@@ -550,20 +580,7 @@ pub(crate) fn prepare(input: &Path, output: &Path, pool: &rayon::ThreadPool) -> 
     write_merged(&source, &out.path, &l, &dumps, &anons)
         .map_err(|e| rename_err(e, &source, name))?;
     summary.timings.push(("jit-merge", t.elapsed()));
-    // The intermediate is dated like the input: the engine dates a recording by it.
-    if let Ok(m) = meta.modified() {
-        let _ = File::options()
-            .write(true)
-            .open(&out.path)
-            .and_then(|f| f.set_modified(m));
-    }
-    if !dash(input) {
-        use std::os::unix::fs::PermissionsExt;
-        let _ = std::fs::set_permissions(
-            &out.path,
-            std::fs::Permissions::from_mode(meta.permissions().mode() & 0o7777),
-        );
-    }
+    like_recording(&out.path, &dated, !dash(input));
     for d in &dumps {
         if d.id.is_some() {
             summary.images.push(d.image.clone());
@@ -575,6 +592,7 @@ pub(crate) fn prepare(input: &Path, output: &Path, pool: &rayon::ThreadPool) -> 
         );
     }
     drop(plain);
+    drop(flat);
     drop(spool);
     Ok(Prepared {
         tmp: Some(out),
@@ -582,8 +600,23 @@ pub(crate) fn prepare(input: &Path, output: &Path, pool: &rayon::ThreadPool) -> 
     })
 }
 
-fn spool_as_input(spool: Option<TempOutput>) -> Option<TempOutput> {
-    spool
+/// Dates the intermediate at `path` like the recording (`dated` is its header file's
+/// metadata): the engine dates a recording by its file, and a DSO changed after the
+/// recording must still look so. With `mode`, its permissions follow the recording's.
+fn like_recording(path: &Path, dated: &std::fs::Metadata, mode: bool) {
+    if let Ok(m) = dated.modified() {
+        let _ = File::options()
+            .write(true)
+            .open(path)
+            .and_then(|f| f.set_modified(m));
+    }
+    if mode {
+        use std::os::unix::fs::PermissionsExt;
+        let _ = std::fs::set_permissions(
+            path,
+            std::fs::Permissions::from_mode(dated.permissions().mode() & 0o7777),
+        );
+    }
 }
 
 fn rename_err(e: Error, tmp: &Path, name: &Path) -> Error {

@@ -5,6 +5,7 @@
 //! record is copied byte for byte, with its out-of-band payload (AUX data).
 
 use super::Layout;
+use crate::format::Endian;
 use crate::format::record::{out_of_band_len, rt};
 use crate::format::walk::Walker;
 use crate::input::{Backing, DataFile};
@@ -20,6 +21,7 @@ const WINDOW: u64 = 64 << 20;
 /// Writes `src` (laid out as `l`) to `out` with its compressed records expanded.
 pub(super) fn decompress(src: &Path, l: &Layout, out: &Path) -> Result<()> {
     let io = |e| Error::io(out, e);
+    let e = l.endian;
     let (from, to) = l.data;
     // What precedes the data: the file header and attrs, or a stream's pipe header.
     crate::write::copy_prefix(src, out, from, &std::sync::atomic::AtomicBool::new(false))?;
@@ -39,13 +41,28 @@ pub(super) fn decompress(src: &Path, l: &Layout, out: &Path) -> Result<()> {
             size: to - from,
         },
     );
-    let e = l.endian;
+    let size = expand(&df, l.endian, &mut w, out)?;
+    w.flush().map_err(io)?;
+    drop(w);
+    if !l.stream {
+        // The feature sections after the new data; the header's data size.
+        let input = crate::input::PerfInput::open(src)?;
+        crate::write::write_tail_at(&input, out, None, from + size)?;
+        f.write_all_at(&e.put_u64(size), 48).map_err(io)?;
+    }
+    Ok(())
+}
+
+/// Writes the records of `df` to `w` (a file at `out`) with its compressed records
+/// expanded; returns the bytes written.
+pub(super) fn expand(df: &DataFile, e: Endian, w: &mut impl Write, out: &Path) -> Result<u64> {
+    let (from, to) = (df.range.offset, df.range.offset + df.range.size);
     let mut size = 0u64;
     let mut walker = Walker::new(e, 0);
     let mut failed = None;
     walker
         .walk(
-            &df,
+            df,
             from,
             to,
             WINDOW,
@@ -77,14 +94,6 @@ pub(super) fn decompress(src: &Path, l: &Layout, out: &Path) -> Result<()> {
             },
             &mut |_, _| Ok(()),
         )
-        .map_err(|err| failed.take().unwrap_or(err).in_file(src))?;
-    w.flush().map_err(io)?;
-    drop(w);
-    if !l.stream {
-        // The feature sections after the new data; the header's data size.
-        let input = crate::input::PerfInput::open(src)?;
-        crate::write::write_tail_at(&input, out, None, from + size)?;
-        f.write_all_at(&e.put_u64(size), 48).map_err(io)?;
-    }
-    Ok(())
+        .map_err(|err| failed.take().unwrap_or(err).in_file(&df.path))?;
+    Ok(size)
 }

@@ -8,7 +8,7 @@ pub mod clone;
 pub mod fit;
 pub mod inplace;
 
-use crate::format::header::{FEAT_BUILD_ID, FileHeader};
+use crate::format::header::{FEAT_BUILD_ID, FEAT_DIR_FORMAT, FileHeader};
 use crate::input::PerfInput;
 use crate::{Error, Result};
 use std::fs::File;
@@ -353,6 +353,33 @@ pub fn write_tail_at(
     build_id_payload: Option<&[u8]>,
     out_end: u64,
 ) -> Result<()> {
+    write_tail_shaped(
+        input,
+        out_path,
+        build_id_payload,
+        out_end,
+        TailShape::AsInput,
+    )
+}
+
+/// Which of the input's feature sections a tail carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TailShape {
+    /// All of them.
+    AsInput,
+    /// All but DIR_FORMAT: a directory's records written as one file (perf would
+    /// otherwise take the file for a directory's header file).
+    OneFile,
+}
+
+/// [`write_tail_at`] with the feature sections `shape` keeps.
+pub fn write_tail_shaped(
+    input: &PerfInput,
+    out_path: &Path,
+    build_id_payload: Option<&[u8]>,
+    out_end: u64,
+    shape: TailShape,
+) -> Result<()> {
     let h: &FileHeader = &input.header;
     let e = h.endian;
     let src = &input.data_files[0];
@@ -363,6 +390,9 @@ pub fn write_tail_at(
         .map_err(io)?;
     let data_end = h.feature_table_offset();
     let mut features = h.features;
+    if shape == TailShape::OneFile {
+        features[(FEAT_DIR_FORMAT / 64) as usize] &= !(1 << (FEAT_DIR_FORMAT % 64));
+    }
     if build_id_payload.is_some() {
         features[0] |= 1 << FEAT_BUILD_ID;
     }

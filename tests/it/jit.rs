@@ -747,6 +747,95 @@ fn jit_two_processes_on_two_cores() {
     );
 }
 
+/// A `perf record --threads` directory, plain and `-z`, recorded with `-B`: pdinject
+/// --jit writes one file whose samples are the directory's (perf script of both,
+/// sorted: the same lines) and whose JIT symbols are those perf inject --jit gives
+/// the same records in one file (its own output of a directory has no samples:
+/// measured with perf 6.1 and 7.3). With no table to pass on, node's ID is proved:
+/// its second mapping of its own code (V8's builtins under --perf-prof, inside
+/// .text) is not a sign of a changed file.
+#[test]
+fn jit_threads_directory() {
+    let t = "jit_threads_directory";
+    let Some((node, perf)) = node_and_perf(t) else {
+        return;
+    };
+    for (name, opts) in [
+        ("plain", &["--threads", "-B"][..]),
+        ("-z", &["--threads", "-B", "-z"][..]),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let data = record_node(&perf, d, &node, opts, &["200", "500"]);
+        assert!(
+            data.is_dir(),
+            "{name}: perf record --threads wrote no directory"
+        );
+        let ours = d.join("ours.data");
+        let report = pdinject_jit(&data, &ours, &[]);
+        assert!(ours.is_file(), "{name}: the output is not one file");
+        let n = notes(&report);
+        assert!(
+            n.contains("record files are written as one recording")
+                && n.contains(" code loads into "),
+            "{name}: {n}"
+        );
+        let node_id = report["dsos"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|x| x["path"].as_str().is_some_and(|p| p.ends_with("/node")));
+        assert!(
+            node_id.is_some_and(|x| x["build_id"].is_string()),
+            "{name}: node has no ID: {node_id:?}"
+        );
+        for p in readers(t) {
+            let lines = |f: &Path| {
+                let mut v: Vec<String> = common::perf_script(&p, f, &["-F", "tid,time,ip,event"])
+                    .lines()
+                    .map(String::from)
+                    .collect();
+                v.sort();
+                v
+            };
+            let (a, b) = (lines(&data), lines(&ours));
+            assert!(
+                !a.is_empty() && a == b,
+                "{name}: {}: {} samples in the directory, {} in pdinject's file",
+                p.name,
+                a.len(),
+                b.len()
+            );
+        }
+        // The same records in one file without the JIT's: the dump hidden.
+        let dump = fs::read_dir(d)
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| p.extension().is_some_and(|x| x == "dump"))
+            .expect("node wrote no jitdump");
+        let hidden = d.join("hidden");
+        fs::rename(&dump, &hidden).unwrap();
+        let flat = d.join("flat.data");
+        let r = pdinject_jit(&data, &flat, &[]);
+        assert!(notes(&r).contains("left out"), "{name}: {}", notes(&r));
+        fs::rename(&hidden, &dump).unwrap();
+        let theirs = d.join("perf-jit.data");
+        perf_inject_jit(&perf, &flat, &theirs);
+        for p in readers(t) {
+            let (a, b) = (symbols(&p, &ours, &[]), symbols(&p, &theirs, &[]));
+            let differ = a.iter().zip(&b).filter(|(x, y)| x != y).count();
+            assert!(
+                a.len() == b.len() && differ == 0,
+                "{name}: {}: {differ} of {} lines differ from perf inject --jit's; first: {:?}",
+                p.name,
+                a.len(),
+                a.iter().zip(&b).find(|(x, y)| x != y)
+            );
+        }
+    }
+}
+
 /// node recorded with DWARF stacks: every load gets an image of its own, as perf's
 /// libdw unwinder needs (one shared image would be reported to libdw at as many
 /// overlapping places, and the chains would stop at the first JIT frame); each

@@ -710,42 +710,54 @@ fn big_endian_input_stays_big_endian() {
     assert_same_script(&st.perf, &be, &output, SCRIPT_ARGS);
 }
 
+/// `perf record --threads`, plain and `-z`: a directory in, a directory out. With
+/// `-z`, each data file is compressed by its recording thread's own zstd stream
+/// (one decompressor per file; carried over from the header file's, the next file's
+/// data read as corrupt).
 #[test]
 fn directory_format() {
     let test = "directory_format";
     let Some(st) = setup(test) else { return };
-    let input = st.dir.join("dir.data");
-    let mut c = st.perf.cmd();
-    c.current_dir(&st.dir)
-        .args(["record", "-q", "--threads", "-B", "-g", "-o"])
-        .arg(&input)
-        .args(["--", "./prog"]);
-    let o = run(&mut c);
-    if !o.status.success() || !input.is_dir() {
-        skip(
-            test,
-            &format!(
-                "perf record --threads did not make a directory ({}): {}",
-                status_str(&o),
-                tail(&o.stderr)
-            ),
+    for (name, opts) in [
+        ("dir", &["--threads", "-B", "-g"][..]),
+        ("dir-z", &["--threads", "-B", "-g", "-z"][..]),
+    ] {
+        let input = st.dir.join(format!("{name}.data"));
+        let mut c = st.perf.cmd();
+        c.current_dir(&st.dir)
+            .args(["record", "-q"])
+            .args(opts)
+            .arg("-o")
+            .arg(&input)
+            // On every CPU: each data file then holds compressed data of its own.
+            .args(["--", "sh", "-c", "./prog & ./prog & ./prog & ./prog & wait"]);
+        let o = run(&mut c);
+        if !o.status.success() || !input.is_dir() {
+            skip(
+                test,
+                &format!(
+                    "perf record --threads did not make a directory ({}): {}",
+                    status_str(&o),
+                    tail(&o.stderr)
+                ),
+            );
+            return;
+        }
+        let output = st.dir.join(format!("{name}-out.data"));
+        let (_, report) = pdinject_ok(&input, &output, &[]);
+        assert!(
+            output.is_dir(),
+            "output of a directory input must be a directory: {}",
+            output.display()
         );
-        return;
+        let table = buildid_list(&st.perf, &output);
+        let hits = hit_dsos(&st.perf, &input);
+        assert_id(&table, &s(&st.fx.prog), PROG_ID, name);
+        assert_id(&table, &s(&st.fx.libfix), LIB_ID, name);
+        let problems = table_problems(&table, &hits, &[]);
+        assert_no_problems(name, &problems, &table, Some(&report));
+        assert_same_script(&st.perf, &input, &output, SCRIPT_ARGS);
     }
-    let output = st.dir.join("dir-out.data");
-    let (_, report) = pdinject_ok(&input, &output, &[]);
-    assert!(
-        output.is_dir(),
-        "output of a directory input must be a directory: {}",
-        output.display()
-    );
-    let table = buildid_list(&st.perf, &output);
-    let hits = hit_dsos(&st.perf, &input);
-    assert_id(&table, &s(&st.fx.prog), PROG_ID, "directory format");
-    assert_id(&table, &s(&st.fx.libfix), LIB_ID, "directory format");
-    let problems = table_problems(&table, &hits, &[]);
-    assert_no_problems("directory format", &problems, &table, Some(&report));
-    assert_same_script(&st.perf, &input, &output, SCRIPT_ARGS);
 }
 
 // ---------------------------------------------------------------------------
