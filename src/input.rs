@@ -501,6 +501,21 @@ impl PerfInput {
         Ok(())
     }
 
+    /// The note on `data.N` entries skipped (not regular files), if any.
+    pub fn skipped_note(&self) -> Option<String> {
+        (!self.skipped.is_empty()).then(|| {
+            format!(
+                "skipped {} data.N entries that are not regular files (as perf does): {}",
+                self.skipped.len(),
+                self.skipped
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        })
+    }
+
     /// Reads a feature section's payload.
     pub fn feature(&self, bit: u32) -> Option<Vec<u8>> {
         let (_, s) = self.features.iter().find(|(b, _)| *b == bit)?;

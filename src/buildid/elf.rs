@@ -569,41 +569,46 @@ pub fn judge(
     // size (4 KiB to 64 KiB: a sysroot's machine may have other pages than this one).
     // A process may also map part of its own code again, at a page inside an
     // executable segment (V8 under --perf-prof maps its builtins from node's file, at
-    // an offset inside .text): such a mapping must lie inside the segment, and the
-    // loader's own mapping must still be at a segment's start.
+    // an offset inside .text). Such a mapping is accepted only when it lies inside a
+    // code segment and every code segment of the file has a recorded mapping at its
+    // start: the loader's mappings show the layout is the recorded one (a longer
+    // `.text` in a newer build would move the segments after it), the extra mapping
+    // adds nothing to check.
     const MAX_PAGE: u64 = 64 << 10;
     if !loads.is_empty() && !maps.maps.is_empty() {
-        let at_start = |pg: u64| {
-            loads
-                .iter()
-                .any(|s| s.offset >= pg && s.offset - pg < MAX_PAGE)
-        };
+        let at_start = |pg: u64, s: &Segment| s.offset >= pg && s.offset - pg < MAX_PAGE;
         let inside = |pg: u64, len: u64| {
             loads.iter().any(|s| {
+                let end = s
+                    .offset
+                    .checked_add(s.filesz)
+                    .and_then(|e| e.checked_next_multiple_of(MAX_PAGE));
                 s.exec
                     && pg >= s.offset
-                    && pg.saturating_add(len)
-                        <= s.offset.saturating_add(s.filesz).next_multiple_of(MAX_PAGE)
+                    && pg.checked_add(len).zip(end).is_some_and(|(a, b)| a <= b)
             })
         };
-        let mut loader = false;
+        let loaded = !maps.more
+            && loads
+                .iter()
+                .filter(|s| s.exec)
+                .all(|s| maps.pgoffs().any(|pg| at_start(pg, s)));
         for &(pg, len) in &maps.maps {
-            if at_start(pg) {
-                loader = true;
-            } else if !inside(pg, len) {
-                return Err((
-                    Reason::Stale,
-                    format!(
-                        "no loadable segment at the recorded file offset {pg:#x}: the layout differs"
-                    ),
-                ));
+            if loads.iter().any(|s| at_start(pg, s)) {
+                continue;
             }
-        }
-        if !loader {
-            return Err((
-                Reason::Stale,
-                "no recorded mapping is at a loadable segment's start: the layout differs".into(),
-            ));
+            let why = if !inside(pg, len) {
+                format!(
+                    "no loadable segment at the recorded file offset {pg:#x}: the layout differs"
+                )
+            } else if !loaded {
+                format!(
+                    "the recorded mapping at file offset {pg:#x} is inside a code segment, and not every code segment has a recorded mapping at its start to show the layout is the same"
+                )
+            } else {
+                continue;
+            };
+            return Err((Reason::Stale, why));
         }
     }
     Ok(())
@@ -1001,6 +1006,29 @@ mod proof_tests {
         }
         // Only the inside mapping: nothing shows the file was loaded as it is now.
         let e = j(&maps(&[(0x14c4000, 0x192000)])).unwrap_err();
-        assert!(e.contains("segment's start"), "{e}");
+        assert!(e.contains("every code segment"), "{e}");
+        // A newer build with a longer .text (its last code segment moved from
+        // 0x2200000 to 0x2300000): the recorded 0x2200000 is inside the new .text,
+        // but the new last segment has no recorded mapping: stale, under --symfs too.
+        let mut newer = node;
+        newer[2].filesz += 0x100000;
+        newer[3].offset += 0x100000;
+        newer[4].offset += 0x100000;
+        for place in [Place::RecordedInode, Place::Sysroot] {
+            let r = judge(&t, &newer, &maps(&with_builtins), 100, place);
+            assert!(r.is_err(), "{place:?}: a longer .text passed");
+            assert!(judge(&t, &newer, &maps(&loader), 100, place).is_err());
+        }
+        // A segment whose end overflows is never "around" a mapping (no panic).
+        let mut hostile = node;
+        hostile[2].filesz = u64::MAX - 0x10;
+        let _ = j(&maps(&with_builtins));
+        let _ = judge(
+            &t,
+            &hostile,
+            &maps(&with_builtins),
+            100,
+            Place::RecordedInode,
+        );
     }
 }

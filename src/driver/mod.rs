@@ -243,8 +243,8 @@ fn run_plain(cx: Context<'_>, input: &Path, output: &Path) -> Result<(Report, Op
         input.to_path_buf()
     };
     let skipped = match &src {
-        Input::File(i) => i.skipped.clone(),
-        _ => Vec::new(),
+        Input::File(i) => i.skipped_note(),
+        _ => None,
     };
     let target = if is_dash(output) {
         if std::io::stdout().is_terminal() {
@@ -301,17 +301,7 @@ fn run_plain(cx: Context<'_>, input: &Path, output: &Path) -> Result<(Report, Op
         }
         Output::Stdout | Output::InPlace => (r?, None),
     };
-    if !skipped.is_empty() {
-        report.notes.push(format!(
-            "skipped {} data.N entries that are not regular files (as perf does): {}",
-            skipped.len(),
-            skipped
-                .iter()
-                .map(|p| p.display().to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
-        ));
-    }
+    report.notes.extend(skipped);
     report.pipe = is_dash(output);
     report.input = input.display().to_string();
     report.output = output.display().to_string();

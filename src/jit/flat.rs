@@ -35,6 +35,8 @@ pub(super) struct Flattened {
     pub files: usize,
     /// Whether compressed records were expanded.
     pub expanded: bool,
+    /// The note on `data.N` entries skipped, if any.
+    pub skipped: Option<String>,
 }
 
 /// Writes the records of directory recording `dir` to `out` as one file; scratch
@@ -84,6 +86,7 @@ pub(super) fn flatten(dir: &Path, out: &Path, scratch: &Path) -> Result<Flattene
     Ok(Flattened {
         files: input.data_files.len(),
         expanded,
+        skipped: input.skipped_note(),
     })
 }
 

@@ -93,14 +93,41 @@ pub(crate) enum Kind {
     Single,
 }
 
+/// A load's source lines as the dump gives them: the entries of the DEBUG_INFO
+/// record before it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct DebugLines<'a> {
+    /// The entries.
+    pub raw: &'a [u8],
+    /// How many the record says there are.
+    pub count: u64,
+    /// Written in the other byte order.
+    pub swapped: bool,
+    /// The load's address (entries give absolute addresses).
+    pub code_addr: u64,
+}
+
 /// A source line of a load, relative to its code.
-pub(crate) struct Line<'a> {
+struct Line<'a> {
     /// Offset in the code.
-    pub at: u64,
+    at: u64,
     /// Line number.
-    pub line: u32,
+    line: u32,
     /// File name (`None`: the previous one).
-    pub file: Option<&'a [u8]>,
+    file: Option<&'a [u8]>,
+}
+
+impl<'a> DebugLines<'a> {
+    fn iter(self) -> impl Iterator<Item = Line<'a>> {
+        let code_addr = self.code_addr;
+        crate::format::jitdump::lines(self.raw, self.count, self.swapped).filter_map(move |x| {
+            Some(Line {
+                at: x.addr.checked_sub(code_addr)?,
+                line: x.lineno,
+                file: x.name,
+            })
+        })
+    }
 }
 
 fn io_err(path: &Path, e: std::io::Error) -> crate::Error {
@@ -271,6 +298,185 @@ impl Text {
     }
 }
 
+/// One load for the tables: where its code went, its name and its lines.
+struct Job<'a> {
+    offset: u64,
+    csize: u64,
+    name: &'a [u8],
+    lines: Option<DebugLines<'a>>,
+}
+
+impl<'a> Job<'a> {
+    /// Appends the job to `b` (the tables thread's batch).
+    fn encode(&self, b: &mut Vec<u8>) {
+        b.extend_from_slice(&self.offset.to_le_bytes());
+        b.extend_from_slice(&self.csize.to_le_bytes());
+        b.extend_from_slice(&(self.name.len() as u64).to_le_bytes());
+        b.extend_from_slice(self.name);
+        match self.lines {
+            None => b.push(0),
+            Some(l) => {
+                b.push(1 + u8::from(l.swapped));
+                b.extend_from_slice(&l.code_addr.to_le_bytes());
+                b.extend_from_slice(&l.count.to_le_bytes());
+                b.extend_from_slice(&(l.raw.len() as u64).to_le_bytes());
+                b.extend_from_slice(l.raw);
+            }
+        }
+    }
+
+    /// The job at the start of `b` and the bytes after it; `None` when `b` does not
+    /// hold one (never, from [`Job::encode`]).
+    fn decode(b: &'a [u8]) -> Option<(Job<'a>, &'a [u8])> {
+        let u64at = |b: &[u8], at: usize| -> Option<u64> {
+            Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?))
+        };
+        let offset = u64at(b, 0)?;
+        let csize = u64at(b, 8)?;
+        let n = usize::try_from(u64at(b, 16)?).ok()?;
+        let name = b.get(24..24 + n)?;
+        let mut rest = b.get(24 + n..)?;
+        let tag = *rest.first()?;
+        let lines = if tag == 0 {
+            rest = rest.get(1..)?;
+            None
+        } else {
+            let code_addr = u64at(rest, 1)?;
+            let count = u64at(rest, 9)?;
+            let len = usize::try_from(u64at(rest, 17)?).ok()?;
+            let raw = rest.get(25..25 + len)?;
+            rest = rest.get(25 + len..)?;
+            Some(DebugLines {
+                raw,
+                count,
+                swapped: tag == 2,
+                code_addr,
+            })
+        };
+        Some((
+            Job {
+                offset,
+                csize,
+                name,
+                lines,
+            },
+            rest,
+        ))
+    }
+}
+
+/// Bytes of jobs handed to the tables thread at a time.
+const TABLE_BATCH: usize = 1 << 20;
+
+/// The tables on their way: for a shared image a thread of its own lays out the
+/// symbols and turns the dump's line entries into line programs (hundreds of
+/// thousands for a node dump: the larger part of the image stage on one core)
+/// while the reading thread goes on; an image of one load lays them out in line.
+/// Either way the tables come out the same.
+enum TableSink {
+    Inline(Box<Tabler>),
+    Thread {
+        batch: Vec<u8>,
+        to: std::sync::mpsc::SyncSender<Vec<u8>>,
+        /// Batches done with, their buffers to reuse.
+        back: std::sync::mpsc::Receiver<Vec<u8>>,
+        /// Taken when it is joined.
+        worker: Option<std::thread::JoinHandle<crate::Result<Tabler>>>,
+    },
+}
+
+impl TableSink {
+    fn new(t: Tabler, kind: Kind) -> crate::Result<TableSink> {
+        if kind == Kind::Single {
+            return Ok(TableSink::Inline(Box::new(t)));
+        }
+        let tmp = t.tmp.clone();
+        let (to, from) = std::sync::mpsc::sync_channel::<Vec<u8>>(TEXT_QUEUE);
+        let (give_back, back) = std::sync::mpsc::channel::<Vec<u8>>();
+        let worker = std::thread::Builder::new()
+            .name("pdinject-jit-tables".into())
+            .spawn(move || {
+                let mut t = t;
+                for mut b in from {
+                    let mut rest: &[u8] = &b;
+                    while !rest.is_empty() {
+                        let (job, next) = Job::decode(rest).ok_or_else(|| {
+                            crate::Error::Internal("a JIT image's table job cut short".into())
+                        })?;
+                        // On an error the thread stops: the next send fails, the
+                        // join says why.
+                        t.add(&job)?;
+                        rest = next;
+                    }
+                    b.clear();
+                    let _ = give_back.send(b);
+                }
+                Ok(t)
+            })
+            .map_err(|e| io_err(&tmp, e))?;
+        Ok(TableSink::Thread {
+            batch: Vec::with_capacity(TABLE_BATCH),
+            to,
+            back,
+            worker: Some(worker),
+        })
+    }
+
+    fn put(&mut self, job: &Job<'_>) -> crate::Result<()> {
+        match self {
+            TableSink::Inline(t) => t.add(job),
+            TableSink::Thread {
+                batch,
+                to,
+                back,
+                worker,
+            } => {
+                job.encode(batch);
+                if batch.len() >= TABLE_BATCH {
+                    let next = back
+                        .try_recv()
+                        .unwrap_or_else(|_| Vec::with_capacity(TABLE_BATCH));
+                    if to.send(std::mem::replace(batch, next)).is_err() {
+                        return Err(Self::stopped(worker.take()));
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Why the thread stopped: its own error (a full disk, say), or that it did.
+    fn stopped(worker: Option<std::thread::JoinHandle<crate::Result<Tabler>>>) -> crate::Error {
+        match worker.map(|w| w.join()) {
+            Some(Ok(Err(e))) => e,
+            _ => crate::Error::Internal("the image's tables thread stopped".into()),
+        }
+    }
+
+    /// The tables, every job laid out.
+    fn finish(self) -> crate::Result<Tabler> {
+        match self {
+            TableSink::Inline(t) => Ok(*t),
+            TableSink::Thread {
+                batch, to, worker, ..
+            } => {
+                if !batch.is_empty() && to.send(batch).is_err() {
+                    return Err(Self::stopped(worker));
+                }
+                drop(to);
+                worker
+                    .ok_or_else(|| {
+                        crate::Error::Internal("the image's tables thread stopped".into())
+                    })?
+                    .join()
+                    .map_err(|_| {
+                        crate::Error::Internal("the image's tables thread failed".into())
+                    })?
+            }
+        }
+    }
+}
+
 /// The image being written.
 pub(crate) struct ImageWriter {
     /// The final path.
@@ -278,12 +484,36 @@ pub(crate) struct ImageWriter {
     tmp: PathBuf,
     /// `.text`, written and hashed as it comes.
     text: Option<Text>,
+    /// Symbols, names and lines, laid out as they come.
+    tables: Option<TableSink>,
+    text_end: u64,
+    finished: bool,
+    kind: Kind,
+    /// End of the last load's code.
+    code_end: u64,
+    /// `.eh_frame` and `.eh_frame_hdr` (offset, size) of a [`Kind::Single`] image.
+    eh: Option<[(u64, u64); 2]>,
+}
+
+/// A finished image.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Done {
+    /// Its build ID.
+    pub id: BuildId,
+    /// Loads whose name or lines no longer fit the 32-bit tables.
+    pub dropped_tables: u64,
+}
+
+/// The symbol table, string table and line programs of an image, each in an
+/// unlinked temp file until the image is finished, with their SHA-1.
+struct Tabler {
+    /// The image's temp path (for messages).
+    tmp: PathBuf,
     syms: BufWriter<File>,
     strs: BufWriter<File>,
     lines: BufWriter<File>,
     /// The SHA-1 of the symbols, names and lines, in the order they come.
     hash: Sha1,
-    text_end: u64,
     nsyms: u64,
     strs_len: u64,
     lines_len: u64,
@@ -295,14 +525,8 @@ pub(crate) struct ImageWriter {
     last_file: (Vec<u8>, u64),
     /// A load's line program, its buffer reused.
     prog: Vec<u8>,
-    finished: bool,
-    kind: Kind,
-    /// End of the last load's code.
-    code_end: u64,
-    /// `.eh_frame` and `.eh_frame_hdr` (offset, size) of a [`Kind::Single`] image.
-    eh: Option<[(u64, u64); 2]>,
     /// Loads whose name or lines no longer fit the 32-bit tables.
-    pub dropped_tables: u64,
+    dropped: u64,
 }
 
 impl ImageWriter {
@@ -333,15 +557,12 @@ impl ImageWriter {
         let text = Text::new(f, kind);
         let mut strs = BufWriter::with_capacity(BUF, scratch(dir, "str")?);
         strs.write_all(&[0]).map_err(|e| io_err(&tmp, e))?;
-        Ok(ImageWriter {
-            path: path.to_path_buf(),
-            text: Some(text),
+        let tabler = Tabler {
+            tmp: tmp.clone(),
             syms: BufWriter::with_capacity(BUF, scratch(dir, "sym")?),
             strs,
             lines: BufWriter::with_capacity(BUF, scratch(dir, "line")?),
-            tmp,
             hash: Sha1::new(),
-            text_end: text_at,
             nsyms: 0,
             strs_len: 1,
             lines_len: 0,
@@ -349,11 +570,18 @@ impl ImageWriter {
             file_names: Vec::new(),
             last_file: (Vec::new(), 0),
             prog: Vec::new(),
+            dropped: 0,
+        };
+        Ok(ImageWriter {
+            path: path.to_path_buf(),
+            text: Some(text),
+            tables: Some(TableSink::new(tabler, kind)?),
+            tmp,
+            text_end: text_at,
             finished: false,
             kind,
             code_end: text_at,
             eh: None,
-            dropped_tables: 0,
         })
     }
 
@@ -372,7 +600,7 @@ impl ImageWriter {
         name: &[u8],
         code: &[u8],
         unwinding: Option<Tables<'_>>,
-        lines: &mut dyn Iterator<Item = Line<'_>>,
+        lines: Option<DebugLines<'_>>,
     ) -> crate::Result<Placed> {
         let pad = self.text_end.next_multiple_of(LOAD_ALIGN) - self.text_end;
         self.put_text(&ZEROS[..pad as usize])?;
@@ -409,180 +637,75 @@ impl ImageWriter {
                 len = aligned + t.mapped;
             }
         }
-        // The symbol: name offset, global function in .text (section 1).
-        let name = if name.is_empty() {
-            b"[jit]" as &[u8]
-        } else {
-            name
+        let job = Job {
+            offset,
+            csize,
+            name,
+            lines,
         };
-        let name_at = if self.strs_len + (name.len() as u64) < MAX_TABLE {
-            let at = self.strs_len;
-            self.strs
-                .write_all(name)
-                .map_err(|e| io_err(&self.tmp, e))?;
-            self.strs
-                .write_all(&[0])
-                .map_err(|e| io_err(&self.tmp, e))?;
-            self.hash.update(name);
-            self.strs_len += name.len() as u64 + 1;
-            at
-        } else {
-            self.dropped_tables += 1;
-            0
-        };
-        let mut sym = [0u8; 24];
-        sym[0..4].copy_from_slice(&(name_at as u32).to_le_bytes());
-        sym[4] = 0x12; // STB_GLOBAL, STT_FUNC
-        sym[6..8].copy_from_slice(&1u16.to_le_bytes());
-        sym[8..16].copy_from_slice(&offset.to_le_bytes());
-        sym[16..24].copy_from_slice(&csize.to_le_bytes());
-        self.syms
-            .write_all(&sym)
-            .map_err(|e| io_err(&self.tmp, e))?;
-        self.hash.update(&sym);
-        self.nsyms += 1;
-        self.add_lines(offset, csize, lines)?;
+        match &mut self.tables {
+            Some(t) => t.put(&job)?,
+            None => {
+                return Err(crate::Error::Internal(
+                    "a JIT image's tables are gone".into(),
+                ));
+            }
+        }
         Ok(Placed { offset, len })
-    }
-
-    /// One line-program sequence for the load at `offset` (as genelf_debug writes it:
-    /// the address set once, then line and address advances, the file set where the
-    /// name changes).
-    fn add_lines(
-        &mut self,
-        offset: u64,
-        csize: u64,
-        lines: &mut dyn Iterator<Item = Line<'_>>,
-    ) -> crate::Result<()> {
-        let mut p = std::mem::take(&mut self.prog);
-        p.clear();
-        let mut last_at = 0u64;
-        let mut last_line = 1i64;
-        // The file number the rows are in (0: none yet).
-        let mut file = 0u64;
-        let mut rows = 0;
-        for l in lines {
-            // Rows go forward in a sequence and stay inside the code.
-            if l.at >= csize || (rows > 0 && l.at < last_at) {
-                continue;
-            }
-            if rows == 0 {
-                p.extend_from_slice(&[0, 9, 2]);
-                p.extend_from_slice(&offset.to_le_bytes());
-            }
-            if let Some(f) = l.file
-                && (file == 0 || self.last_file.0 != f)
-            {
-                // Files go into the header's table, each name once: defining them in
-                // the program (DW_LNE_define_file, as genelf_debug does) gave binutils'
-                // reader garbage names once a program defined thousands. The last name
-                // is compared before any is hashed: a load's rows, and a run of loads,
-                // are mostly in one file.
-                let known = if self.last_file.1 > 0 && self.last_file.0 == f {
-                    Some(self.last_file.1)
-                } else {
-                    self.files.get(f).copied()
-                };
-                let n = match known {
-                    Some(n) => n,
-                    None if self.file_names.len() + f.len() + 4 <= MAX_FILE_TABLE => {
-                        self.file_names.extend_from_slice(f);
-                        self.file_names.extend_from_slice(&[0, 0, 0, 0]);
-                        let n = self.files.len() as u64 + 1;
-                        self.files.insert(f.to_vec(), n);
-                        n
-                    }
-                    None => {
-                        self.dropped_tables += 1;
-                        break;
-                    }
-                };
-                p.push(4);
-                uleb(&mut p, n);
-                file = n;
-                if self.last_file.0 != f {
-                    self.last_file.0.clear();
-                    self.last_file.0.extend_from_slice(f);
-                    self.last_file.1 = n;
-                }
-            }
-            if file == 0 {
-                // Lines with no file yet name none perf could show.
-                continue;
-            }
-            if i64::from(l.line) != last_line {
-                p.push(3);
-                sleb(&mut p, i64::from(l.line) - last_line);
-                last_line = i64::from(l.line);
-            }
-            if l.at != last_at {
-                p.push(2);
-                uleb(&mut p, l.at - last_at);
-                last_at = l.at;
-            }
-            p.push(1); // DW_LNS_copy
-            rows += 1;
-        }
-        if rows == 0 {
-            self.prog = p;
-            return Ok(());
-        }
-        // The sequence ends at its last row, as genelf_debug ends it: code after the
-        // last line the JIT gave has no line (perf shows none there either).
-        p.extend_from_slice(&[0, 1, 1]); // DW_LNE_end_sequence
-        if self.lines_len + p.len() as u64 > MAX_TABLE - MAX_FILE_TABLE as u64 {
-            self.dropped_tables += 1;
-            self.prog = p;
-            return Ok(());
-        }
-        self.lines.write_all(&p).map_err(|e| io_err(&self.tmp, e))?;
-        self.hash.update(&p);
-        self.lines_len += p.len() as u64;
-        self.prog = p;
-        Ok(())
     }
 
     /// Writes the tables and headers, syncs nothing (perf does not either; the
     /// output's own commit is what makes a run durable), renames the image into
     /// place, and returns its build ID.
-    pub(crate) fn finish(mut self) -> crate::Result<BuildId> {
+    pub(crate) fn finish(mut self) -> crate::Result<Done> {
         self.finished = true;
         let path = self.path.clone();
         let tmp = self.tmp.clone();
-        let (text_end, nsyms, strs_len, lines_len) =
-            (self.text_end, self.nsyms, self.strs_len, self.lines_len);
+        let text_end = self.text_end;
         // A single load's .text is its code; its tables follow as their own sections.
         let text_size = match self.kind {
             Kind::Single => self.code_end - SINGLE_TEXT_OFFSET,
             Kind::Shared => text_end - TEXT_OFFSET,
         };
         let eh = self.eh;
-        let sink = |t: &PathBuf| -> crate::Result<BufWriter<File>> {
-            Ok(BufWriter::new(
-                File::open("/dev/null").map_err(|e| io_err(t, e))?,
-            ))
-        };
-        let (out, text_hash) = self
-            .text
-            .take()
-            .ok_or_else(|| crate::Error::Internal("a JIT image finished twice".into()))?
-            .finish()
-            .map_err(|e| io_err(&tmp, e))?;
-        let syms = std::mem::replace(&mut self.syms, sink(&tmp)?);
-        let strs = std::mem::replace(&mut self.strs, sink(&tmp)?);
-        let lines = std::mem::replace(&mut self.lines, sink(&tmp)?);
-        let mut tables = std::mem::take(&mut self.hash);
-        tables.update(&self.file_names);
-        // The ID hashes the two digests: `.text` and the tables are hashed apart, so
-        // that one can be hashed beside the other.
-        let mut hash = Sha1::new();
-        hash.update(&text_hash.finish());
-        hash.update(&tables.finish());
-        let files = std::mem::take(&mut self.file_names);
-        let r = Self::write_tables(
-            &path, &tmp, out, syms, strs, lines, hash, text_end, nsyms, strs_len, lines_len,
-            &files, text_size, eh, self.kind,
-        );
+        let twice = || crate::Error::Internal("a JIT image finished twice".into());
+        let r = (|| {
+            let t = self.tables.take().ok_or_else(twice)?.finish()?;
+            let (out, text_hash) = self
+                .text
+                .take()
+                .ok_or_else(twice)?
+                .finish()
+                .map_err(|e| io_err(&tmp, e))?;
+            let mut tables = t.hash;
+            tables.update(&t.file_names);
+            // The ID hashes the two digests: `.text` and the tables are hashed apart, so
+            // that one can be hashed beside the other.
+            let mut hash = Sha1::new();
+            hash.update(&text_hash.finish());
+            hash.update(&tables.finish());
+            let id = Self::write_tables(
+                &path,
+                &tmp,
+                out,
+                t.syms,
+                t.strs,
+                t.lines,
+                hash,
+                text_end,
+                t.nsyms,
+                t.strs_len,
+                t.lines_len,
+                &t.file_names,
+                text_size,
+                eh,
+                self.kind,
+            )?;
+            Ok(Done {
+                id,
+                dropped_tables: t.dropped,
+            })
+        })();
         if r.is_err() {
             let _ = std::fs::remove_file(&tmp);
         }
@@ -913,6 +1036,146 @@ impl ImageWriter {
     }
 }
 
+impl Tabler {
+    /// Lays out one load's symbol, name and lines.
+    fn add(&mut self, job: &Job<'_>) -> crate::Result<()> {
+        let (offset, csize, name) = (job.offset, job.csize, job.name);
+        // The symbol: name offset, global function in .text (section 1).
+        let name = if name.is_empty() {
+            b"[jit]" as &[u8]
+        } else {
+            name
+        };
+        let name_at = if self.strs_len + (name.len() as u64) < MAX_TABLE {
+            let at = self.strs_len;
+            self.strs
+                .write_all(name)
+                .map_err(|e| io_err(&self.tmp, e))?;
+            self.strs
+                .write_all(&[0])
+                .map_err(|e| io_err(&self.tmp, e))?;
+            self.hash.update(name);
+            self.strs_len += name.len() as u64 + 1;
+            at
+        } else {
+            self.dropped += 1;
+            0
+        };
+        let mut sym = [0u8; 24];
+        sym[0..4].copy_from_slice(&(name_at as u32).to_le_bytes());
+        sym[4] = 0x12; // STB_GLOBAL, STT_FUNC
+        sym[6..8].copy_from_slice(&1u16.to_le_bytes());
+        sym[8..16].copy_from_slice(&offset.to_le_bytes());
+        sym[16..24].copy_from_slice(&csize.to_le_bytes());
+        self.syms
+            .write_all(&sym)
+            .map_err(|e| io_err(&self.tmp, e))?;
+        self.hash.update(&sym);
+        self.nsyms += 1;
+        match job.lines {
+            Some(l) => self.add_lines(offset, csize, l.iter()),
+            None => Ok(()),
+        }
+    }
+
+    /// One line-program sequence for the load at `offset` (as genelf_debug writes it:
+    /// the address set once, then line and address advances, the file set where the
+    /// name changes).
+    fn add_lines<'a>(
+        &mut self,
+        offset: u64,
+        csize: u64,
+        lines: impl Iterator<Item = Line<'a>>,
+    ) -> crate::Result<()> {
+        let mut p = std::mem::take(&mut self.prog);
+        p.clear();
+        let mut last_at = 0u64;
+        let mut last_line = 1i64;
+        // The file number the rows are in (0: none yet).
+        let mut file = 0u64;
+        let mut rows = 0;
+        for l in lines {
+            // Rows go forward in a sequence and stay inside the code.
+            if l.at >= csize || (rows > 0 && l.at < last_at) {
+                continue;
+            }
+            if rows == 0 {
+                p.extend_from_slice(&[0, 9, 2]);
+                p.extend_from_slice(&offset.to_le_bytes());
+            }
+            if let Some(f) = l.file
+                && (file == 0 || self.last_file.0 != f)
+            {
+                // Files go into the header's table, each name once: defining them in
+                // the program (DW_LNE_define_file, as genelf_debug does) gave binutils'
+                // reader garbage names once a program defined thousands. The last name
+                // is compared before any is hashed: a load's rows, and a run of loads,
+                // are mostly in one file.
+                let known = if self.last_file.1 > 0 && self.last_file.0 == f {
+                    Some(self.last_file.1)
+                } else {
+                    self.files.get(f).copied()
+                };
+                let n = match known {
+                    Some(n) => n,
+                    None if self.file_names.len() + f.len() + 4 <= MAX_FILE_TABLE => {
+                        self.file_names.extend_from_slice(f);
+                        self.file_names.extend_from_slice(&[0, 0, 0, 0]);
+                        let n = self.files.len() as u64 + 1;
+                        self.files.insert(f.to_vec(), n);
+                        n
+                    }
+                    None => {
+                        self.dropped += 1;
+                        break;
+                    }
+                };
+                p.push(4);
+                uleb(&mut p, n);
+                file = n;
+                if self.last_file.0 != f {
+                    self.last_file.0.clear();
+                    self.last_file.0.extend_from_slice(f);
+                    self.last_file.1 = n;
+                }
+            }
+            if file == 0 {
+                // Lines with no file yet name none perf could show.
+                continue;
+            }
+            if i64::from(l.line) != last_line {
+                p.push(3);
+                sleb(&mut p, i64::from(l.line) - last_line);
+                last_line = i64::from(l.line);
+            }
+            if l.at != last_at {
+                p.push(2);
+                uleb(&mut p, l.at - last_at);
+                last_at = l.at;
+            }
+            p.push(1); // DW_LNS_copy
+            rows += 1;
+        }
+        if rows == 0 {
+            self.prog = p;
+            return Ok(());
+        }
+        // The sequence ends at its last row, as genelf_debug ends it: code after the
+        // last line the JIT gave has no line (perf shows none there either).
+        p.extend_from_slice(&[0, 1, 1]); // DW_LNE_end_sequence
+        if self.lines_len + p.len() as u64 > MAX_TABLE - MAX_FILE_TABLE as u64 {
+            self.dropped += 1;
+            self.prog = p;
+            return Ok(());
+        }
+        self.lines.write_all(&p).map_err(|e| io_err(&self.tmp, e))?;
+        self.hash.update(&p);
+        self.lines_len += p.len() as u64;
+        self.prog = p;
+        Ok(())
+    }
+}
+
 impl Drop for ImageWriter {
     /// An image not finished leaves nothing behind.
     fn drop(&mut self) {
@@ -924,4 +1187,67 @@ impl Drop for ImageWriter {
 
 fn symtab_gap(strtab: u64, shstrtab: u64) -> u64 {
     shstrtab - strtab
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The tables thread reads back every job as it was put: a batch of jobs with and
+    /// without lines, in either byte order, decodes to the same fields in order.
+    #[test]
+    fn jobs_decode_as_encoded() {
+        let raw = [7u8; 40];
+        let jobs = [
+            Job {
+                offset: 0xc0,
+                csize: 12,
+                name: b"JS:*f0",
+                lines: None,
+            },
+            Job {
+                offset: 0xd0,
+                csize: 300,
+                name: b"",
+                lines: Some(DebugLines {
+                    raw: &raw,
+                    count: 2,
+                    swapped: false,
+                    code_addr: 0x7f00_0000_1000,
+                }),
+            },
+            Job {
+                offset: 0x200,
+                csize: 1,
+                name: b"py::f:<x>",
+                lines: Some(DebugLines {
+                    raw: &raw[..3],
+                    count: 9,
+                    swapped: true,
+                    code_addr: 1,
+                }),
+            },
+        ];
+        let mut b = Vec::new();
+        for j in &jobs {
+            j.encode(&mut b);
+        }
+        let mut rest: &[u8] = &b;
+        for j in &jobs {
+            let (got, next) = Job::decode(rest).expect("a job");
+            assert_eq!(
+                (got.offset, got.csize, got.name),
+                (j.offset, j.csize, j.name)
+            );
+            let fields = |l: Option<DebugLines<'_>>| {
+                l.map(|l| (l.raw.to_vec(), l.count, l.swapped, l.code_addr))
+            };
+            assert_eq!(fields(got.lines), fields(j.lines));
+            rest = next;
+        }
+        assert!(rest.is_empty());
+        // A batch cut inside a job is not a job.
+        assert!(Job::decode(&b[..b.len() - 1]).is_some());
+        assert!(Job::decode(&b[..10]).is_none());
+    }
 }

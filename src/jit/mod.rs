@@ -280,7 +280,22 @@ impl<R: Read> Records<R> {
             .in_file(name)
         })?;
         let extra = out_of_band_len(&h, &self.buf[8..], self.e).unwrap_or(0);
-        self.at += h.size as u64 + extra;
+        match (h.size as u64)
+            .checked_add(extra)
+            .and_then(|n| at.checked_add(n))
+        {
+            Some(end) if end <= self.to => self.at = end,
+            _ => {
+                return Err(Error::format(
+                    at,
+                    format!(
+                        "record of type {} and size {} runs past the end of the data ({:#x})",
+                        h.kind, h.size, self.to
+                    ),
+                )
+                .in_file(name));
+            }
+        }
         Ok(Some((at, extra)))
     }
 }
@@ -516,6 +531,7 @@ pub(crate) fn prepare(input: &Path, output: &Path, pool: &rayon::ThreadPool) -> 
                 ""
             }
         ));
+        summary.notes.extend(done.skipped);
         summary.timings.push(("jit-flatten", t.elapsed()));
         like_recording(&tmp.path, &dated, true);
         let p = tmp.path.clone();
@@ -780,6 +796,7 @@ fn make_dump(
     let mut img = image::ImageWriter::create(&image_path, image::Kind::Shared)
         .map_err(|e| format!("cannot write its image: {e}"))?;
     let mut shared_loads = 0u64;
+    let mut dropped_tables = 0u64;
     let mut singles: Vec<(u64, BuildId)> = Vec::new();
     let list = scratch_beside(&image_path).map_err(|e| format!("cannot write beside it: {e}"))?;
     let mut lw = BufWriter::with_capacity(IO_BUF, list);
@@ -829,22 +846,14 @@ fn make_dump(
                 if load.code.is_empty() {
                     continue;
                 }
-                let d = std::mem::take(&mut debug_waits).then_some(&debug);
-                let swapped = h.swapped;
+                // Lines belong to the load they precede (perf attaches them so).
                 let code_addr = load.code_addr;
-                let mut lines_iter: Box<dyn Iterator<Item = image::Line<'_>>> = match d {
-                    // Lines belong to the load they precede (perf attaches them so).
-                    Some(raw) => Box::new(jitdump::lines(raw, debug_count, swapped).filter_map(
-                        move |x| {
-                            Some(image::Line {
-                                at: x.addr.checked_sub(code_addr)?,
-                                line: x.lineno,
-                                file: x.name,
-                            })
-                        },
-                    )),
-                    _ => Box::new(std::iter::empty()),
-                };
+                let lines = std::mem::take(&mut debug_waits).then_some(image::DebugLines {
+                    raw: &debug,
+                    count: debug_count,
+                    swapped: h.swapped,
+                    code_addr,
+                });
                 let u = unwind.take();
                 let tables = u.as_ref().map(|(d, hdr, mapped)| image::Tables {
                     data: d,
@@ -855,19 +864,16 @@ fn make_dump(
                     let sp = single_path(&image_path, m.pid, load.code_index);
                     let mut one =
                         image::ImageWriter::create(&sp, image::Kind::Single).map_err(fail)?;
-                    let placed = one
-                        .add(load.name, load.code, tables, &mut lines_iter)
-                        .map_err(fail)?;
-                    singles.push((load.code_index, one.finish().map_err(fail)?));
+                    let placed = one.add(load.name, load.code, tables, lines).map_err(fail)?;
+                    let done = one.finish().map_err(fail)?;
+                    dropped_tables += done.dropped_tables;
+                    singles.push((load.code_index, done.id));
                     (placed, singles.len() as u64)
                 } else {
                     shared_loads += 1;
-                    let placed = img
-                        .add(load.name, load.code, tables, &mut lines_iter)
-                        .map_err(fail)?;
+                    let placed = img.add(load.name, load.code, tables, lines).map_err(fail)?;
                     (placed, 0)
                 };
-                drop(lines_iter);
                 if indexes.len() < MAX_INDEXES {
                     indexes.insert(load.code_index, placed, which);
                 }
@@ -947,18 +953,19 @@ fn make_dump(
             "--jit: {shown}: {lost_moves} code moves name a load not in the dump; left out"
         ));
     }
-    if img.dropped_tables > 0 {
-        notes.push(format!(
-            "--jit: {shown}: {} loads without a name or lines (the image's 32-bit tables are full)",
-            img.dropped_tables
-        ));
-    }
     // An image no load went to is not written.
     let id = if shared_loads > 0 {
-        Some(img.finish().map_err(fail)?)
+        let done = img.finish().map_err(fail)?;
+        dropped_tables += done.dropped_tables;
+        Some(done.id)
     } else {
         None
     };
+    if dropped_tables > 0 {
+        notes.push(format!(
+            "--jit: {shown}: {dropped_tables} loads without a name or lines (the image's 32-bit tables are full)"
+        ));
+    }
     let list = lw.into_inner().map_err(|e| beside(e.into_error()))?;
     let mut into = Vec::new();
     if let Some(id) = id {

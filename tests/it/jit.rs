@@ -819,7 +819,44 @@ fn jit_threads_directory() {
         let flat = d.join("flat.data");
         let r = pdinject_jit(&data, &flat, &[]);
         assert!(notes(&r).contains("left out"), "{name}: {}", notes(&r));
+        if name == "-z" {
+            assert!(
+                notes(&r).contains("compressed records expanded"),
+                "{name}: {}",
+                notes(&r)
+            );
+        }
         fs::rename(&hidden, &dump).unwrap();
+        // The merge itself: every record of the directory, mappings and task events
+        // included, with the same symbol and dso, in the one file.
+        for p in readers(t) {
+            let all = |f: &Path| {
+                let mut v: Vec<String> = common::perf_script(
+                    &p,
+                    f,
+                    &[
+                        "--show-mmap-events",
+                        "--show-task-events",
+                        "-F",
+                        "tid,time,ip,sym,dso,event",
+                    ],
+                )
+                .lines()
+                .map(String::from)
+                .collect();
+                v.sort();
+                v
+            };
+            let (a, b) = (all(&data), all(&flat));
+            assert!(
+                a.len() > 100 && a == b,
+                "{name}: {}: the directory's {} lines and the merged file's {} differ; first: {:?}",
+                p.name,
+                a.len(),
+                b.len(),
+                a.iter().zip(&b).find(|(x, y)| x != y)
+            );
+        }
         let theirs = d.join("perf-jit.data");
         perf_inject_jit(&perf, &flat, &theirs);
         for p in readers(t) {

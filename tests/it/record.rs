@@ -729,8 +729,13 @@ fn directory_format() {
             .args(opts)
             .arg("-o")
             .arg(&input)
-            // On every CPU: each data file then holds compressed data of its own.
-            .args(["--", "sh", "-c", "./prog & ./prog & ./prog & ./prog & wait"]);
+            // On two CPUs: two data files then hold compressed data of their own.
+            .args([
+                "--",
+                "sh",
+                "-c",
+                "taskset -c 0 ./prog & taskset -c 1 ./prog & wait",
+            ]);
         let o = run(&mut c);
         if !o.status.success() || !input.is_dir() {
             skip(
@@ -742,6 +747,13 @@ fn directory_format() {
                 ),
             );
             return;
+        }
+        if name == "dir-z" {
+            let files = files_with_compressed_records(&input);
+            assert!(
+                files >= 2,
+                "{name}: {files} data files hold compressed records; the test needs two (one zstd stream each)"
+            );
         }
         let output = st.dir.join(format!("{name}-out.data"));
         let (_, report) = pdinject_ok(&input, &output, &[]);
@@ -757,7 +769,49 @@ fn directory_format() {
         let problems = table_problems(&table, &hits, &[]);
         assert_no_problems(name, &problems, &table, Some(&report));
         assert_same_script(&st.perf, &input, &output, SCRIPT_ARGS);
+        // An error in a data file names that file, not the header file.
+        let bad = st.dir.join(format!("{name}-bad.data"));
+        fs::create_dir(&bad).unwrap();
+        for e in fs::read_dir(&input).unwrap().flatten() {
+            fs::copy(e.path(), bad.join(e.file_name())).unwrap();
+        }
+        let mut b = fs::read(bad.join("data.1")).unwrap();
+        // A record of type 1 whose size is smaller than its header.
+        b[..8].copy_from_slice(&[1, 0, 0, 0, 0, 0, 4, 0]);
+        fs::write(bad.join("data.1"), b).unwrap();
+        let o = pdinject_run([
+            bad.to_str().unwrap(),
+            st.dir
+                .join(format!("{name}-bad-out.data"))
+                .to_str()
+                .unwrap(),
+        ]);
+        assert_error(&o, 1, "data.1: offset 0x0", name);
     }
+}
+
+/// The data.N files of directory recording `dir` that hold COMPRESSED records.
+fn files_with_compressed_records(dir: &Path) -> usize {
+    let mut n = 0;
+    for e in fs::read_dir(dir).unwrap().flatten() {
+        if !e.file_name().to_string_lossy().starts_with("data.") {
+            continue;
+        }
+        let b = fs::read(e.path()).unwrap();
+        let mut at = 0usize;
+        let mut found = false;
+        while at + 8 <= b.len() {
+            let kind = u32::from_le_bytes(b[at..at + 4].try_into().unwrap());
+            let size = u16::from_le_bytes(b[at + 6..at + 8].try_into().unwrap()) as usize;
+            if size < 8 {
+                break;
+            }
+            found |= kind == 81 || kind == 83;
+            at += size;
+        }
+        n += usize::from(found);
+    }
+    n
 }
 
 // ---------------------------------------------------------------------------
