@@ -266,11 +266,19 @@ enum Stab {
     Gap { below: u64, above: u64 },
 }
 
+/// [`Proc::laid`] of an event that is no mapping.
+const NOT_A_MAP: u32 = u32::MAX;
+
 /// One process's events and the index of its own layer over versions (version `v` is
 /// the state after its first `v` events).
 #[derive(Debug, Default)]
 struct Proc {
-    events: Vec<Event>,
+    /// Each event's key, in order (version `v` is the state after the first `v`).
+    keys: Vec<Key>,
+    /// The piece each mapping event laid down whole (the mapping as recorded),
+    /// [`NOT_A_MAP`] for an exec or a fork: 4 bytes an event, where a copy of the
+    /// events was 64 (a JIT's process has one per code load).
+    laid: Vec<u32>,
     /// The versions at which an exec or a fork started a new layer, ascending, with
     /// what that layer lies on.
     resets: Vec<(usize, Base)>,
@@ -288,8 +296,10 @@ struct Proc {
 
 impl Proc {
     /// Builds the process's index from its events, sorted by key.
-    fn new(events: Vec<Event>) -> Proc {
+    fn new<'e>(events: impl ExactSizeIterator<Item = &'e Event>) -> Proc {
         let versions = events.len();
+        let mut keys = Vec::with_capacity(versions);
+        let mut laid = Vec::with_capacity(versions);
         let mut pieces: Vec<MapEntry> = Vec::new();
         // (piece, first version it is visible at, first version it is not)
         let mut runs: Vec<(u32, u32, u32)> = Vec::new();
@@ -305,10 +315,19 @@ impl Proc {
         };
         // Versions and piece ids fit 32 bits: the model's limits stop a recording
         // long before 4 billion events.
-        for (i, ev) in events.iter().enumerate() {
+        for (i, ev) in events.enumerate() {
             let v = (i + 1) as u32;
+            keys.push(ev.key);
+            // `m` itself is the last piece the overlay adds.
+            laid.push(match ev.kind {
+                EventKind::Map(m) => {
+                    overlay_pieces(&mut state, &mut pieces, &mut runs, m, v);
+                    (pieces.len() - 1) as u32
+                }
+                EventKind::Exec | EventKind::Fork { .. } => NOT_A_MAP,
+            });
             match ev.kind {
-                EventKind::Map(m) => overlay_pieces(&mut state, &mut pieces, &mut runs, m, v),
+                EventKind::Map(_) => {}
                 EventKind::Exec => {
                     close_all(&mut state, &mut runs, v);
                     resets.push((v as usize, Base::Empty));
@@ -365,8 +384,11 @@ impl Proc {
                 next[node] += 1;
             }
         }
+        // A JIT's process grows these by tens of thousands: no doubling slack kept.
+        pieces.shrink_to_fit();
         Proc {
-            events,
+            keys,
+            laid,
             resets,
             pieces,
             spans,
@@ -416,9 +438,9 @@ impl Proc {
     /// and up to (not at) the key of event `died - 1`.
     fn seen(&self, id: u32) -> Option<Seen> {
         let &(born, died) = self.spans.get(id as usize)?;
-        let from = self.events.get((born as usize).checked_sub(1)?)?.key;
+        let from = *self.keys.get((born as usize).checked_sub(1)?)?;
         let until = match (died as usize).checked_sub(1) {
-            Some(i) if i < self.events.len() => Some(self.events[i].key),
+            Some(i) if i < self.keys.len() => Some(self.keys[i]),
             _ => None,
         };
         Some(Seen { from, until })
@@ -789,7 +811,7 @@ fn build_sorted(
             let proc = match indexed.get(&pid) {
                 Some((n, p)) if *n == evs.len() => p.clone(),
                 _ => {
-                    let p = Arc::new(Proc::new(evs.iter().map(|&(_, ev)| ev).collect()));
+                    let p = Arc::new(Proc::new(evs.iter().map(|(_, ev)| ev)));
                     indexed.insert(pid, (evs.len(), p.clone()));
                     p
                 }
@@ -902,7 +924,7 @@ impl Model {
 
     fn space_depth(&self, pid: u32, key: Key, depth: u32) -> Option<Space<'_>> {
         let proc = self.procs.get(&pid)?;
-        let version = proc.events.partition_point(|e| e.key <= key);
+        let version = proc.keys.partition_point(|&k| k <= key);
         (version > 0).then_some(Space {
             model: self,
             pid,
@@ -917,7 +939,7 @@ impl Model {
     pub fn version(&self, pid: u32, key: Key) -> usize {
         self.procs
             .get(&pid)
-            .map_or(0, |p| p.events.partition_point(|e| e.key <= key))
+            .map_or(0, |p| p.keys.partition_point(|&k| k <= key))
     }
 
     /// The mappings `pid` made between versions `from` and `to` of its address space
@@ -925,14 +947,13 @@ impl Model {
     /// (no exec, no fork): laid over the address space at `from` with
     /// [`lay_over`], they give the one at `to`.
     pub fn mappings_between(&self, pid: u32, from: usize, to: usize) -> Option<Vec<MapEntry>> {
-        self.procs
-            .get(&pid)?
-            .events
+        let proc = self.procs.get(&pid)?;
+        proc.laid
             .get(from..to)?
             .iter()
-            .map(|e| match e.kind {
-                EventKind::Map(m) => Some(m),
-                EventKind::Exec | EventKind::Fork { .. } => None,
+            .map(|&id| match id {
+                NOT_A_MAP => None,
+                id => proc.pieces.get(id as usize).copied(),
             })
             .collect()
     }
