@@ -15,7 +15,7 @@
 
 use super::{IO_BUF, Layout, Records, plain, record_time, scratch_beside};
 use crate::format::header::Section;
-use crate::format::record::rt;
+use crate::format::record::{TrailerLayout, rt};
 use crate::input::{Backing, DataFile, PerfInput};
 use crate::write::{TailShape, copy_prefix, write_tail_shaped};
 use crate::{Error, Result};
@@ -106,8 +106,12 @@ enum Next {
 }
 
 impl Source<'_> {
-    fn advance(&mut self, l: &Layout, ids: &HashMap<u64, usize>) -> Result<Next> {
-        let trailer = l.trailer();
+    fn advance(
+        &mut self,
+        l: &Layout,
+        trailer: &TrailerLayout,
+        ids: &HashMap<u64, usize>,
+    ) -> Result<Next> {
         loop {
             let Some((_, extra)) = self.recs.next(&self.df.path)? else {
                 return Ok(Next::End);
@@ -120,7 +124,7 @@ impl Source<'_> {
                 rt::FINISHED_ROUND => continue,
                 _ => {}
             }
-            if let Some(t) = record_time(&self.recs.buf, l, &trailer, ids) {
+            if let Some(t) = record_time(&self.recs.buf, l, trailer, ids) {
                 self.time = t;
             }
             self.extra = extra;
@@ -137,12 +141,8 @@ fn merge(files: &[DataFile], l: &Layout, f: &File, from: u64, out: &Path) -> Res
     f.set_len(from).map_err(io)?;
     let mut w = BufWriter::with_capacity(IO_BUF, f);
     w.seek(SeekFrom::Start(from)).map_err(io)?;
-    let mut ids: HashMap<u64, usize> = HashMap::new();
-    for (i, a) in l.attrs.iter().enumerate() {
-        for &id in &a.ids {
-            ids.insert(id, i);
-        }
-    }
+    let ids = l.ids();
+    let trailer = l.trailer();
     let mut sources = Vec::with_capacity(files.len());
     // Oldest first; of equal times, the earlier file (the header file's records,
     // synthesized at the start, before the CPUs').
@@ -169,7 +169,7 @@ fn merge(files: &[DataFile], l: &Layout, f: &File, from: u64, out: &Path) -> Res
             time: 0,
             extra: 0,
         };
-        match s.advance(l, &ids)? {
+        match s.advance(l, &trailer, &ids)? {
             Next::Record => heap.push(Reverse((s.time, i))),
             Next::Compressed => return Ok(None),
             Next::End => {}
@@ -192,7 +192,7 @@ fn merge(files: &[DataFile], l: &Layout, f: &File, from: u64, out: &Path) -> Res
             }
             size += n;
         }
-        match s.advance(l, &ids)? {
+        match s.advance(l, &trailer, &ids)? {
             Next::Record => heap.push(Reverse((s.time, i))),
             Next::Compressed => return Ok(None),
             Next::End => {}

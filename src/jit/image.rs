@@ -182,28 +182,105 @@ fn sleb(out: &mut Vec<u8>, mut v: i64) {
     }
 }
 
-/// `.text` bytes handed to the writing thread at a time.
-const TEXT_BATCH: usize = 1 << 20;
+/// Bytes handed to a worker thread at a time ([`Batches`]).
+const BATCH: usize = 1 << 20;
 /// Batches on their way to it (the memory it may hold back).
-const TEXT_QUEUE: usize = 4;
+const QUEUE: usize = 4;
+
+/// Bytes handed to a thread of its own in batches of about [`BATCH`], which it
+/// folds one by one into its state `S` (stopping at its first error `E`); at most
+/// [`QUEUE`] batches wait, and their buffers come back for reuse.
+struct Batches<S, E> {
+    /// The batch being filled.
+    batch: Vec<u8>,
+    to: std::sync::mpsc::SyncSender<Vec<u8>>,
+    /// Batches done with, their buffers to reuse.
+    back: std::sync::mpsc::Receiver<Vec<u8>>,
+    /// Taken when it is joined.
+    worker: Option<std::thread::JoinHandle<Result<S, E>>>,
+}
+
+impl<S: Send + 'static, E: Send + 'static> Batches<S, E> {
+    /// Starts thread `name` with state `s`.
+    fn spawn(
+        name: &str,
+        s: S,
+        mut step: impl FnMut(&mut S, &[u8]) -> Result<(), E> + Send + 'static,
+    ) -> std::io::Result<Self> {
+        let (to, from) = std::sync::mpsc::sync_channel::<Vec<u8>>(QUEUE);
+        let (give_back, back) = std::sync::mpsc::channel::<Vec<u8>>();
+        let worker = std::thread::Builder::new()
+            .name(name.into())
+            .spawn(move || {
+                let mut s = s;
+                for mut b in from {
+                    // On an error the thread stops: the next send fails, the join
+                    // says why.
+                    step(&mut s, &b)?;
+                    b.clear();
+                    let _ = give_back.send(b);
+                }
+                Ok(s)
+            })?;
+        Ok(Batches {
+            batch: Vec::with_capacity(BATCH),
+            to,
+            back,
+            worker: Some(worker),
+        })
+    }
+
+    /// Hands the batch over once it is full. Err: the thread stopped, with its own
+    /// error (a full disk, say), or `None` if it failed otherwise.
+    fn send_full(&mut self) -> Result<(), Option<E>> {
+        if self.batch.len() < BATCH {
+            return Ok(());
+        }
+        let next = self
+            .back
+            .try_recv()
+            .unwrap_or_else(|_| Vec::with_capacity(BATCH));
+        if self
+            .to
+            .send(std::mem::replace(&mut self.batch, next))
+            .is_ok()
+        {
+            return Ok(());
+        }
+        match self.worker.take().map(|w| w.join()) {
+            Some(Ok(Err(e))) => Err(Some(e)),
+            _ => Err(None),
+        }
+    }
+
+    /// The state once every batch is folded in; Err as [`Batches::send_full`].
+    fn finish(self) -> Result<S, Option<E>> {
+        let Batches {
+            batch, to, worker, ..
+        } = self;
+        if !batch.is_empty() {
+            let _ = to.send(batch);
+        }
+        drop(to);
+        match worker.map(|w| w.join()) {
+            Some(Ok(r)) => r.map_err(Some),
+            _ => Err(None),
+        }
+    }
+}
 
 /// `.text` on its way into the image, with its SHA-1: for a shared image (tens of
 /// megabytes) a thread of its own hashes and writes it while the next loads are read
 /// and laid out (the hashing and the writes were half of a `--jit` run's image
 /// stage on one core); an image of one load writes and hashes in line.
 enum Text {
-    Inline {
-        out: BufWriter<File>,
-        hash: Sha1,
-    },
-    Thread {
-        batch: Vec<u8>,
-        to: std::sync::mpsc::SyncSender<Vec<u8>>,
-        /// Batches written, their buffers to reuse.
-        back: std::sync::mpsc::Receiver<Vec<u8>>,
-        /// Taken when it is joined.
-        worker: Option<std::thread::JoinHandle<std::io::Result<(File, Sha1)>>>,
-    },
+    Inline { out: BufWriter<File>, hash: Sha1 },
+    Thread(Batches<(File, Sha1), std::io::Error>),
+}
+
+/// Why the thread writing `.text` stopped, when it gave no error of its own.
+fn text_stopped(e: Option<std::io::Error>) -> std::io::Error {
+    e.unwrap_or_else(|| std::io::Error::other("the image's writing thread stopped"))
 }
 
 impl Text {
@@ -218,30 +295,12 @@ impl Text {
         let Ok(spare) = out.try_clone() else {
             return inline(out);
         };
-        let (to, from) = std::sync::mpsc::sync_channel::<Vec<u8>>(TEXT_QUEUE);
-        let (give_back, back) = std::sync::mpsc::channel::<Vec<u8>>();
-        let worker = std::thread::Builder::new()
-            .name("pdinject-jit-text".into())
-            .spawn(move || {
-                let mut out = out;
-                let mut hash = Sha1::new();
-                for mut b in from {
-                    hash.update(&b);
-                    // On an error the thread stops: the next send fails, the join
-                    // says why.
-                    out.write_all(&b)?;
-                    b.clear();
-                    let _ = give_back.send(b);
-                }
-                Ok((out, hash))
-            });
-        match worker {
-            Ok(worker) => Text::Thread {
-                batch: Vec::with_capacity(TEXT_BATCH),
-                to,
-                back,
-                worker: Some(worker),
-            },
+        let step = |(out, hash): &mut (File, Sha1), b: &[u8]| {
+            hash.update(b);
+            out.write_all(b)
+        };
+        match Batches::spawn("pdinject-jit-text", (out, Sha1::new()), step) {
+            Ok(b) => Text::Thread(b),
             // No thread to be had: written in line.
             Err(_) => inline(spare),
         }
@@ -253,27 +312,9 @@ impl Text {
                 hash.update(b);
                 out.write_all(b)
             }
-            Text::Thread {
-                batch,
-                to,
-                back,
-                worker,
-            } => {
-                batch.extend_from_slice(b);
-                if batch.len() >= TEXT_BATCH {
-                    let next = back
-                        .try_recv()
-                        .unwrap_or_else(|_| Vec::with_capacity(TEXT_BATCH));
-                    if to.send(std::mem::replace(batch, next)).is_err() {
-                        // The thread stopped at a write error: that error is the one
-                        // to report (a full disk, say).
-                        return Err(match worker.take().map(|w| w.join()) {
-                            Some(Ok(Err(e))) => e,
-                            _ => std::io::Error::other("the image's writing thread stopped"),
-                        });
-                    }
-                }
-                Ok(())
+            Text::Thread(t) => {
+                t.batch.extend_from_slice(b);
+                t.send_full().map_err(text_stopped)
             }
         }
     }
@@ -282,18 +323,7 @@ impl Text {
     fn finish(self) -> std::io::Result<(File, Sha1)> {
         match self {
             Text::Inline { out, hash } => Ok((out.into_inner().map_err(|e| e.into_error())?, hash)),
-            Text::Thread {
-                batch, to, worker, ..
-            } => {
-                if !batch.is_empty() {
-                    let _ = to.send(batch);
-                }
-                drop(to);
-                worker
-                    .ok_or_else(|| std::io::Error::other("the image's writing thread stopped"))?
-                    .join()
-                    .map_err(|_| std::io::Error::other("the image's writing thread failed"))?
-            }
+            Text::Thread(t) => t.finish().map_err(text_stopped),
         }
     }
 }
@@ -365,9 +395,6 @@ impl<'a> Job<'a> {
     }
 }
 
-/// Bytes of jobs handed to the tables thread at a time.
-const TABLE_BATCH: usize = 1 << 20;
-
 /// The tables on their way: for a shared image a thread of its own lays out the
 /// symbols and turns the dump's line entries into line programs (hundreds of
 /// thousands for a node dump: the larger part of the image stage on one core)
@@ -375,14 +402,12 @@ const TABLE_BATCH: usize = 1 << 20;
 /// Either way the tables come out the same.
 enum TableSink {
     Inline(Box<Tabler>),
-    Thread {
-        batch: Vec<u8>,
-        to: std::sync::mpsc::SyncSender<Vec<u8>>,
-        /// Batches done with, their buffers to reuse.
-        back: std::sync::mpsc::Receiver<Vec<u8>>,
-        /// Taken when it is joined.
-        worker: Option<std::thread::JoinHandle<crate::Result<Tabler>>>,
-    },
+    Thread(Batches<Tabler, crate::Error>),
+}
+
+/// Why the tables thread stopped, when it gave no error of its own.
+fn tables_stopped(e: Option<crate::Error>) -> crate::Error {
+    e.unwrap_or_else(|| crate::Error::Internal("the image's tables thread stopped".into()))
 }
 
 impl TableSink {
@@ -391,65 +416,28 @@ impl TableSink {
             return Ok(TableSink::Inline(Box::new(t)));
         }
         let tmp = t.tmp.clone();
-        let (to, from) = std::sync::mpsc::sync_channel::<Vec<u8>>(TEXT_QUEUE);
-        let (give_back, back) = std::sync::mpsc::channel::<Vec<u8>>();
-        let worker = std::thread::Builder::new()
-            .name("pdinject-jit-tables".into())
-            .spawn(move || {
-                let mut t = t;
-                for mut b in from {
-                    let mut rest: &[u8] = &b;
-                    while !rest.is_empty() {
-                        let (job, next) = Job::decode(rest).ok_or_else(|| {
-                            crate::Error::Internal("a JIT image's table job cut short".into())
-                        })?;
-                        // On an error the thread stops: the next send fails, the
-                        // join says why.
-                        t.add(&job)?;
-                        rest = next;
-                    }
-                    b.clear();
-                    let _ = give_back.send(b);
-                }
-                Ok(t)
-            })
-            .map_err(|e| io_err(&tmp, e))?;
-        Ok(TableSink::Thread {
-            batch: Vec::with_capacity(TABLE_BATCH),
-            to,
-            back,
-            worker: Some(worker),
-        })
+        let step = |t: &mut Tabler, mut rest: &[u8]| -> crate::Result<()> {
+            while !rest.is_empty() {
+                let (job, next) = Job::decode(rest).ok_or_else(|| {
+                    crate::Error::Internal("a JIT image's table job cut short".into())
+                })?;
+                t.add(&job)?;
+                rest = next;
+            }
+            Ok(())
+        };
+        Batches::spawn("pdinject-jit-tables", t, step)
+            .map(TableSink::Thread)
+            .map_err(|e| io_err(&tmp, e))
     }
 
     fn put(&mut self, job: &Job<'_>) -> crate::Result<()> {
         match self {
             TableSink::Inline(t) => t.add(job),
-            TableSink::Thread {
-                batch,
-                to,
-                back,
-                worker,
-            } => {
-                job.encode(batch);
-                if batch.len() >= TABLE_BATCH {
-                    let next = back
-                        .try_recv()
-                        .unwrap_or_else(|_| Vec::with_capacity(TABLE_BATCH));
-                    if to.send(std::mem::replace(batch, next)).is_err() {
-                        return Err(Self::stopped(worker.take()));
-                    }
-                }
-                Ok(())
+            TableSink::Thread(b) => {
+                job.encode(&mut b.batch);
+                b.send_full().map_err(tables_stopped)
             }
-        }
-    }
-
-    /// Why the thread stopped: its own error (a full disk, say), or that it did.
-    fn stopped(worker: Option<std::thread::JoinHandle<crate::Result<Tabler>>>) -> crate::Error {
-        match worker.map(|w| w.join()) {
-            Some(Ok(Err(e))) => e,
-            _ => crate::Error::Internal("the image's tables thread stopped".into()),
         }
     }
 
@@ -457,22 +445,7 @@ impl TableSink {
     fn finish(self) -> crate::Result<Tabler> {
         match self {
             TableSink::Inline(t) => Ok(*t),
-            TableSink::Thread {
-                batch, to, worker, ..
-            } => {
-                if !batch.is_empty() && to.send(batch).is_err() {
-                    return Err(Self::stopped(worker));
-                }
-                drop(to);
-                worker
-                    .ok_or_else(|| {
-                        crate::Error::Internal("the image's tables thread stopped".into())
-                    })?
-                    .join()
-                    .map_err(|_| {
-                        crate::Error::Internal("the image's tables thread failed".into())
-                    })?
-            }
+            TableSink::Thread(b) => b.finish().map_err(tables_stopped),
         }
     }
 }

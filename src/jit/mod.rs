@@ -152,6 +152,17 @@ struct Layout {
 }
 
 impl Layout {
+    /// Each sample id's attr (its index in `attrs`).
+    fn ids(&self) -> HashMap<u64, usize> {
+        let mut ids = HashMap::new();
+        for (i, a) in self.attrs.iter().enumerate() {
+            for &id in &a.ids {
+                ids.insert(id, i);
+            }
+        }
+        ids
+    }
+
     fn trailer(&self) -> TrailerLayout {
         self.attrs
             .first()
@@ -383,12 +394,7 @@ fn scan(path: &Path, l: &mut Layout) -> Result<Option<Scanned>> {
     };
     let mut markers = Vec::new();
     let mut anons = Vec::new();
-    let mut ids: HashMap<u64, usize> = HashMap::new();
-    for (i, a) in l.attrs.iter().enumerate() {
-        for &id in &a.ids {
-            ids.insert(id, i);
-        }
-    }
+    let mut ids = l.ids();
     let mut trailer = l.trailer();
     let mut end_time = 0u64;
     while let Some((at, extra)) = recs.next(path)? {
@@ -1098,12 +1104,7 @@ fn write_merged(src: &Path, out: &Path, l: &Layout, dumps: &[Dump], anons: &[Ano
     );
     // Everything before the records, as it is.
     std::io::copy(&mut (&mut r).take(l.data.0), &mut w).map_err(io_out)?;
-    let mut ids: HashMap<u64, usize> = HashMap::new();
-    for (i, a) in l.attrs.iter().enumerate() {
-        for &id in &a.ids {
-            ids.insert(id, i);
-        }
-    }
+    let ids = l.ids();
     let mut lists: Vec<Option<ListReader>> = Vec::with_capacity(dumps.len());
     for d in dumps {
         let mut f = d.list.try_clone().map_err(|e| Error::io(&d.image, e))?;
