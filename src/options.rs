@@ -56,8 +56,22 @@ pub enum JitChoice {
     /// Jitdump markers stay as they are (the default).
     #[default]
     Off,
-    /// Inject, as `perf inject --jit`.
-    Inject,
+    /// Inject, as `perf inject --jit`, with the mapping records `JitMaps` says.
+    Inject(JitMaps),
+}
+
+/// `--jit-maps`: which code loads get a mapping record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum JitMaps {
+    /// The loads some sample's address lies in at its time (IP, callchain, branch
+    /// stack): every sample names the code it names with all of them (a load no
+    /// sample lies in changes no lookup), and what the run keeps and does follows the
+    /// samples, not the jitdump's size (docs/jit.md).
+    #[default]
+    Touched,
+    /// Every load, as `perf inject --jit` writes them (`perf report --mmaps` and
+    /// `perf script --show-mmap-events` list each).
+    Every,
 }
 
 /// Progress callback: `(stage, done, total)` in bytes.

@@ -104,7 +104,12 @@ impl fmt::Display for Fingerprint<'_> {
         }?;
         match jit {
             crate::options::JitChoice::Off => Ok(()),
-            crate::options::JitChoice::Inject => write!(f, ";jit=inject"),
+            crate::options::JitChoice::Inject(crate::options::JitMaps::Touched) => {
+                write!(f, ";jit=touched")
+            }
+            crate::options::JitChoice::Inject(crate::options::JitMaps::Every) => {
+                write!(f, ";jit=all")
+            }
         }
     }
 }

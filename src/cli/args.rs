@@ -125,9 +125,29 @@ pub struct EngineArgs {
     pub attrs_for: Option<AttrsForArg>,
     /// JIT code as DSOs (perf inject's -j, --jit): each jitdump a process mapped
     /// (jit-PID.dump) becomes one ELF image beside it and an MMAP2 record per code
-    /// load, at its time (see docs/jit.md). Record with perf record -k 1.
+    /// load samples touch, at its time (see docs/jit.md). Record with perf record -k 1.
     #[arg(short = 'j', long = "jit")]
     pub jit: bool,
+    /// With --jit: which code loads get a mapping record. touched: those a sample's
+    /// IP, callchain or branch stack lies in at its time (every sample names the same
+    /// code as with all; time and memory follow the samples, not the jitdump); all:
+    /// every load, as perf inject --jit writes them.
+    #[arg(
+        long = "jit-maps",
+        value_name = "WHICH",
+        value_enum,
+        default_value = "touched"
+    )]
+    pub jit_maps: JitMapsArg,
+}
+
+/// `--jit-maps` values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum JitMapsArg {
+    /// The loads samples touch.
+    Touched,
+    /// Every load.
+    All,
 }
 
 impl EngineArgs {
@@ -208,7 +228,10 @@ impl EngineArgs {
                 pdinject::options::Callchains::AsRecorded
             },
             jit: if self.jit {
-                pdinject::options::JitChoice::Inject
+                pdinject::options::JitChoice::Inject(match self.jit_maps {
+                    JitMapsArg::Touched => pdinject::options::JitMaps::Touched,
+                    JitMapsArg::All => pdinject::options::JitMaps::Every,
+                })
             } else {
                 pdinject::options::JitChoice::Off
             },

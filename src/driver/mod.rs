@@ -197,16 +197,16 @@ fn run_uncommitted(
     input: &Path,
     output: &Path,
 ) -> Result<(Report, Option<TempOutput>)> {
-    if cx.opts.jit == crate::options::JitChoice::Off {
+    let crate::options::JitChoice::Inject(maps) = cx.opts.jit else {
         return run_plain(cx, input, output);
-    }
+    };
     if !is_dash(input) && !is_dash(output) && (input == output || same_file(input, output)) {
         return Err(Error::Usage(format!(
             "{}: output would overwrite the input; write to another file",
             output.display()
         )));
     }
-    let prepared = crate::jit::prepare(input, output, cx.pool)?;
+    let prepared = crate::jit::prepare(input, output, maps, cx.pool)?;
     let (mut report, tmp) = run_plain(cx, prepared.input(input), output)?;
     crate::jit::conclude(&prepared, &mut report);
     report.input = input.display().to_string();

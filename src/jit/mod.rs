@@ -3,9 +3,9 @@
 //! A JIT that writes a jitdump (`jit-PID.dump`) maps it once, executable, so that
 //! perf records the mapping as a marker. For each marker of a process in the
 //! recording, the dump becomes ONE ELF image beside it (`jit-PID.so`, every code load
-//! at its own offset, [`image`]) and each code load (and move) one MMAP2 record in
-//! build-ID form: start = the code's address, pgoff = its offset in the image, at the
-//! load's time. perf resolves a sample by the map that covers it at the sample's time
+//! at its own offset, [`image`]) and each code load (and move) that samples touch
+//! ([`touched`]; every one with `--jit-maps all`) one MMAP2 record in build-ID form:
+//! start = the code's address, pgoff = its offset in the image, at the load's time. perf resolves a sample by the map that covers it at the sample's time
 //! and replaces overlapped maps as later ones arrive, so code moved or freed and its
 //! address reused maps each sample to the code there at its time. As perf does, the
 //! marker mmap is dropped, and so are anonymous maps (`//anon`, `[anon:`, `/memfd:`)
@@ -31,6 +31,7 @@ mod flat;
 pub(crate) mod image;
 mod plain;
 pub(crate) mod sha1;
+mod touched;
 
 use crate::format::Endian;
 use crate::format::attr::{Attr, st};
@@ -39,6 +40,7 @@ use crate::format::header::{FEAT_HOSTNAME, FileHeader, PIPE_HEADER_SIZE, pipe_he
 use crate::format::jitdump::{self, JitdumpError, Reader, Record};
 use crate::format::record::{RecordHeader, TrailerLayout, misc, out_of_band_len, parse_mmap, rt};
 use crate::format::sample::{SampleLayout, sample_id};
+use crate::options::JitMaps;
 use crate::write::TempOutput;
 use crate::{Error, Result};
 use std::collections::{BinaryHeap, HashMap};
@@ -202,6 +204,12 @@ struct Dump {
 }
 
 impl Dump {
+    /// The jitdump's path, as its marker names it.
+    fn marker_path(&self) -> PathBuf {
+        use std::os::unix::ffi::OsStrExt;
+        PathBuf::from(std::ffi::OsStr::from_bytes(&self.marker.path))
+    }
+
     /// The image of a record: its path and ID.
     fn image_of(&self, img: u64) -> Option<(PathBuf, BuildId)> {
         if img == 0 {
@@ -311,6 +319,16 @@ impl<R: Read> Records<R> {
     }
 }
 
+/// The index in `l.attrs` of sample `rec`'s event (by its sample id, which the first
+/// event's layout locates, as perf reads it).
+fn sample_attr(rec: &[u8], l: &Layout, ids: &HashMap<u64, usize>) -> Option<usize> {
+    if l.attrs.len() == 1 {
+        return Some(0);
+    }
+    let t = l.attrs.first()?.sample_type;
+    ids.get(&sample_id(rec, l.endian, t)?).copied()
+}
+
 /// The time of record `rec`: a sample's from its event's layout, any other's from
 /// its sample-id trailer (the first event's layout, as perf reads it).
 fn record_time(
@@ -321,13 +339,7 @@ fn record_time(
 ) -> Option<u64> {
     let h = RecordHeader::parse(rec, l.endian)?;
     if h.kind == rt::SAMPLE {
-        let attr = if l.attrs.len() == 1 {
-            l.attrs.first()?
-        } else {
-            let t = l.attrs.first()?.sample_type;
-            let id = sample_id(rec, l.endian, t)?;
-            l.attrs.get(*ids.get(&id)?)?
-        };
+        let attr = l.attrs.get(sample_attr(rec, l, ids)?)?;
         return SampleLayout::new(attr).decode(rec, l.endian).ok()?.time;
     }
     if h.kind >= rt::USER_START {
@@ -475,7 +487,12 @@ fn layout(path: &Path, head: &[u8; 16], len: u64) -> Result<Layout> {
 
 /// Turns `input` (file or saved stream; stdin is spooled first) into a recording
 /// with every usable jitdump's records in it, written beside `output`.
-pub(crate) fn prepare(input: &Path, output: &Path, pool: &rayon::ThreadPool) -> Result<Prepared> {
+pub(crate) fn prepare(
+    input: &Path,
+    output: &Path,
+    maps: JitMaps,
+    pool: &rayon::ThreadPool,
+) -> Result<Prepared> {
     let dash = |p: &Path| p.as_os_str() == "-";
     let dir = |p: &Path| -> PathBuf {
         match p.parent() {
@@ -597,9 +614,20 @@ pub(crate) fn prepare(input: &Path, output: &Path, pool: &rayon::ThreadPool) -> 
             summary,
         });
     }
+    let kept = match maps {
+        JitMaps::Touched => {
+            let t = std::time::Instant::now();
+            let c =
+                touched::choose(&source, &l, &dumps).map_err(|e| rename_err(e, &source, name))?;
+            summary.notes.extend(c.notes);
+            summary.timings.push(("jit-touched", t.elapsed()));
+            c.kept
+        }
+        JitMaps::Every => dumps.iter().map(|_| None).collect(),
+    };
     let t = std::time::Instant::now();
     let out = TempOutput::create(&place, false)?;
-    write_merged(&source, &out.path, &l, &dumps, &anons)
+    write_merged(&source, &out.path, &l, &dumps, kept, &anons)
         .map_err(|e| rename_err(e, &source, name))?;
     summary.timings.push(("jit-merge", t.elapsed()));
     like_recording(&out.path, &dated, !dash(input));
@@ -1070,23 +1098,42 @@ fn encode_record(r: &MapRec, d: &Dump, l: &Layout, trailer: &TrailerLayout, b: &
 struct ListReader {
     r: BufReader<File>,
     left: u64,
+    /// Which records to give (`None`: all), by their number in the list.
+    kept: Option<Vec<bool>>,
+    n: usize,
 }
 
 impl ListReader {
     fn next(&mut self) -> Option<MapRec> {
-        if self.left == 0 {
-            return None;
+        loop {
+            if self.left == 0 {
+                return None;
+            }
+            let mut b = [0u8; MapRec::SIZE];
+            self.r.read_exact(&mut b).ok()?;
+            self.left -= 1;
+            self.n += 1;
+            let kept = self
+                .kept
+                .as_ref()
+                .is_none_or(|k| k.get(self.n - 1).copied().unwrap_or(true));
+            if kept {
+                return Some(MapRec::decode(&b));
+            }
         }
-        let mut b = [0u8; MapRec::SIZE];
-        self.r.read_exact(&mut b).ok()?;
-        self.left -= 1;
-        Some(MapRec::decode(&b))
     }
 }
 
 /// Pass 2: the recording again, with the dumps' records merged in by time, markers
 /// and the anonymous maps after them dropped, every other byte copied.
-fn write_merged(src: &Path, out: &Path, l: &Layout, dumps: &[Dump], anons: &[Anon]) -> Result<()> {
+fn write_merged(
+    src: &Path,
+    out: &Path,
+    l: &Layout,
+    dumps: &[Dump],
+    kept: Vec<Option<Vec<bool>>>,
+    anons: &[Anon],
+) -> Result<()> {
     let e = l.endian;
     let trailer = l.trailer();
     let io_out = |err| Error::io(out, err);
@@ -1106,13 +1153,15 @@ fn write_merged(src: &Path, out: &Path, l: &Layout, dumps: &[Dump], anons: &[Ano
     std::io::copy(&mut (&mut r).take(l.data.0), &mut w).map_err(io_out)?;
     let ids = l.ids();
     let mut lists: Vec<Option<ListReader>> = Vec::with_capacity(dumps.len());
-    for d in dumps {
+    for (d, kept) in dumps.iter().zip(kept) {
         let mut f = d.list.try_clone().map_err(|e| Error::io(&d.image, e))?;
         f.seek(SeekFrom::Start(0))
             .map_err(|e| Error::io(&d.image, e))?;
         lists.push(Some(ListReader {
             r: BufReader::with_capacity(LIST_BUF, f),
             left: d.count,
+            kept,
+            n: 0,
         }));
     }
     let marker_at: HashMap<u64, usize> = dumps

@@ -665,6 +665,35 @@ fn jit_node_matches_perf_inject() {
     assert_eq!(mine.len(), 1, "{mine:?}");
     let theirs = dir.path().join("perf-jit.data");
     let ours = dir.path().join("ours.data");
+    // --jit-maps: the default writes records for the loads samples touch, `all` one
+    // per load as perf inject does; every sample names the same code either way.
+    let every = dir.path().join("every.data");
+    let report = pdinject_jit(&data, &every, &["-N", "--jit-maps", "all"]);
+    let image = mine[0].display().to_string();
+    let records = |f: &Path| {
+        common::perf_script(&perf, f, &["--show-mmap-events", "-F", "ip"])
+            .lines()
+            .filter(|l| l.contains("PERF_RECORD_MMAP2") && l.contains(&image))
+            .count()
+    };
+    let loads: usize = notes(&report)
+        .split_once(" code loads into ")
+        .and_then(|(a, _)| a.rsplit(' ').next()?.parse().ok())
+        .expect("the load count in the notes");
+    let (touched, all) = (records(&ours), records(&every));
+    assert_eq!(all, loads, "--jit-maps all: one record per load");
+    assert!(
+        touched > 0 && touched * 2 < all,
+        "--jit-maps touched wrote {touched} of {all} records"
+    );
+    for p in readers(t) {
+        assert_eq!(
+            symbols(&p, &ours, &[]),
+            symbols(&p, &every, &[]),
+            "{}: --jit-maps touched and all name samples differently",
+            p.name
+        );
+    }
     let list = jitted_hit(&perf, &theirs);
     for p in readers(t) {
         same_srclines(

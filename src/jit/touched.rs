@@ -1,0 +1,487 @@
+//! `--jit-maps touched`: which code loads a sample touches, so that only they get a
+//! mapping record.
+//!
+//! perf names an address by the newest mapping covering it at the sample's time. A
+//! load no sample address lies in while it is the newest there names nothing, and
+//! leaving its record out changes no lookup: each address's newest mapping at its
+//! time is kept, and nothing newer than it there is ever laid (a later load covering
+//! the address before the sample's time would be the newest instead). So the records
+//! kept are exactly those loads, and every sample names the code it names with all
+//! of them, whichever of several loads at one time perf takes first (both are kept).
+//!
+//! The addresses are those perf and the engine look up: the sample's IP, its
+//! callchain entries (and each one less, for lookups of return addresses) and its
+//! branch stack's from and to. Where something else looks code up, every load is
+//! kept: DWARF stacks (the unwinder finds frames from the loads' tables), data
+//! addresses (`perf mem` names them), AUX traces (decoders walk the code), a child
+//! forked from the JIT's process (its samples see the parent's loads), samples
+//! without a pid or time, or more addresses than [`MAX_POINTS`].
+
+use super::{Dump, Layout, MapRec, Records, sample_attr};
+use crate::format::attr::st;
+use crate::format::record::{RecordHeader, rt};
+use crate::format::sample::{SampleLayout, u64s};
+use crate::{Error, Result};
+use std::collections::{BTreeMap, HashMap};
+use std::io::{BufReader, Read, Seek, SeekFrom};
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+/// Sample addresses kept for the sweep at most (16 bytes each: 64 MB); past them
+/// every load is kept, so memory stays within the limits policy's 256 MB.
+const MAX_POINTS: usize = 4 << 20;
+
+/// Loads overlapping one another that [`clustered`] searches one by one at most.
+const MAX_CLUSTER: usize = 64;
+
+/// Records read at once from a dump's list.
+const LIST_CHUNK: usize = 4096;
+
+/// Which of each dump's list records to write (`None`: all), and for each dump
+/// that keeps every load, why.
+pub(super) struct Choice {
+    pub kept: Vec<Option<Vec<bool>>>,
+    pub notes: Vec<String>,
+}
+
+/// One record of a dump's list, as the sweep needs it.
+#[derive(Clone, Copy)]
+struct Span {
+    time: u64,
+    start: u64,
+    end: u64,
+    /// Its number in the list.
+    idx: u32,
+    /// An anonymous cover of a dump cut short: always written.
+    cover: bool,
+}
+
+/// Chooses the records of `dumps` that samples of the recording at `src` touch.
+pub(super) fn choose(src: &Path, l: &Layout, dumps: &[Dump]) -> Result<Choice> {
+    let all = |why: &str| Choice {
+        kept: dumps.iter().map(|_| None).collect(),
+        notes: vec![format!(
+            "--jit: every code load gets a mapping record: {why}"
+        )],
+    };
+    let types = l.attrs.iter().fold(0, |acc, a| acc | a.sample_type);
+    if types & st::STACK_USER != 0 {
+        return Ok(all(
+            "the recording has DWARF stacks, whose unwinding finds frames in any load",
+        ));
+    }
+    if types & st::ADDR != 0 {
+        return Ok(all(
+            "the recording samples data addresses, which perf names by the mappings too",
+        ));
+    }
+    if l.attrs
+        .iter()
+        .any(|a| a.sample_type & (st::TID | st::TIME) != st::TID | st::TIME)
+    {
+        return Ok(all("an event's samples carry no pid or time"));
+    }
+    // The span of addresses each dump's records cover (the records themselves are
+    // read again one dump at a time: memory follows the largest dump, not the sum).
+    let mut by_pid: HashMap<u32, (usize, u64, u64)> = HashMap::new();
+    for (i, d) in dumps.iter().enumerate() {
+        if !d.singles.is_empty()
+            || by_pid.contains_key(&d.marker.pid)
+            || d.count > u64::from(u32::MAX)
+        {
+            return Ok(all(
+                "a process has images of one load each, two dumps, or more records than are numbered",
+            ));
+        }
+        let (mut lo, mut hi) = (u64::MAX, 0);
+        read_spans(d, |s| {
+            lo = lo.min(s.start);
+            hi = hi.max(s.end);
+        })?;
+        by_pid.insert(d.marker.pid, (i, lo, hi));
+    }
+    let points = match collect(src, l, &by_pid)? {
+        Ok(p) => p,
+        Err(why) => return Ok(all(why)),
+    };
+    let mut kept = Vec::with_capacity(dumps.len());
+    let mut notes = Vec::new();
+    for (mut p, d) in points.into_iter().zip(dumps) {
+        let mut spans = Vec::with_capacity(usize::try_from(d.count).unwrap_or(0));
+        read_spans(d, |s| spans.push(s))?;
+        let k = sweep(&mut spans, &mut p);
+        let n = k.iter().filter(|&&k| k).count();
+        notes.push(format!(
+            "--jit: {}: {n} of its {} MMAP2 records written, for the code loads samples touch (the others name no sample; --jit-maps all writes every one)",
+            d.marker_path().display(),
+            k.len()
+        ));
+        kept.push(Some(k));
+    }
+    Ok(Choice { kept, notes })
+}
+
+/// A dump's list records, in list order, to `each`.
+fn read_spans(d: &Dump, mut each: impl FnMut(Span)) -> Result<()> {
+    let mut buf = vec![0u8; LIST_CHUNK * MapRec::SIZE];
+    let mut at = 0u64;
+    while at < d.count {
+        let n = (d.count - at).min(LIST_CHUNK as u64) as usize;
+        let b = &mut buf[..n * MapRec::SIZE];
+        d.list
+            .read_exact_at(b, at * MapRec::SIZE as u64)
+            .map_err(|e| Error::io(&d.image, e))?;
+        for (j, c) in b.as_chunks::<{ MapRec::SIZE }>().0.iter().enumerate() {
+            let r = MapRec::decode(c);
+            each(Span {
+                time: r.time,
+                start: r.start,
+                end: r.start.saturating_add(r.len),
+                idx: (at + j as u64) as u32,
+                cover: r.pgoff == u64::MAX,
+            });
+        }
+        at += n as u64;
+    }
+    Ok(())
+}
+
+/// The `(time, address)` each dump's process's samples look up inside the dump's
+/// span, by dump; `Err`: why every load is kept.
+#[allow(clippy::type_complexity)]
+fn collect(
+    src: &Path,
+    l: &Layout,
+    by_pid: &HashMap<u32, (usize, u64, u64)>,
+) -> Result<std::result::Result<Vec<Vec<(u64, u64)>>, &'static str>> {
+    let f = std::fs::File::open(src).map_err(|e| Error::io(src, e))?;
+    let mut r = BufReader::with_capacity(super::IO_BUF, f);
+    r.seek(SeekFrom::Start(l.data.0))
+        .map_err(|e| Error::io(src, e))?;
+    let mut recs = Records {
+        r,
+        at: l.data.0,
+        to: l.data.1,
+        e: l.endian,
+        buf: Vec::new(),
+    };
+    let e = l.endian;
+    let ids = l.ids();
+    let layouts: Vec<SampleLayout> = l.attrs.iter().map(SampleLayout::new).collect();
+    let mut points: Vec<Vec<(u64, u64)>> = vec![Vec::new(); by_pid.len()];
+    let mut total = 0usize;
+    while let Some((_, extra)) = recs.next(src)? {
+        if extra > 0 {
+            std::io::copy(&mut (&mut recs.r).take(extra), &mut std::io::sink())
+                .map_err(|e| Error::io(src, e))?;
+        }
+        let rec = &recs.buf;
+        let Some(h) = RecordHeader::parse(rec, e) else {
+            continue;
+        };
+        match h.kind {
+            rt::AUX | rt::AUXTRACE | rt::AUXTRACE_INFO => {
+                return Ok(Err(
+                    "the recording has AUX trace data, whose decoding walks the code",
+                ));
+            }
+            rt::FORK => {
+                // pid, ppid: a process forked from a JIT's sees its loads.
+                if let (Some(pid), Some(ppid)) = (e.u32(rec, 8), e.u32(rec, 12))
+                    && pid != ppid
+                    && by_pid.contains_key(&ppid)
+                {
+                    return Ok(Err("a process forked from a JIT's process sees its code"));
+                }
+                continue;
+            }
+            rt::SAMPLE => {}
+            _ => continue,
+        }
+        let Some(i) = sample_attr(rec, l, &ids) else {
+            continue;
+        };
+        let Ok(s) = layouts[i].decode(rec, e) else {
+            continue;
+        };
+        let (Some(pid), Some(time)) = (s.pid, s.time) else {
+            continue;
+        };
+        let Some(&(d, lo, hi)) = by_pid.get(&pid) else {
+            continue;
+        };
+        let p = &mut points[d];
+        let before = p.len();
+        let mut add = |a: u64| {
+            if a >= lo && a < hi {
+                p.push((time, a));
+            }
+        };
+        if let Some(ip) = s.ip {
+            add(ip);
+        }
+        for a in u64s(s.callchain, e) {
+            add(a);
+            add(a.wrapping_sub(1));
+        }
+        for (j, a) in u64s(s.branches, e).enumerate() {
+            // {from, to, flags}
+            if j % 3 != 2 {
+                add(a);
+            }
+        }
+        total += p.len() - before;
+        if total > MAX_POINTS {
+            return Ok(Err(
+                "the samples look up more addresses in JIT code than are kept for the choice",
+            ));
+        }
+    }
+    Ok(Ok(points))
+}
+
+/// Which of `spans` (a dump's records, in list order when given; sorted here) some
+/// point lies in while it is the newest record there, by list number: the records'
+/// order is their times', then the list's (the merge writes them so), and a tie with
+/// a sample's time keeps both candidates. Covers are always kept. `points` is
+/// sorted here.
+fn sweep(spans: &mut [Span], points: &mut [(u64, u64)]) -> Vec<bool> {
+    let mut kept = vec![false; spans.len()];
+    for s in spans.iter().filter(|s| s.cover) {
+        kept[s.idx as usize] = true;
+    }
+    if clustered(spans, points, &mut kept) {
+        return kept;
+    }
+    spans.sort_by_key(|s| (s.time, s.idx));
+    points.sort_unstable();
+    // start -> (end, record): the newest record covering each address so far.
+    let mut live: BTreeMap<u64, (u64, u32)> = BTreeMap::new();
+    let mut inside = Vec::new();
+    let mut next = 0usize;
+    for &(t, a) in points.iter() {
+        while let Some(s) = spans.get(next) {
+            if s.time >= t {
+                break;
+            }
+            lay(&mut live, s.start, s.end, s.idx, &mut inside);
+            next += 1;
+        }
+        if let Some((_, &(end, i))) = live.range(..=a).next_back()
+            && end > a
+        {
+            kept[i as usize] = true;
+        }
+        // Records at the sample's own time: perf may take them first or not.
+        for s in spans[next..].iter().take_while(|s| s.time == t) {
+            if s.start <= a && a < s.end {
+                kept[s.idx as usize] = true;
+            }
+        }
+    }
+    kept
+}
+
+/// [`sweep`] by address: `spans` sorted by start fall into clusters of records that
+/// overlap one another (most loads are a cluster of their own: JITs seldom reuse an
+/// address), and a point is answered from its address's cluster alone: the newest
+/// record there covering it before its time (list order breaks ties of time, as the
+/// merge writes them) and every one covering it at its time. False (nothing marked):
+/// a cluster is larger than [`MAX_CLUSTER`] (an address reused that often is the
+/// general sweep's job).
+fn clustered(spans: &mut [Span], points: &[(u64, u64)], kept: &mut [bool]) -> bool {
+    spans.sort_unstable_by_key(|s| (s.start, s.idx));
+    // The position of the first record of each record's cluster.
+    let mut first: Vec<u32> = Vec::with_capacity(spans.len());
+    let (mut f, mut hi, mut len) = (0u32, 0u64, 0usize);
+    for (pos, s) in spans.iter().enumerate() {
+        if pos == 0 || s.start >= hi {
+            (f, hi, len) = (pos as u32, s.end, 0);
+        }
+        hi = hi.max(s.end);
+        len += 1;
+        if len > MAX_CLUSTER {
+            return false;
+        }
+        first.push(f);
+    }
+    for &(t, a) in points {
+        let Some(p) = spans.partition_point(|s| s.start <= a).checked_sub(1) else {
+            continue;
+        };
+        let f = first[p] as usize;
+        let mut newest: Option<(u64, u32)> = None;
+        for (s, _) in spans[f..]
+            .iter()
+            .zip(&first[f..])
+            .take_while(|(_, c)| **c as usize == f)
+        {
+            if s.start <= a && a < s.end {
+                if s.time < t {
+                    newest = newest.max(Some((s.time, s.idx)));
+                } else if s.time == t {
+                    kept[s.idx as usize] = true;
+                }
+            }
+        }
+        if let Some((_, i)) = newest {
+            kept[i as usize] = true;
+        }
+    }
+    true
+}
+
+/// Lays `[start, end)` of record `id` over `live`, cutting what it covers.
+fn lay(live: &mut BTreeMap<u64, (u64, u32)>, start: u64, end: u64, id: u32, inside: &mut Vec<u64>) {
+    if end <= start {
+        return;
+    }
+    if let Some((&s, &(e, i))) = live.range(..start).next_back()
+        && e > start
+    {
+        live.insert(s, (start, i));
+        if e > end {
+            live.insert(end, (e, i));
+        }
+    }
+    inside.clear();
+    inside.extend(live.range(start..end).map(|(&s, _)| s));
+    for s in inside.drain(..) {
+        if let Some((e, i)) = live.remove(&s)
+            && e > end
+        {
+            live.insert(end, (e, i));
+        }
+    }
+    live.insert(start, (end, id));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A dump's list of `(time, start, end)` records.
+    fn list(recs: &[(u64, u64, u64)]) -> Vec<Span> {
+        recs.iter()
+            .enumerate()
+            .map(|(i, &(time, start, end))| Span {
+                time,
+                start,
+                end,
+                idx: i as u32,
+                cover: false,
+            })
+            .collect()
+    }
+
+    fn chosen(recs: &[(u64, u64, u64)], pts: &[(u64, u64)]) -> Vec<bool> {
+        sweep(&mut list(recs), &mut pts.to_vec())
+    }
+
+    /// The general sweep: `recs` with records that overlap them all (so that
+    /// clusters do not answer) at the end of time.
+    fn by_sweep(recs: &[(u64, u64, u64)], pts: &[(u64, u64)]) -> Vec<bool> {
+        let mut all = recs.to_vec();
+        all.extend(std::iter::repeat_n(
+            (u64::MAX, 0, u64::MAX),
+            MAX_CLUSTER + 1,
+        ));
+        chosen(&all, pts)[..recs.len()].to_vec()
+    }
+
+    #[test]
+    fn the_newest_load_at_each_sample_is_kept() {
+        // 0: [100,200) at 10; 1: [150,160) at 20 (inside 0); 2: [300,400) at 30,
+        // never sampled; 3: [100,120) at 40 over 0's start.
+        let recs = [
+            (10, 100, 200),
+            (20, 150, 160),
+            (30, 300, 400),
+            (40, 100, 120),
+        ];
+        for f in [chosen, by_sweep] {
+            // At 25: 155 is 1's, 170 is 0's (right of 1). At 50: 110 is 3's.
+            let pts = [(25, 155), (25, 170), (50, 110)];
+            assert_eq!(f(&recs, &pts), vec![true, true, false, true]);
+            // Only 0's right part after 1 was laid: 0 kept, 1 not.
+            assert_eq!(f(&recs, &[(25, 165)]), vec![true, false, false, false]);
+            // Before any load: nothing.
+            assert_eq!(f(&recs, &[(5, 150)]), vec![false; 4]);
+        }
+    }
+
+    #[test]
+    fn a_load_at_the_samples_time_keeps_both_candidates() {
+        let recs = [(10, 100, 200), (20, 100, 200)];
+        for f in [chosen, by_sweep] {
+            assert_eq!(f(&recs, &[(20, 150)]), vec![true, true]);
+            assert_eq!(f(&recs, &[(21, 150)]), vec![false, true]);
+        }
+    }
+
+    #[test]
+    fn records_out_of_time_order_are_laid_by_time() {
+        // The list has the later load first: by time, 1 is older and 0 covers it.
+        let recs = [(20, 100, 200), (10, 100, 200)];
+        for f in [chosen, by_sweep] {
+            assert_eq!(f(&recs, &[(30, 150)]), vec![true, false]);
+        }
+    }
+
+    #[test]
+    fn covers_are_always_kept() {
+        let mut spans = list(&[(10, 100, 200), (20, 100, 200)]);
+        spans[1].cover = true;
+        assert_eq!(sweep(&mut spans, &mut []), vec![false, true]);
+    }
+
+    #[test]
+    fn clusters_choose_as_the_sweep_chooses() {
+        // Loads at shuffled times over a few hundred addresses, so that some are
+        // apart and some overlap (reused addresses, ties of time); points before, at
+        // and after each load's time, inside and at its edges.
+        let mut x = 12345u64;
+        let mut rnd = |m: u64| {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (x >> 33) % m
+        };
+        for round in 0..50 {
+            let recs: Vec<(u64, u64, u64)> = (0..40)
+                .map(|_| {
+                    let start = rnd(400);
+                    let len = 1 + rnd(if round % 2 == 0 { 8 } else { 60 });
+                    (rnd(30), start, start + len)
+                })
+                .collect();
+            let pts: Vec<(u64, u64)> = recs
+                .iter()
+                .flat_map(|&(t, s, e)| {
+                    [
+                        (t.saturating_sub(1), s),
+                        (t, e - 1),
+                        (t + 1, (s + e) / 2),
+                        (t + 5, e),
+                    ]
+                })
+                .collect();
+            let mut spans = list(&recs);
+            let mut fast = vec![false; recs.len()];
+            assert!(clustered(&mut spans, &pts, &mut fast), "small clusters");
+            assert_eq!(fast, by_sweep(&recs, &pts), "round {round}");
+            assert_eq!(chosen(&recs, &pts), fast, "round {round}");
+        }
+    }
+
+    #[test]
+    fn a_load_split_in_three_keeps_both_sides() {
+        let mut live = BTreeMap::new();
+        let mut v = Vec::new();
+        lay(&mut live, 0, 100, 0, &mut v);
+        lay(&mut live, 40, 60, 1, &mut v);
+        lay(&mut live, 50, 200, 2, &mut v);
+        let got: Vec<_> = live.iter().map(|(&s, &(e, i))| (s, e, i)).collect();
+        assert_eq!(got, vec![(0, 40, 0), (40, 50, 1), (50, 200, 2)]);
+    }
+}
