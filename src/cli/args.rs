@@ -136,7 +136,8 @@ pub struct EngineArgs {
         long = "jit-maps",
         value_name = "WHICH",
         value_enum,
-        default_value = "touched"
+        default_value = "touched",
+        requires = "jit"
     )]
     pub jit_maps: JitMapsArg,
 }

@@ -847,6 +847,9 @@ fn make_dump(
     let mut count = 0u64;
     let mut last_time = 0u64;
     let mut cut: Option<JitdumpError> = None;
+    // Whether the list's times never go down (a JIT whose threads take the time
+    // before the dump's lock writes some records late: Java's agent).
+    let (mut list_sorted, mut list_last) = (true, 0u64);
     let fail = |e: Error| format!("cannot write its image: {e}");
     loop {
         let entry = match r.next_entry() {
@@ -920,6 +923,8 @@ fn make_dump(
                     pgoff: placed.offset,
                     img: which,
                 };
+                list_sorted &= rec.time >= list_last;
+                list_last = list_last.max(rec.time);
                 lw.write_all(&rec.encode()).map_err(beside)?;
                 count += 1;
                 loads += 1;
@@ -938,6 +943,8 @@ fn make_dump(
                     pgoff: p.offset,
                     img: which,
                 };
+                list_sorted &= rec.time >= list_last;
+                list_last = list_last.max(rec.time);
                 lw.write_all(&rec.encode()).map_err(beside)?;
                 count += 1;
                 moves += 1;
@@ -1001,6 +1008,13 @@ fn make_dump(
         ));
     }
     let list = lw.into_inner().map_err(|e| beside(e.into_error()))?;
+    if !list_sorted {
+        // The merge releases each list's records in list order, one waiting at a
+        // time: a record behind a later one would be written after records of later
+        // times, past rounds perf has already flushed. Sorted by time (stable: list
+        // order breaks ties), the list is in the order the engine keys it.
+        sort_list(&list, count).map_err(beside)?;
+    }
     let mut into = Vec::new();
     if let Some(id) = id {
         into.push(format!("{} (build ID {id})", image_path.display()));
@@ -1033,6 +1047,29 @@ fn make_dump(
         },
         notes,
     ))
+}
+
+/// Sorts the `count` records of a dump's list by time, in place (stable).
+fn sort_list(list: &File, count: u64) -> std::io::Result<()> {
+    let n = usize::try_from(count).map_err(std::io::Error::other)?;
+    let mut b = vec![0u8; n * MapRec::SIZE];
+    list.read_exact_at(&mut b, 0)?;
+    let mut recs: Vec<MapRec> = b
+        .as_chunks::<{ MapRec::SIZE }>()
+        .0
+        .iter()
+        .map(MapRec::decode)
+        .collect();
+    recs.sort_by_key(|r| r.time);
+    for (c, r) in b
+        .as_chunks_mut::<{ MapRec::SIZE }>()
+        .0
+        .iter_mut()
+        .zip(&recs)
+    {
+        *c = r.encode();
+    }
+    list.write_all_at(&b, 0)
 }
 
 /// An MMAP2 record in build-ID form for `r` of `d`'s image (or an anonymous cover).
@@ -1153,6 +1190,7 @@ fn write_merged(
     std::io::copy(&mut (&mut r).take(l.data.0), &mut w).map_err(io_out)?;
     let ids = l.ids();
     let mut lists: Vec<Option<ListReader>> = Vec::with_capacity(dumps.len());
+    debug_assert_eq!(kept.len(), dumps.len());
     for (d, kept) in dumps.iter().zip(kept) {
         let mut f = d.list.try_clone().map_err(|e| Error::io(&d.image, e))?;
         f.seek(SeekFrom::Start(0))

@@ -13,9 +13,11 @@
 //! callchain entries (and each one less, for lookups of return addresses) and its
 //! branch stack's from and to. Where something else looks code up, every load is
 //! kept: DWARF stacks (the unwinder finds frames from the loads' tables), data
-//! addresses (`perf mem` names them), AUX traces (decoders walk the code), a child
-//! forked from the JIT's process (its samples see the parent's loads), samples
-//! without a pid or time, or more addresses than [`MAX_POINTS`].
+//! addresses (`perf mem` names them), AUX traces (decoders walk the code), deferred
+//! user callchains (perf joins them to samples later), a child forked from the JIT's
+//! process after its first load (its samples see the parent's loads), samples
+//! without a pid or time, or more addresses than [`MAX_POINTS`]. User registers are
+//! looked up too (perf on arm64 names the leaf's caller from the link register).
 
 use super::{Dump, Layout, MapRec, Records, sample_attr};
 use crate::format::attr::st;
@@ -43,6 +45,23 @@ pub(super) struct Choice {
     pub kept: Vec<Option<Vec<bool>>>,
     pub notes: Vec<String>,
 }
+
+/// A dump, as the collection of its process's sample addresses needs it.
+struct Dumped {
+    /// Its number among the dumps.
+    i: usize,
+    /// The lowest address and the end of the highest its records cover.
+    lo: u64,
+    hi: u64,
+    /// The time of its first record.
+    first: u64,
+}
+
+/// perf's PERF_CONTEXT_USER_DEFERRED: the callchain's user part comes later, in a
+/// PERF_RECORD_CALLCHAIN_DEFERRED record.
+const CONTEXT_USER_DEFERRED: u64 = (-640i64) as u64;
+/// PERF_RECORD_CALLCHAIN_DEFERRED.
+const RECORD_CALLCHAIN_DEFERRED: u32 = 22;
 
 /// One record of a dump's list, as the sweep needs it.
 #[derive(Clone, Copy)]
@@ -83,7 +102,7 @@ pub(super) fn choose(src: &Path, l: &Layout, dumps: &[Dump]) -> Result<Choice> {
     }
     // The span of addresses each dump's records cover (the records themselves are
     // read again one dump at a time: memory follows the largest dump, not the sum).
-    let mut by_pid: HashMap<u32, (usize, u64, u64)> = HashMap::new();
+    let mut by_pid: HashMap<u32, Dumped> = HashMap::new();
     for (i, d) in dumps.iter().enumerate() {
         if !d.singles.is_empty()
             || by_pid.contains_key(&d.marker.pid)
@@ -93,12 +112,13 @@ pub(super) fn choose(src: &Path, l: &Layout, dumps: &[Dump]) -> Result<Choice> {
                 "a process has images of one load each, two dumps, or more records than are numbered",
             ));
         }
-        let (mut lo, mut hi) = (u64::MAX, 0);
+        let (mut lo, mut hi, mut first) = (u64::MAX, 0, u64::MAX);
         read_spans(d, |s| {
             lo = lo.min(s.start);
             hi = hi.max(s.end);
+            first = first.min(s.time);
         })?;
-        by_pid.insert(d.marker.pid, (i, lo, hi));
+        by_pid.insert(d.marker.pid, Dumped { i, lo, hi, first });
     }
     let points = match collect(src, l, &by_pid)? {
         Ok(p) => p,
@@ -152,7 +172,7 @@ fn read_spans(d: &Dump, mut each: impl FnMut(Span)) -> Result<()> {
 fn collect(
     src: &Path,
     l: &Layout,
-    by_pid: &HashMap<u32, (usize, u64, u64)>,
+    by_pid: &HashMap<u32, Dumped>,
 ) -> Result<std::result::Result<Vec<Vec<(u64, u64)>>, &'static str>> {
     let f = std::fs::File::open(src).map_err(|e| Error::io(src, e))?;
     let mut r = BufReader::with_capacity(super::IO_BUF, f);
@@ -167,6 +187,7 @@ fn collect(
     };
     let e = l.endian;
     let ids = l.ids();
+    let trailer = l.trailer();
     let layouts: Vec<SampleLayout> = l.attrs.iter().map(SampleLayout::new).collect();
     let mut points: Vec<Vec<(u64, u64)>> = vec![Vec::new(); by_pid.len()];
     let mut total = 0usize;
@@ -186,14 +207,23 @@ fn collect(
                 ));
             }
             rt::FORK => {
-                // pid, ppid: a process forked from a JIT's sees its loads.
+                // pid, ppid: a process forked from a JIT's after its first load sees
+                // its loads as of the fork (before it, none).
                 if let (Some(pid), Some(ppid)) = (e.u32(rec, 8), e.u32(rec, 12))
                     && pid != ppid
-                    && by_pid.contains_key(&ppid)
+                    && let Some(d) = by_pid.get(&ppid)
+                    && trailer.read(rec, e).time.is_none_or(|t| t >= d.first)
                 {
-                    return Ok(Err("a process forked from a JIT's process sees its code"));
+                    return Ok(Err(
+                        "a process forked from a JIT's process after its first code load sees its code",
+                    ));
                 }
                 continue;
+            }
+            RECORD_CALLCHAIN_DEFERRED => {
+                return Ok(Err(
+                    "the recording has deferred user callchains, which perf joins to samples later",
+                ));
             }
             rt::SAMPLE => {}
             _ => continue,
@@ -207,7 +237,7 @@ fn collect(
         let (Some(pid), Some(time)) = (s.pid, s.time) else {
             continue;
         };
-        let Some(&(d, lo, hi)) = by_pid.get(&pid) else {
+        let Some(&Dumped { i: d, lo, hi, .. }) = by_pid.get(&pid) else {
             continue;
         };
         let p = &mut points[d];
@@ -221,8 +251,18 @@ fn collect(
             add(ip);
         }
         for a in u64s(s.callchain, e) {
+            if a == CONTEXT_USER_DEFERRED {
+                return Ok(Err(
+                    "the recording has deferred user callchains, which perf joins to samples later",
+                ));
+            }
             add(a);
             add(a.wrapping_sub(1));
+        }
+        // User registers: perf on arm64 names the leaf's caller from the link
+        // register, which the callchain lacks (any register is a harmless extra).
+        for a in u64s(s.regs_user, e) {
+            add(a);
         }
         for (j, a) in u64s(s.branches, e).enumerate() {
             // {from, to, flags}
@@ -472,6 +512,34 @@ mod tests {
             assert_eq!(fast, by_sweep(&recs, &pts), "round {round}");
             assert_eq!(chosen(&recs, &pts), fast, "round {round}");
         }
+    }
+
+    #[test]
+    fn a_list_out_of_time_order_is_sorted_stably() {
+        let rec = |time, start| MapRec {
+            time,
+            pid: 1,
+            tid: 1,
+            start,
+            len: 16,
+            pgoff: start,
+            img: 0,
+        };
+        let recs = [rec(20, 1), rec(10, 2), rec(20, 3), rec(5, 4)];
+        let f = tempfile::tempfile().unwrap();
+        for (i, r) in recs.iter().enumerate() {
+            f.write_all_at(&r.encode(), (i * MapRec::SIZE) as u64)
+                .unwrap();
+        }
+        super::super::sort_list(&f, recs.len() as u64).unwrap();
+        let mut b = [0u8; MapRec::SIZE];
+        let got: Vec<u64> = (0..recs.len())
+            .map(|i| {
+                f.read_exact_at(&mut b, (i * MapRec::SIZE) as u64).unwrap();
+                MapRec::decode(&b).start
+            })
+            .collect();
+        assert_eq!(got, vec![4, 2, 1, 3]);
     }
 
     #[test]
