@@ -18,6 +18,11 @@
 //! process after its first load (its samples see the parent's loads), samples
 //! without a pid or time, or more addresses than [`MAX_POINTS`]. User registers are
 //! looked up too (perf on arm64 names the leaf's caller from the link register).
+//!
+//! The records are answered from clusters of records that overlap one another,
+//! sorted by address ([`by_clusters`]); a dump of more than [`RUN`] records is
+//! sorted in runs on disk first ([`sweep_runs`]), so that memory does not follow
+//! the dump's size.
 
 use super::{Dump, Layout, MapRec, Records, sample_attr};
 use crate::format::attr::st;
@@ -35,6 +40,10 @@ const MAX_POINTS: usize = 4 << 20;
 
 /// Loads overlapping one another that [`clustered`] searches one by one at most.
 const MAX_CLUSTER: usize = 64;
+
+/// Records of one dump the choice sorts in memory (32 bytes each: 32 MB); a larger
+/// dump is sorted in runs of this many on disk ([`sweep_runs`]).
+const RUN: usize = 1 << 20;
 
 /// Records read at once from a dump's list.
 const LIST_CHUNK: usize = 4096;
@@ -117,6 +126,7 @@ pub(super) fn choose(src: &Path, l: &Layout, dumps: &[Dump]) -> Result<Choice> {
             lo = lo.min(s.start);
             hi = hi.max(s.end);
             first = first.min(s.time);
+            Ok(())
         })?;
         by_pid.insert(d.marker.pid, Dumped { i, lo, hi, first });
     }
@@ -127,9 +137,16 @@ pub(super) fn choose(src: &Path, l: &Layout, dumps: &[Dump]) -> Result<Choice> {
     let mut kept = Vec::with_capacity(dumps.len());
     let mut notes = Vec::new();
     for (mut p, d) in points.into_iter().zip(dumps) {
-        let mut spans = Vec::with_capacity(usize::try_from(d.count).unwrap_or(0));
-        read_spans(d, |s| spans.push(s))?;
-        let k = sweep(&mut spans, &mut p);
+        let k = if d.count <= RUN as u64 {
+            let mut spans = Vec::with_capacity(usize::try_from(d.count).unwrap_or(0));
+            read_spans(d, |s| {
+                spans.push(s);
+                Ok(())
+            })?;
+            sweep(&mut spans, &mut p)
+        } else {
+            sweep_runs(d, &mut p)?
+        };
         let n = k.iter().filter(|&&k| k).count();
         notes.push(format!(
             "--jit: {}: {n} of its {} MMAP2 records written, for the code loads samples touch (the others name no sample; --jit-maps all writes every one)",
@@ -142,7 +159,7 @@ pub(super) fn choose(src: &Path, l: &Layout, dumps: &[Dump]) -> Result<Choice> {
 }
 
 /// A dump's list records, in list order, to `each`.
-fn read_spans(d: &Dump, mut each: impl FnMut(Span)) -> Result<()> {
+fn read_spans(d: &Dump, mut each: impl FnMut(Span) -> Result<()>) -> Result<()> {
     let mut buf = vec![0u8; LIST_CHUNK * MapRec::SIZE];
     let mut at = 0u64;
     while at < d.count {
@@ -159,7 +176,7 @@ fn read_spans(d: &Dump, mut each: impl FnMut(Span)) -> Result<()> {
                 end: r.start.saturating_add(r.len),
                 idx: (at + j as u64) as u32,
                 cover: r.pgoff == u64::MAX,
-            });
+            })?;
         }
         at += n as u64;
     }
@@ -329,46 +346,260 @@ fn sweep(spans: &mut [Span], points: &mut [(u64, u64)]) -> Vec<bool> {
 /// merge writes them) and every one covering it at its time. False (nothing marked):
 /// a cluster is larger than [`MAX_CLUSTER`] (an address reused that often is the
 /// general sweep's job).
-fn clustered(spans: &mut [Span], points: &[(u64, u64)], kept: &mut [bool]) -> bool {
+fn clustered(spans: &mut [Span], points: &mut [(u64, u64)], kept: &mut [bool]) -> bool {
     spans.sort_unstable_by_key(|s| (s.start, s.idx));
-    // The position of the first record of each record's cluster.
-    let mut first: Vec<u32> = Vec::with_capacity(spans.len());
-    let (mut f, mut hi, mut len) = (0u32, 0u64, 0usize);
-    for (pos, s) in spans.iter().enumerate() {
-        if pos == 0 || s.start >= hi {
-            (f, hi, len) = (pos as u32, s.end, 0);
-        }
-        hi = hi.max(s.end);
-        len += 1;
-        if len > MAX_CLUSTER {
-            return false;
-        }
-        first.push(f);
+    points.sort_unstable_by_key(|&(t, a)| (a, t));
+    let mut probe = vec![false; kept.len()];
+    if !by_clusters(spans.iter().copied(), points, &mut probe, Big::GiveUp) {
+        return false;
     }
-    for &(t, a) in points {
-        let Some(p) = spans.partition_point(|s| s.start <= a).checked_sub(1) else {
-            continue;
-        };
-        let f = first[p] as usize;
-        let mut newest: Option<(u64, u32)> = None;
-        for (s, _) in spans[f..]
-            .iter()
-            .zip(&first[f..])
-            .take_while(|(_, c)| **c as usize == f)
-        {
-            if s.start <= a && a < s.end {
-                if s.time < t {
-                    newest = newest.max(Some((s.time, s.idx)));
-                } else if s.time == t {
-                    kept[s.idx as usize] = true;
-                }
-            }
-        }
-        if let Some((_, i)) = newest {
-            kept[i as usize] = true;
-        }
+    for (k, p) in kept.iter_mut().zip(probe) {
+        *k |= p;
     }
     true
+}
+
+/// What [`by_clusters`] does with a cluster larger than [`MAX_CLUSTER`].
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Big {
+    /// Stop: the caller sweeps instead.
+    GiveUp,
+    /// Keep every record of it (never wrong: a record kept changes no lookup that
+    /// finds the newest record, and the newest is among them).
+    KeepAll,
+}
+
+/// The clusters of `spans` (sorted by start) answer `points` (sorted by address):
+/// see [`clustered`]. Streams the records: memory is one cluster.
+fn by_clusters(
+    spans: impl Iterator<Item = Span>,
+    points: &[(u64, u64)],
+    kept: &mut [bool],
+    big: Big,
+) -> bool {
+    let mut cluster: Vec<Span> = Vec::new();
+    // The open cluster's [lo, hi), and whether it outgrew MAX_CLUSTER.
+    let mut open: Option<(u64, u64, bool)> = None;
+    let mut p = 0usize;
+    let close = |cluster: &mut Vec<Span>,
+                 (lo, hi, grown): (u64, u64, bool),
+                 p: &mut usize,
+                 kept: &mut [bool]| {
+        while points.get(*p).is_some_and(|&(_, a)| a < lo) {
+            *p += 1;
+        }
+        while let Some(&(t, a)) = points.get(*p).filter(|&&(_, a)| a < hi) {
+            *p += 1;
+            if !grown {
+                answer(cluster, t, a, kept);
+            }
+        }
+        cluster.clear();
+    };
+    for s in spans.filter(|s| s.end > s.start) {
+        match &mut open {
+            Some((_, hi, _)) if s.start < *hi => *hi = (*hi).max(s.end),
+            _ => {
+                if let Some(c) = open.take() {
+                    close(&mut cluster, c, &mut p, kept);
+                }
+                open = Some((s.start, s.end, false));
+            }
+        }
+        let Some((_, _, grown)) = &mut open else {
+            continue;
+        };
+        if *grown {
+            kept[s.idx as usize] = true;
+            continue;
+        }
+        cluster.push(s);
+        if cluster.len() > MAX_CLUSTER {
+            if big == Big::GiveUp {
+                return false;
+            }
+            *grown = true;
+            for c in cluster.drain(..) {
+                kept[c.idx as usize] = true;
+            }
+        }
+    }
+    if let Some(c) = open.take() {
+        close(&mut cluster, c, &mut p, kept);
+    }
+    true
+}
+
+/// Marks the records of `cluster` that the lookup of `a` at time `t` may find.
+fn answer(cluster: &[Span], t: u64, a: u64, kept: &mut [bool]) {
+    let mut newest: Option<(u64, u32)> = None;
+    for s in cluster {
+        if s.start <= a && a < s.end {
+            if s.time < t {
+                newest = newest.max(Some((s.time, s.idx)));
+            } else if s.time == t {
+                kept[s.idx as usize] = true;
+            }
+        }
+    }
+    if let Some((_, i)) = newest {
+        kept[i as usize] = true;
+    }
+}
+
+/// [`sweep`] for a dump of more than [`RUN`] records: they are sorted by start in
+/// runs of [`RUN`] written to a scratch file beside the image, and the runs merged
+/// into [`by_clusters`] (a cluster too large keeps all its records), so memory is a
+/// run and the points, whatever the dump's size.
+fn sweep_runs(d: &Dump, points: &mut [(u64, u64)]) -> Result<Vec<bool>> {
+    let n = usize::try_from(d.count)
+        .map_err(|_| Error::format(0, "too many records").in_file(&d.image))?;
+    let scratch = super::scratch_beside(&d.image).map_err(|e| Error::io(&d.image, e))?;
+    in_runs(|each| read_spans(d, each), n, &scratch, RUN, points).map_err(|e| e.in_file(&d.image))
+}
+
+/// [`sweep_runs`] of the `n` records `fill` gives, in runs of `run` on `scratch`.
+fn in_runs(
+    fill: impl FnOnce(&mut dyn FnMut(Span) -> Result<()>) -> Result<()>,
+    n: usize,
+    scratch: &std::fs::File,
+    run: usize,
+    points: &mut [(u64, u64)],
+) -> Result<Vec<bool>> {
+    let io = |e: std::io::Error| Error::format(0, format!("scratch file: {e}"));
+    let mut kept = vec![false; n];
+    let mut runs: Vec<(u64, u64)> = Vec::new();
+    let mut buf: Vec<Span> = Vec::with_capacity(run.min(n));
+    let mut written = 0u64;
+    let mut flush = |buf: &mut Vec<Span>, runs: &mut Vec<(u64, u64)>| -> Result<()> {
+        buf.sort_unstable_by_key(|s| (s.start, s.idx));
+        let mut b = Vec::with_capacity(buf.len() * SPAN_SIZE);
+        for s in buf.iter() {
+            b.extend_from_slice(&s.encode());
+        }
+        scratch.write_all_at(&b, written).map_err(io)?;
+        runs.push((written, buf.len() as u64));
+        written += b.len() as u64;
+        buf.clear();
+        Ok(())
+    };
+    fill(&mut |s: Span| {
+        if let Some(k) = kept.get_mut(s.idx as usize) {
+            *k |= s.cover;
+        }
+        buf.push(s);
+        if buf.len() >= run {
+            flush(&mut buf, &mut runs)?;
+        }
+        Ok(())
+    })?;
+    if !buf.is_empty() {
+        flush(&mut buf, &mut runs)?;
+    }
+    drop(buf);
+    points.sort_unstable_by_key(|&(t, a)| (a, t));
+    let mut merged = Merged::new(scratch, &runs).map_err(io)?;
+    let mut failed = None;
+    let spans = std::iter::from_fn(|| match merged.next() {
+        Ok(s) => s,
+        Err(e) => {
+            failed = Some(e);
+            None
+        }
+    });
+    // Records numbered past `n` (none: the list gives n) are not looked at.
+    let spans = spans.filter(|s| (s.idx as usize) < n);
+    by_clusters(spans, points, &mut kept, Big::KeepAll);
+    if let Some(e) = failed {
+        return Err(io(e));
+    }
+    Ok(kept)
+}
+
+/// Bytes of a [`Span`] in a scratch run.
+const SPAN_SIZE: usize = 32;
+
+impl Span {
+    fn encode(&self) -> [u8; SPAN_SIZE] {
+        let mut b = [0u8; SPAN_SIZE];
+        b[0..8].copy_from_slice(&self.time.to_le_bytes());
+        b[8..16].copy_from_slice(&self.start.to_le_bytes());
+        b[16..24].copy_from_slice(&self.end.to_le_bytes());
+        b[24..28].copy_from_slice(&self.idx.to_le_bytes());
+        b[28] = u8::from(self.cover);
+        b
+    }
+
+    fn decode(b: &[u8; SPAN_SIZE]) -> Span {
+        let (w, _) = b.as_chunks::<8>();
+        Span {
+            time: u64::from_le_bytes(w[0]),
+            start: u64::from_le_bytes(w[1]),
+            end: u64::from_le_bytes(w[2]),
+            idx: u32::from_le_bytes([b[24], b[25], b[26], b[27]]),
+            cover: b[28] != 0,
+        }
+    }
+}
+
+/// Sorted runs of a scratch file, merged by (start, record number).
+struct Merged<'a> {
+    f: &'a std::fs::File,
+    /// Each run: next offset, records left, its buffer and the position in it.
+    runs: Vec<(u64, u64, Vec<u8>, usize)>,
+    heads: std::collections::BinaryHeap<std::cmp::Reverse<(u64, u32, usize)>>,
+    spans: Vec<Option<Span>>,
+}
+
+/// Records read at once from one run.
+const RUN_CHUNK: usize = 2048;
+
+impl<'a> Merged<'a> {
+    fn new(f: &'a std::fs::File, runs: &[(u64, u64)]) -> std::io::Result<Self> {
+        let mut m = Merged {
+            f,
+            runs: runs.iter().map(|&(o, n)| (o, n, Vec::new(), 0)).collect(),
+            heads: std::collections::BinaryHeap::new(),
+            spans: vec![None; runs.len()],
+        };
+        for r in 0..runs.len() {
+            m.advance(r)?;
+        }
+        Ok(m)
+    }
+
+    /// Puts run `r`'s next record in the heap.
+    fn advance(&mut self, r: usize) -> std::io::Result<()> {
+        let (off, left, buf, pos) = &mut self.runs[r];
+        if *pos >= buf.len() {
+            if *left == 0 {
+                return Ok(());
+            }
+            let n = (*left).min(RUN_CHUNK as u64) as usize;
+            buf.resize(n * SPAN_SIZE, 0);
+            self.f.read_exact_at(buf, *off)?;
+            *off += (n * SPAN_SIZE) as u64;
+            *left -= n as u64;
+            *pos = 0;
+        }
+        let b: &[u8; SPAN_SIZE] = buf[*pos..*pos + SPAN_SIZE]
+            .try_into()
+            .map_err(std::io::Error::other)?;
+        *pos += SPAN_SIZE;
+        let s = Span::decode(b);
+        self.spans[r] = Some(s);
+        self.heads.push(std::cmp::Reverse((s.start, s.idx, r)));
+        Ok(())
+    }
+
+    fn next(&mut self) -> std::io::Result<Option<Span>> {
+        let Some(std::cmp::Reverse((_, _, r))) = self.heads.pop() else {
+            return Ok(None);
+        };
+        let s = self.spans[r].take();
+        self.advance(r)?;
+        Ok(s)
+    }
 }
 
 /// Lays `[start, end)` of record `id` over `live`, cutting what it covers.
@@ -508,10 +739,86 @@ mod tests {
                 .collect();
             let mut spans = list(&recs);
             let mut fast = vec![false; recs.len()];
-            assert!(clustered(&mut spans, &pts, &mut fast), "small clusters");
+            assert!(
+                clustered(&mut spans, &mut pts.clone(), &mut fast),
+                "small clusters"
+            );
             assert_eq!(fast, by_sweep(&recs, &pts), "round {round}");
             assert_eq!(chosen(&recs, &pts), fast, "round {round}");
         }
+    }
+
+    /// `recs` through [`in_runs`] with runs of `run` records.
+    fn by_runs(recs: &[(u64, u64, u64)], pts: &[(u64, u64)], run: usize) -> Vec<bool> {
+        let f = tempfile::tempfile().unwrap();
+        let spans = list(recs);
+        in_runs(
+            |each| spans.iter().try_for_each(|&s| each(s)),
+            spans.len(),
+            &f,
+            run,
+            &mut pts.to_vec(),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn runs_on_disk_choose_as_the_sweep_chooses() {
+        let mut x = 777u64;
+        let mut rnd = |m: u64| {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (x >> 33) % m
+        };
+        for round in 0..20 {
+            let recs: Vec<(u64, u64, u64)> = (0..300)
+                .map(|_| {
+                    let start = rnd(3000);
+                    (
+                        rnd(100),
+                        start,
+                        start + 1 + rnd(if round % 2 == 0 { 10 } else { 40 }),
+                    )
+                })
+                .collect();
+            let pts: Vec<(u64, u64)> = recs
+                .iter()
+                .flat_map(|&(t, s, e)| [(t, s), (t + 1, e - 1), (t + 50, (s + e) / 2)])
+                .collect();
+            let want = by_sweep(&recs, &pts);
+            assert_eq!(chosen(&recs, &pts), want);
+            for run in [1, 7, 64, 1000] {
+                assert_eq!(
+                    by_runs(&recs, &pts, run),
+                    want,
+                    "round {round}, runs of {run}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn runs_keep_every_record_of_a_cluster_too_large() {
+        // One address reused more than MAX_CLUSTER times, and a load apart.
+        let mut recs: Vec<(u64, u64, u64)> =
+            (0..MAX_CLUSTER as u64 + 5).map(|i| (i, 100, 200)).collect();
+        recs.push((3, 500, 600));
+        let pts = [(1000, 150)];
+        let got = by_runs(&recs, &pts, 16);
+        let exact = by_sweep(&recs, &pts);
+        assert!(
+            exact.iter().zip(&got).all(|(e, g)| !e || *g),
+            "a record the sweep keeps is kept"
+        );
+        assert!(
+            got[..recs.len() - 1].iter().all(|&k| k),
+            "the large cluster is kept whole"
+        );
+        assert!(
+            !got[recs.len() - 1],
+            "the load apart no sample touches is not"
+        );
     }
 
     #[test]
