@@ -1013,7 +1013,7 @@ fn make_dump(
         // time: a record behind a later one would be written after records of later
         // times, past rounds perf has already flushed. Sorted by time (stable: list
         // order breaks ties), the list is in the order the engine keys it.
-        sort_list(&list, count).map_err(beside)?;
+        sort_list(&list, count, &image_path).map_err(beside)?;
     }
     let mut into = Vec::new();
     if let Some(id) = id {
@@ -1049,27 +1049,100 @@ fn make_dump(
     ))
 }
 
-/// Sorts the `count` records of a dump's list by time, in place (stable).
-fn sort_list(list: &File, count: u64) -> std::io::Result<()> {
-    let n = usize::try_from(count).map_err(std::io::Error::other)?;
-    let mut b = vec![0u8; n * MapRec::SIZE];
-    list.read_exact_at(&mut b, 0)?;
-    let mut recs: Vec<MapRec> = b
-        .as_chunks::<{ MapRec::SIZE }>()
-        .0
-        .iter()
-        .map(MapRec::decode)
-        .collect();
-    recs.sort_by_key(|r| r.time);
-    for (c, r) in b
-        .as_chunks_mut::<{ MapRec::SIZE }>()
-        .0
-        .iter_mut()
-        .zip(&recs)
-    {
-        *c = r.encode();
+/// Records of a list sorted in memory at once (48 MB); a longer list is sorted in
+/// runs of this many on a scratch file and merged back.
+const SORT_RUN: u64 = 1 << 20;
+
+/// Sorts the `count` records of a dump's list by time, in place (stable); `beside`
+/// is where a scratch file may go.
+fn sort_list(list: &File, count: u64, beside: &Path) -> std::io::Result<()> {
+    sort_list_in_runs(list, count, SORT_RUN, || scratch_beside(beside))
+}
+
+/// [`sort_list`] with runs of `run` records (a scratch file from `scratch` when
+/// there is more than one).
+fn sort_list_in_runs(
+    list: &File,
+    count: u64,
+    run: u64,
+    scratch: impl FnOnce() -> std::io::Result<File>,
+) -> std::io::Result<()> {
+    const SIZE: u64 = MapRec::SIZE as u64;
+    let sorted_run = |from: u64, n: u64| -> std::io::Result<Vec<u8>> {
+        let len = usize::try_from(n * SIZE).map_err(std::io::Error::other)?;
+        let mut b = vec![0u8; len];
+        list.read_exact_at(&mut b, from * SIZE)?;
+        let mut recs: Vec<MapRec> = b
+            .as_chunks::<{ MapRec::SIZE }>()
+            .0
+            .iter()
+            .map(MapRec::decode)
+            .collect();
+        recs.sort_by_key(|r| r.time);
+        for (c, r) in b
+            .as_chunks_mut::<{ MapRec::SIZE }>()
+            .0
+            .iter_mut()
+            .zip(&recs)
+        {
+            *c = r.encode();
+        }
+        Ok(b)
+    };
+    if count <= run {
+        return list.write_all_at(&sorted_run(0, count)?, 0);
     }
-    list.write_all_at(&b, 0)
+    // Runs sorted onto the scratch file at the list's own offsets, then merged back
+    // (ties: the earlier run first, so the sort stays stable).
+    let tmp = scratch()?;
+    let runs: Vec<(u64, u64)> = (0..count.div_ceil(run))
+        .map(|i| (i * run, run.min(count - i * run)))
+        .collect();
+    for &(from, n) in &runs {
+        tmp.write_all_at(&sorted_run(from, n)?, from * SIZE)?;
+    }
+    const CHUNK: u64 = 1024;
+    // Per run: next record, records left, buffer, position in it.
+    let mut heads: Vec<(u64, u64, Vec<u8>, usize)> =
+        runs.iter().map(|&(f, n)| (f, n, Vec::new(), 0)).collect();
+    let mut heap = BinaryHeap::new();
+    let next = |h: &mut (u64, u64, Vec<u8>, usize)| -> std::io::Result<Option<[u8; MapRec::SIZE]>> {
+        let (at, left, buf, pos) = h;
+        if *pos >= buf.len() {
+            if *left == 0 {
+                return Ok(None);
+            }
+            let n = (*left).min(CHUNK);
+            buf.resize((n * SIZE) as usize, 0);
+            tmp.read_exact_at(buf, *at * SIZE)?;
+            *at += n;
+            *left -= n;
+            *pos = 0;
+        }
+        let mut r = [0u8; MapRec::SIZE];
+        r.copy_from_slice(&buf[*pos..*pos + MapRec::SIZE]);
+        *pos += MapRec::SIZE;
+        Ok(Some(r))
+    };
+    let mut current: Vec<Option<[u8; MapRec::SIZE]>> = vec![None; heads.len()];
+    for (i, h) in heads.iter_mut().enumerate() {
+        if let Some(r) = next(h)? {
+            heap.push(std::cmp::Reverse((MapRec::decode(&r).time, i)));
+            current[i] = Some(r);
+        }
+    }
+    let mut out = BufWriter::with_capacity(IO_BUF, list.try_clone()?);
+    out.seek(SeekFrom::Start(0))?;
+    while let Some(std::cmp::Reverse((_, i))) = heap.pop() {
+        if let Some(r) = current[i].take() {
+            out.write_all(&r)?;
+        }
+        if let Some(r) = next(&mut heads[i])? {
+            heap.push(std::cmp::Reverse((MapRec::decode(&r).time, i)));
+            current[i] = Some(r);
+        }
+    }
+    out.flush()
 }
 
 /// An MMAP2 record in build-ID form for `r` of `d`'s image (or an anonymous cover).
