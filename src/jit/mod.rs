@@ -30,6 +30,7 @@
 mod flat;
 pub(crate) mod image;
 mod plain;
+mod runs;
 pub(crate) mod sha1;
 mod touched;
 
@@ -269,6 +270,23 @@ struct Records<R: Read> {
     buf: Vec<u8>,
 }
 
+impl Records<BufReader<File>> {
+    /// The records of `l`'s data in the file at `path`.
+    fn open(path: &Path, l: &Layout) -> Result<Self> {
+        let f = File::open(path).map_err(|e| Error::io(path, e))?;
+        let mut r = BufReader::with_capacity(IO_BUF, f);
+        r.seek(SeekFrom::Start(l.data.0))
+            .map_err(|e| Error::io(path, e))?;
+        Ok(Records {
+            r,
+            at: l.data.0,
+            to: l.data.1,
+            e: l.endian,
+            buf: Vec::new(),
+        })
+    }
+}
+
 impl<R: Read> Records<R> {
     /// The next record (header and body, without an out-of-band payload, whose
     /// length comes second); `None` at the end.
@@ -393,17 +411,7 @@ type Scanned = (Vec<Marker>, Vec<Anon>, u64);
 /// when the recording holds compressed records (it is then expanded first, see
 /// [`plain`]).
 fn scan(path: &Path, l: &mut Layout) -> Result<Option<Scanned>> {
-    let f = File::open(path).map_err(|e| Error::io(path, e))?;
-    let mut r = BufReader::with_capacity(IO_BUF, f);
-    r.seek(SeekFrom::Start(l.data.0))
-        .map_err(|e| Error::io(path, e))?;
-    let mut recs = Records {
-        r,
-        at: l.data.0,
-        to: l.data.1,
-        e: l.endian,
-        buf: Vec::new(),
-    };
+    let mut recs = Records::open(path, l)?;
     let mut markers = Vec::new();
     let mut anons = Vec::new();
     let mut ids = l.ids();
@@ -1101,46 +1109,13 @@ fn sort_list_in_runs(
     for &(from, n) in &runs {
         tmp.write_all_at(&sorted_run(from, n)?, from * SIZE)?;
     }
-    const CHUNK: u64 = 1024;
-    // Per run: next record, records left, buffer, position in it.
-    let mut heads: Vec<(u64, u64, Vec<u8>, usize)> =
-        runs.iter().map(|&(f, n)| (f, n, Vec::new(), 0)).collect();
-    let mut heap = BinaryHeap::new();
-    let next = |h: &mut (u64, u64, Vec<u8>, usize)| -> std::io::Result<Option<[u8; MapRec::SIZE]>> {
-        let (at, left, buf, pos) = h;
-        if *pos >= buf.len() {
-            if *left == 0 {
-                return Ok(None);
-            }
-            let n = (*left).min(CHUNK);
-            buf.resize((n * SIZE) as usize, 0);
-            tmp.read_exact_at(buf, *at * SIZE)?;
-            *at += n;
-            *left -= n;
-            *pos = 0;
-        }
-        let mut r = [0u8; MapRec::SIZE];
-        r.copy_from_slice(&buf[*pos..*pos + MapRec::SIZE]);
-        *pos += MapRec::SIZE;
-        Ok(Some(r))
-    };
-    let mut current: Vec<Option<[u8; MapRec::SIZE]>> = vec![None; heads.len()];
-    for (i, h) in heads.iter_mut().enumerate() {
-        if let Some(r) = next(h)? {
-            heap.push(std::cmp::Reverse((MapRec::decode(&r).time, i)));
-            current[i] = Some(r);
-        }
-    }
+    let runs: Vec<(u64, u64)> = runs.iter().map(|&(from, n)| (from * SIZE, n)).collect();
+    let mut merged =
+        runs::Merge::new(&tmp, &runs, |r: &[u8; MapRec::SIZE]| MapRec::decode(r).time)?;
     let mut out = BufWriter::with_capacity(IO_BUF, list.try_clone()?);
     out.seek(SeekFrom::Start(0))?;
-    while let Some(std::cmp::Reverse((_, i))) = heap.pop() {
-        if let Some(r) = current[i].take() {
-            out.write_all(&r)?;
-        }
-        if let Some(r) = next(&mut heads[i])? {
-            heap.push(std::cmp::Reverse((MapRec::decode(&r).time, i)));
-            current[i] = Some(r);
-        }
+    while let Some(r) = merged.next()? {
+        out.write_all(&r)?;
     }
     out.flush()
 }

@@ -24,13 +24,14 @@
 //! sorted in runs on disk first ([`sweep_runs`]), so that memory does not follow
 //! the dump's size.
 
+use super::runs::Merge;
 use super::{Dump, Layout, MapRec, Records, sample_attr};
 use crate::format::attr::st;
 use crate::format::record::{RecordHeader, rt};
 use crate::format::sample::{SampleLayout, u64s};
 use crate::{Error, Result};
 use std::collections::{BTreeMap, HashMap};
-use std::io::{BufReader, Read, Seek, SeekFrom};
+use std::io::Read;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
@@ -191,17 +192,7 @@ fn collect(
     l: &Layout,
     by_pid: &HashMap<u32, Dumped>,
 ) -> Result<std::result::Result<Vec<Vec<(u64, u64)>>, &'static str>> {
-    let f = std::fs::File::open(src).map_err(|e| Error::io(src, e))?;
-    let mut r = BufReader::with_capacity(super::IO_BUF, f);
-    r.seek(SeekFrom::Start(l.data.0))
-        .map_err(|e| Error::io(src, e))?;
-    let mut recs = Records {
-        r,
-        at: l.data.0,
-        to: l.data.1,
-        e: l.endian,
-        buf: Vec::new(),
-    };
+    let mut recs = Records::open(src, l)?;
     let e = l.endian;
     let ids = l.ids();
     let trailer = l.trailer();
@@ -498,10 +489,14 @@ fn in_runs(
     }
     drop(buf);
     points.sort_unstable_by_key(|&(t, a)| (a, t));
-    let mut merged = Merged::new(scratch, &runs).map_err(io)?;
+    let mut merged = Merge::new(scratch, &runs, |b: &[u8; SPAN_SIZE]| {
+        let s = Span::decode(b);
+        (s.start, s.idx)
+    })
+    .map_err(io)?;
     let mut failed = None;
     let spans = std::iter::from_fn(|| match merged.next() {
-        Ok(s) => s,
+        Ok(s) => s.map(|b| Span::decode(&b)),
         Err(e) => {
             failed = Some(e);
             None
@@ -542,66 +537,6 @@ impl Span {
     }
 }
 
-/// Sorted runs of a scratch file, merged by (start, record number).
-struct Merged<'a> {
-    f: &'a std::fs::File,
-    /// Each run: next offset, records left, its buffer and the position in it.
-    runs: Vec<(u64, u64, Vec<u8>, usize)>,
-    heads: std::collections::BinaryHeap<std::cmp::Reverse<(u64, u32, usize)>>,
-    spans: Vec<Option<Span>>,
-}
-
-/// Records read at once from one run.
-const RUN_CHUNK: usize = 2048;
-
-impl<'a> Merged<'a> {
-    fn new(f: &'a std::fs::File, runs: &[(u64, u64)]) -> std::io::Result<Self> {
-        let mut m = Merged {
-            f,
-            runs: runs.iter().map(|&(o, n)| (o, n, Vec::new(), 0)).collect(),
-            heads: std::collections::BinaryHeap::new(),
-            spans: vec![None; runs.len()],
-        };
-        for r in 0..runs.len() {
-            m.advance(r)?;
-        }
-        Ok(m)
-    }
-
-    /// Puts run `r`'s next record in the heap.
-    fn advance(&mut self, r: usize) -> std::io::Result<()> {
-        let (off, left, buf, pos) = &mut self.runs[r];
-        if *pos >= buf.len() {
-            if *left == 0 {
-                return Ok(());
-            }
-            let n = (*left).min(RUN_CHUNK as u64) as usize;
-            buf.resize(n * SPAN_SIZE, 0);
-            self.f.read_exact_at(buf, *off)?;
-            *off += (n * SPAN_SIZE) as u64;
-            *left -= n as u64;
-            *pos = 0;
-        }
-        let b: &[u8; SPAN_SIZE] = buf[*pos..*pos + SPAN_SIZE]
-            .try_into()
-            .map_err(std::io::Error::other)?;
-        *pos += SPAN_SIZE;
-        let s = Span::decode(b);
-        self.spans[r] = Some(s);
-        self.heads.push(std::cmp::Reverse((s.start, s.idx, r)));
-        Ok(())
-    }
-
-    fn next(&mut self) -> std::io::Result<Option<Span>> {
-        let Some(std::cmp::Reverse((_, _, r))) = self.heads.pop() else {
-            return Ok(None);
-        };
-        let s = self.spans[r].take();
-        self.advance(r)?;
-        Ok(s)
-    }
-}
-
 /// Lays `[start, end)` of record `id` over `live`, cutting what it covers.
 fn lay(live: &mut BTreeMap<u64, (u64, u32)>, start: u64, end: u64, id: u32, inside: &mut Vec<u64>) {
     if end <= start {
@@ -630,6 +565,17 @@ fn lay(live: &mut BTreeMap<u64, (u64, u32)>, start: u64, end: u64, id: u32, insi
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Pseudo-random numbers below their argument, from `seed` (the same every run).
+    fn numbers(seed: u64) -> impl FnMut(u64) -> u64 {
+        let mut x = seed;
+        move |m| {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (x >> 33) % m
+        }
+    }
 
     /// A dump's list of `(time, start, end)` records.
     fn list(recs: &[(u64, u64, u64)]) -> Vec<Span> {
@@ -711,13 +657,7 @@ mod tests {
         // Loads at shuffled times over a few hundred addresses, so that some are
         // apart and some overlap (reused addresses, ties of time); points before, at
         // and after each load's time, inside and at its edges.
-        let mut x = 12345u64;
-        let mut rnd = |m: u64| {
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (x >> 33) % m
-        };
+        let mut rnd = numbers(12345u64);
         for round in 0..50 {
             let recs: Vec<(u64, u64, u64)> = (0..40)
                 .map(|_| {
@@ -764,13 +704,7 @@ mod tests {
 
     #[test]
     fn runs_on_disk_choose_as_the_sweep_chooses() {
-        let mut x = 777u64;
-        let mut rnd = |m: u64| {
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (x >> 33) % m
-        };
+        let mut rnd = numbers(777u64);
         for round in 0..20 {
             let recs: Vec<(u64, u64, u64)> = (0..300)
                 .map(|_| {
