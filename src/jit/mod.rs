@@ -5,9 +5,10 @@
 //! recording, the dump becomes ONE ELF image beside it (`jit-PID.so`, every code load
 //! at its own offset, [`image`]) and each code load (and move) that samples touch
 //! ([`touched`]; every one with `--jit-maps all`) one MMAP2 record in build-ID form:
-//! start = the code's address, pgoff = its offset in the image, at the load's time. perf resolves a sample by the map that covers it at the sample's time
-//! and replaces overlapped maps as later ones arrive, so code moved or freed and its
-//! address reused maps each sample to the code there at its time. As perf does, the
+//! start = the code's address, pgoff = its offset in the image, at the load's time.
+//! perf resolves a sample by the map that covers it at the sample's time and replaces
+//! overlapped maps as later ones arrive, so code moved or freed and its address
+//! reused maps each sample to the code there at its time. As perf does, the
 //! marker mmap is dropped, and so are anonymous maps (`//anon`, `[anon:`, `/memfd:`)
 //! of the process after it (they would cover the JIT code again).
 //!
@@ -1057,9 +1058,10 @@ fn make_dump(
     ))
 }
 
-/// Records of a list sorted in memory at once (48 MB); a longer list is sorted in
-/// runs of this many on a scratch file and merged back.
-const SORT_RUN: u64 = 1 << 20;
+/// Records of a list sorted in memory at once (24 MB of records, 48 MB while they
+/// are sorted); a longer list is sorted in runs of this many on a scratch file and
+/// merged back.
+const SORT_RUN: u64 = 1 << 19;
 
 /// Sorts the `count` records of a dump's list by time, in place (stable); `beside`
 /// is where a scratch file may go.
