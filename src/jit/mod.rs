@@ -203,6 +203,44 @@ struct Dump {
     singles: Vec<(u64, BuildId)>,
     list: File,
     count: u64,
+    /// What its list's records cover (its cut's covers repeat its loads' ranges).
+    extent: Extent,
+}
+
+/// What the records of a dump's list cover, noted as they are written.
+#[derive(Clone, Copy, Debug)]
+struct Extent {
+    /// The lowest start and the highest end.
+    lo: u64,
+    hi: u64,
+    /// The earliest time, and the latest so far.
+    first: u64,
+    last: u64,
+    /// Whether the times never go down (a JIT whose threads take the time before
+    /// the dump's lock writes some records late: Java's agent).
+    sorted: bool,
+}
+
+impl Default for Extent {
+    fn default() -> Self {
+        Extent {
+            lo: u64::MAX,
+            hi: 0,
+            first: u64::MAX,
+            last: 0,
+            sorted: true,
+        }
+    }
+}
+
+impl Extent {
+    fn add(&mut self, r: &MapRec) {
+        self.lo = self.lo.min(r.start);
+        self.hi = self.hi.max(r.start.saturating_add(r.len));
+        self.first = self.first.min(r.time);
+        self.sorted &= r.time >= self.last;
+        self.last = self.last.max(r.time);
+    }
 }
 
 impl Dump {
@@ -856,9 +894,7 @@ fn make_dump(
     let mut count = 0u64;
     let mut last_time = 0u64;
     let mut cut: Option<JitdumpError> = None;
-    // Whether the list's times never go down (a JIT whose threads take the time
-    // before the dump's lock writes some records late: Java's agent).
-    let (mut list_sorted, mut list_last) = (true, 0u64);
+    let mut extent = Extent::default();
     let fail = |e: Error| format!("cannot write its image: {e}");
     loop {
         let entry = match r.next_entry() {
@@ -932,8 +968,7 @@ fn make_dump(
                     pgoff: placed.offset,
                     img: which,
                 };
-                list_sorted &= rec.time >= list_last;
-                list_last = list_last.max(rec.time);
+                extent.add(&rec);
                 lw.write_all(&rec.encode()).map_err(beside)?;
                 count += 1;
                 loads += 1;
@@ -952,8 +987,7 @@ fn make_dump(
                     pgoff: p.offset,
                     img: which,
                 };
-                list_sorted &= rec.time >= list_last;
-                list_last = list_last.max(rec.time);
+                extent.add(&rec);
                 lw.write_all(&rec.encode()).map_err(beside)?;
                 count += 1;
                 moves += 1;
@@ -1017,7 +1051,7 @@ fn make_dump(
         ));
     }
     let list = lw.into_inner().map_err(|e| beside(e.into_error()))?;
-    if !list_sorted {
+    if !extent.sorted {
         // The merge releases each list's records in list order, one waiting at a
         // time: a record behind a later one would be written after records of later
         // times, past rounds perf has already flushed. Sorted by time (stable: list
@@ -1053,6 +1087,7 @@ fn make_dump(
             singles,
             list,
             count,
+            extent,
         },
         notes,
     ))

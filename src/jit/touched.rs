@@ -111,25 +111,25 @@ pub(super) fn choose(src: &Path, l: &Layout, dumps: &[Dump]) -> Result<Choice> {
         return Ok(all("an event's samples carry no pid or time"));
     }
     // The span of addresses each dump's records cover (the records themselves are
-    // read again one dump at a time: memory follows the largest dump, not the sum).
+    // read one dump at a time: memory follows the largest dump, not the sum).
     let mut by_pid: HashMap<u32, Dumped> = HashMap::new();
     for (i, d) in dumps.iter().enumerate() {
-        if !d.singles.is_empty()
-            || by_pid.contains_key(&d.marker.pid)
-            || d.count > u64::from(u32::MAX)
-        {
-            return Ok(all(
-                "a process has images of one load each, two dumps, or more records than are numbered",
-            ));
+        if !d.singles.is_empty() {
+            return Ok(all("a process has images of one load each"));
         }
-        let (mut lo, mut hi, mut first) = (u64::MAX, 0, u64::MAX);
-        read_spans(d, |s| {
-            lo = lo.min(s.start);
-            hi = hi.max(s.end);
-            first = first.min(s.time);
-            Ok(())
-        })?;
-        by_pid.insert(d.marker.pid, Dumped { i, lo, hi, first });
+        if d.count > u64::from(u32::MAX) {
+            return Ok(all("a dump has more records than the choice numbers"));
+        }
+        let x = d.extent;
+        let dumped = Dumped {
+            i,
+            lo: x.lo,
+            hi: x.hi,
+            first: x.first,
+        };
+        if by_pid.insert(d.marker.pid, dumped).is_some() {
+            return Ok(all("a process has two dumps"));
+        }
     }
     let points = match collect(src, l, &by_pid)? {
         Ok(p) => p,
@@ -340,14 +340,7 @@ fn sweep(spans: &mut [Span], points: &mut [(u64, u64)]) -> Vec<bool> {
 fn clustered(spans: &mut [Span], points: &mut [(u64, u64)], kept: &mut [bool]) -> bool {
     spans.sort_unstable_by_key(|s| (s.start, s.idx));
     points.sort_unstable_by_key(|&(t, a)| (a, t));
-    let mut probe = vec![false; kept.len()];
-    if !by_clusters(spans.iter().copied(), points, &mut probe, Big::GiveUp) {
-        return false;
-    }
-    for (k, p) in kept.iter_mut().zip(probe) {
-        *k |= p;
-    }
-    true
+    by_clusters(spans.iter().copied(), points, kept, Big::GiveUp)
 }
 
 /// What [`by_clusters`] does with a cluster larger than [`MAX_CLUSTER`].
@@ -443,21 +436,28 @@ fn answer(cluster: &[Span], t: u64, a: u64, kept: &mut [bool]) {
 /// into [`by_clusters`] (a cluster too large keeps all its records), so memory is a
 /// run and the points, whatever the dump's size.
 fn sweep_runs(d: &Dump, points: &mut [(u64, u64)]) -> Result<Vec<bool>> {
-    let n = usize::try_from(d.count)
-        .map_err(|_| Error::format(0, "too many records").in_file(&d.image))?;
+    // At most u32::MAX records (`choose`).
+    let n = d.count as usize;
     let scratch = super::scratch_beside(&d.image).map_err(|e| Error::io(&d.image, e))?;
-    in_runs(|each| read_spans(d, each), n, &scratch, RUN, points).map_err(|e| e.in_file(&d.image))
+    in_runs(
+        |each| read_spans(d, each),
+        n,
+        (&scratch, &d.image),
+        RUN,
+        points,
+    )
 }
 
-/// [`sweep_runs`] of the `n` records `fill` gives, in runs of `run` on `scratch`.
+/// [`sweep_runs`] of the `n` records `fill` gives, in runs of `run` on `scratch`
+/// (a file and the name its errors go by: it is unlinked beside that file).
 fn in_runs(
     fill: impl FnOnce(&mut dyn FnMut(Span) -> Result<()>) -> Result<()>,
     n: usize,
-    scratch: &std::fs::File,
+    (scratch, name): (&std::fs::File, &Path),
     run: usize,
     points: &mut [(u64, u64)],
 ) -> Result<Vec<bool>> {
-    let io = |e: std::io::Error| Error::format(0, format!("scratch file: {e}"));
+    let io = |e: std::io::Error| Error::io(name, e);
     let mut kept = vec![false; n];
     let mut runs: Vec<(u64, u64)> = Vec::new();
     let mut buf: Vec<Span> = Vec::with_capacity(run.min(n));
@@ -695,7 +695,7 @@ mod tests {
         in_runs(
             |each| spans.iter().try_for_each(|&s| each(s)),
             spans.len(),
-            &f,
+            (&f, Path::new("scratch")),
             run,
             &mut pts.to_vec(),
         )
