@@ -189,6 +189,8 @@ pub enum Record<'a> {
 pub struct Entry<'a> {
     /// Offset of the record in the dump.
     pub offset: u64,
+    /// Its size, prefix included.
+    pub size: u64,
     /// Its timestamp.
     pub time: u64,
     /// The record.
@@ -260,10 +262,12 @@ pub struct Reader<R: Read> {
     pos: usize,
     end: usize,
     eof: bool,
+    /// Its first buffer's size.
+    first: usize,
 }
 
 /// What the reader asks of the input at once, at most.
-const READ_AHEAD: usize = 1 << 20;
+const READ_AHEAD: usize = 256 << 10;
 /// Its first buffer.
 const FIRST_READ: usize = 64 << 10;
 
@@ -278,6 +282,7 @@ impl<R: Read> Reader<R> {
             pos: 0,
             end: 0,
             eof: false,
+            first: FIRST_READ,
         };
         let got = me.fill(HEADER_SIZE)?;
         let header = parse_header(&me.buf[me.pos..me.pos + got])?;
@@ -305,14 +310,14 @@ impl<R: Read> Reader<R> {
         self.end -= self.pos;
         self.pos = 0;
         if self.buf.len() < READ_AHEAD {
-            let len = (self.buf.len() * 2).clamp(FIRST_READ, READ_AHEAD);
+            let len = (self.buf.len() * 2).clamp(self.first, READ_AHEAD.max(self.first));
             self.buf.resize(len, 0);
         }
         while self.end < n && !self.eof {
             if self.buf.len() == self.end {
                 // A record larger than the buffer: it grows as the record's bytes
                 // arrive, not by what the record claims.
-                let step = self.buf.len().clamp(FIRST_READ, READ_AHEAD);
+                let step = self.buf.len().clamp(self.first, READ_AHEAD.max(self.first));
                 self.buf.resize(self.end + step, 0);
             }
             match self.r.read(&mut self.buf[self.end..]) {
@@ -443,9 +448,30 @@ impl<R: Read> Reader<R> {
         };
         Ok(Some(Entry {
             offset,
+            size: u64::from(size),
             time,
             record,
         }))
+    }
+
+    /// A reader of records alone: `r` holds `len` bytes of records of a dump with
+    /// `header` from its offset `at` on (a second read of some of them).
+    pub fn records(r: R, header: Header, at: u64, len: usize) -> Self {
+        Reader {
+            r,
+            header,
+            at,
+            buf: Vec::new(),
+            pos: 0,
+            end: 0,
+            eof: false,
+            first: len.max(PREFIX_SIZE),
+        }
+    }
+
+    /// Offset of the next record (after the last one handed out).
+    pub fn offset(&self) -> u64 {
+        self.at
     }
 
     /// Whether entries are byte-swapped.

@@ -70,6 +70,41 @@ pub(crate) struct Placed {
     pub len: u64,
 }
 
+/// Where a shared image puts each load, without writing it: the offsets
+/// [`ImageWriter::add`] gives the same loads in the same order. It lets the list of
+/// records be written before the image, which then holds only the loads the chosen
+/// records map (at offsets of their own, which the records are given on the way out).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Shelf {
+    end: u64,
+}
+
+impl Default for Shelf {
+    fn default() -> Self {
+        Shelf { end: TEXT_OFFSET }
+    }
+}
+
+impl Shelf {
+    /// A shelf whose next load goes at `offset` (16-byte aligned).
+    pub(crate) fn at(offset: u64) -> Shelf {
+        Shelf { end: offset }
+    }
+
+    /// The place of a load of `csize` bytes of code with `mapped` bytes of tables
+    /// mapped behind it (0: none).
+    pub(crate) fn place(&mut self, csize: u64, mapped: u64) -> Placed {
+        let offset = self.end.next_multiple_of(LOAD_ALIGN);
+        let len = if mapped > 0 {
+            csize.next_multiple_of(8) + mapped
+        } else {
+            csize
+        };
+        self.end = offset + len;
+        Placed { offset, len }
+    }
+}
+
 /// Unwinding tables of a load, as the jitdump gives them.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Tables<'a> {
@@ -79,6 +114,15 @@ pub(crate) struct Tables<'a> {
     pub hdr_size: u64,
     /// Bytes the JIT maps behind the code (0: none).
     pub mapped: u64,
+}
+
+impl Tables<'_> {
+    /// Bytes mapped behind the code that the image holds: what the JIT says it maps,
+    /// at most the tables it gave (a dump claiming more would have the image written
+    /// with zeros without end; V8 maps exactly its tables).
+    pub(crate) fn mapped(&self) -> u64 {
+        self.mapped.min(self.data.len() as u64)
+    }
 }
 
 /// What an image holds.
@@ -583,7 +627,7 @@ impl ImageWriter {
         self.code_end = offset + code.len() as u64;
         let mut len = csize;
         let single = self.kind == Kind::Single;
-        if let Some(t) = unwinding.filter(|u| u.mapped > 0 || single) {
+        if let Some(t) = unwinding.filter(|u| u.mapped() > 0 || single) {
             let aligned = csize.next_multiple_of(8);
             self.put_text(&ZEROS[..(aligned - csize) as usize])?;
             // A shared image keeps what the JIT maps behind the code (the bytes a
@@ -591,23 +635,17 @@ impl ImageWriter {
             let take = if single {
                 t.data.len()
             } else {
-                (t.mapped.min(t.data.len() as u64)) as usize
+                t.mapped() as usize
             };
             let eh_at = self.text_end;
             self.put_text(&t.data[..take])?;
-            let mut rest = t.mapped.saturating_sub(take as u64);
-            while rest > 0 {
-                let n = rest.min(ZEROS.len() as u64);
-                self.put_text(&ZEROS[..n as usize])?;
-                rest -= n;
-            }
             if single {
                 let hdr = t.hdr_size.min(take as u64);
                 let eh_size = take as u64 - hdr;
                 self.eh = Some([(eh_at, eh_size), (eh_at + eh_size, hdr)]);
             }
-            if t.mapped > 0 {
-                len = aligned + t.mapped;
+            if t.mapped() > 0 {
+                len = aligned + t.mapped();
             }
         }
         let job = Job {
@@ -1165,6 +1203,42 @@ fn symtab_gap(strtab: u64, shstrtab: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A shelf puts each load where the writer puts it, with and without tables
+    /// mapped behind the code (and with more claimed mapped than given), so that a
+    /// list written before its image names the offsets the image will have.
+    #[test]
+    fn a_shelf_places_loads_as_the_writer_does() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut w = ImageWriter::create(&dir.path().join("x.so"), Kind::Shared).unwrap();
+        let mut shelf = Shelf::default();
+        let code = [0x90u8; 100];
+        let data = [1u8; 64];
+        let mut x = 7u64;
+        for i in 0..200u64 {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+            let csize = 1 + (x >> 40) as usize % code.len();
+            let mapped = match i % 4 {
+                0 => None,
+                1 => Some(0),
+                2 => Some(24 + (x >> 50) % 40),
+                _ => Some(1 << 40),
+            };
+            let tables = mapped.map(|m| Tables {
+                data: &data,
+                hdr_size: 8,
+                mapped: m,
+            });
+            let want = shelf.place(csize as u64, tables.map_or(0, |t| t.mapped()));
+            let got = w.add(b"f", &code[..csize], tables, None).unwrap();
+            assert_eq!(got, want, "load {i}");
+            assert_eq!(
+                Shelf::at(got.offset).place(csize as u64, tables.map_or(0, |t| t.mapped())),
+                got
+            );
+        }
+        w.finish().unwrap();
+    }
 
     /// The tables thread reads back every job as it was put: a batch of jobs with and
     /// without lines, in either byte order, decodes to the same fields in order.

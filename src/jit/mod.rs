@@ -2,10 +2,13 @@
 //!
 //! A JIT that writes a jitdump (`jit-PID.dump`) maps it once, executable, so that
 //! perf records the mapping as a marker. For each marker of a process in the
-//! recording, the dump becomes ONE ELF image beside it (`jit-PID.so`, every code load
-//! at its own offset, [`image`]) and each code load (and move) that samples touch
-//! ([`touched`]; every one with `--jit-maps all`) one MMAP2 record in build-ID form:
-//! start = the code's address, pgoff = its offset in the image, at the load's time.
+//! recording, each code load (and move) that samples touch ([`touched`]; every one
+//! with `--jit-maps all`) becomes one MMAP2 record in build-ID form, and the loads
+//! they map go into ONE ELF image beside the dump (`jit-PID.so`, each load at its
+//! own offset, [`image`]): start = the code's address, pgoff = its offset in the
+//! image, at the load's time. The dump is read twice: once for the records (and
+//! where each load's records lie), then, once the choice is made, for the kept
+//! loads alone ([`write_image`]).
 //! perf resolves a sample by the map that covers it at the sample's time and replaces
 //! overlapped maps as later ones arrive, so code moved or freed and its address
 //! reused maps each sample to the code there at its time. As perf does, the
@@ -23,8 +26,9 @@
 //! Refused with a note (the dump left out, its marker kept, never a wrong symbol): a
 //! recording from another host, one not recorded with `perf record -k 1`
 //! (CLOCK_MONOTONIC, the jitdump's clock) or without sample-id trailers, a dump that
-//! is missing, not a jitdump, of another process, rewritten after the recording began,
-//! written with TSC timestamps or in the other byte order. A dump cut short is used up
+//! is missing, not a jitdump, of another process, changed between its two reads,
+//! written with TSC timestamps or in the other byte order. Records written after the
+//! recording's end (the JIT went on) are left out. A dump cut short is used up
 //! to the cut; from the cut on, its code ranges are covered by anonymous maps so that
 //! a sample after it never takes the name of code that may have been replaced.
 
@@ -56,7 +60,7 @@ const CLOCK_MONOTONIC: u32 = 1;
 /// attr flag bit `use_clockid`.
 const USE_CLOCKID: u64 = 1 << 25;
 /// Buffer for reading the recording and writing the intermediate.
-const IO_BUF: usize = 1 << 20;
+const IO_BUF: usize = 128 << 10;
 /// Buffer per dump's record list during the merge (many processes, little memory).
 const LIST_BUF: usize = 64 << 10;
 /// Code indexes remembered for CODE_MOVE records (V8 and CPython write none; a move
@@ -67,13 +71,13 @@ const PROT_RX: u32 = 5;
 /// flags of the records: MAP_PRIVATE.
 const MAP_PRIVATE: u32 = 2;
 
-/// Where each code index's load went (its place and image), for CODE_MOVE records:
-/// a list while no move has come (V8 and CPython write none, and 50,000 inserts into
-/// a map were 5% of a run), a map from the first move on.
+/// Where each code index's load went (its record's number in the list), for
+/// CODE_MOVE records: a list while no move has come (V8 and CPython write none, and
+/// 50,000 inserts into a map were 5% of a run), a map from the first move on.
 #[derive(Default)]
 struct Indexes {
-    list: Vec<(u64, image::Placed, u64)>,
-    map: Option<HashMap<u64, (image::Placed, u64)>>,
+    list: Vec<(u64, u64)>,
+    map: Option<HashMap<u64, u64>>,
 }
 
 impl Indexes {
@@ -81,30 +85,30 @@ impl Indexes {
         self.map.as_ref().map_or(self.list.len(), HashMap::len)
     }
 
-    fn insert(&mut self, index: u64, placed: image::Placed, img: u64) {
+    fn insert(&mut self, index: u64, rec: u64) {
         match &mut self.map {
             Some(m) => {
-                m.insert(index, (placed, img));
+                m.insert(index, rec);
             }
-            None => self.list.push((index, placed, img)),
+            None => self.list.push((index, rec)),
         }
     }
 
-    /// The newest load of `index`.
-    fn get(&mut self, index: u64) -> Option<(image::Placed, u64)> {
+    /// The record of the newest load of `index`.
+    fn get(&mut self, index: u64) -> Option<u64> {
         let list = &mut self.list;
         self.map
-            .get_or_insert_with(|| list.drain(..).map(|(i, p, w)| (i, (p, w))).collect())
+            .get_or_insert_with(|| list.drain(..).collect())
             .get(&index)
             .copied()
     }
 }
 
-/// One mapping to insert, as written to a dump's list (40 bytes each).
+/// One mapping to insert, as written to a dump's list (56 bytes each; the pid is
+/// the dump's).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct MapRec {
     time: u64,
-    pid: u32,
     tid: u32,
     start: u64,
     len: u64,
@@ -112,32 +116,39 @@ struct MapRec {
     pgoff: u64,
     /// The image: 0 the shared one, n the n-th single-load one.
     img: u64,
+    /// The load's records in the dump: from offset `at`, `size` bytes (its lines and
+    /// tables, then the load itself; `u32::MAX`: that or more), so that an image
+    /// written later reads only the loads it holds.
+    at: u64,
+    size: u32,
 }
 
 impl MapRec {
-    const SIZE: usize = 48;
-    fn encode(&self) -> [u8; 48] {
-        let mut b = [0u8; 48];
+    const SIZE: usize = 56;
+    fn encode(&self) -> [u8; 56] {
+        let mut b = [0u8; 56];
         b[0..8].copy_from_slice(&self.time.to_le_bytes());
-        b[8..12].copy_from_slice(&self.pid.to_le_bytes());
-        b[12..16].copy_from_slice(&self.tid.to_le_bytes());
+        b[8..12].copy_from_slice(&self.tid.to_le_bytes());
+        b[12..16].copy_from_slice(&self.size.to_le_bytes());
         b[16..24].copy_from_slice(&self.start.to_le_bytes());
         b[24..32].copy_from_slice(&self.len.to_le_bytes());
         b[32..40].copy_from_slice(&self.pgoff.to_le_bytes());
         b[40..48].copy_from_slice(&self.img.to_le_bytes());
+        b[48..56].copy_from_slice(&self.at.to_le_bytes());
         b
     }
-    fn decode(b: &[u8; 48]) -> MapRec {
+    fn decode(b: &[u8; 56]) -> MapRec {
         let u64at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap_or([0; 8]));
         let u32at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap_or([0; 4]));
         MapRec {
             time: u64at(0),
-            pid: u32at(8),
-            tid: u32at(12),
+            tid: u32at(8),
+            size: u32at(12),
             start: u64at(16),
             len: u64at(24),
             pgoff: u64at(32),
             img: u64at(40),
+            at: u64at(48),
         }
     }
 }
@@ -205,6 +216,10 @@ struct Dump {
     count: u64,
     /// What its list's records cover (its cut's covers repeat its loads' ranges).
     extent: Extent,
+    /// Its shared image, when it waits for the choice.
+    pending: Option<Pending>,
+    /// Where the loads of an image written after the choice went.
+    placement: Option<Placement>,
 }
 
 /// What the records of a dump's list cover, noted as they are written.
@@ -248,6 +263,19 @@ impl Dump {
     fn marker_path(&self) -> PathBuf {
         use std::os::unix::ffi::OsStrExt;
         PathBuf::from(std::ffi::OsStr::from_bytes(&self.marker.path))
+    }
+
+    /// Where a record's load is in the shared image: its offset there, given its
+    /// list's (shelf) offset; `None`: not in the image (never, for a kept record).
+    fn image_offset(&self, pgoff: u64) -> Option<u64> {
+        match &self.placement {
+            None => Some(pgoff),
+            Some(p) => p
+                .shelf
+                .binary_search(&pgoff)
+                .ok()
+                .and_then(|i| p.image.get(i).copied()),
+        }
     }
 
     /// The image of a record: its path and ID.
@@ -653,15 +681,21 @@ pub(crate) fn prepare(
         });
     }
     let t = std::time::Instant::now();
-    let dumps = make_dumps(pool, &l, &markers, end_time, &mut summary)?;
-    summary.timings.push(("jit-images", t.elapsed()));
+    // With every load mapped, each image is written as its dump is read; otherwise
+    // once the choice says which loads it must hold.
+    let writing = match maps {
+        JitMaps::Touched => Writing::Later,
+        JitMaps::Every => Writing::Now,
+    };
+    let mut dumps = make_dumps(pool, &l, &markers, end_time, writing, &mut summary)?;
+    summary.timings.push(("jit-dumps", t.elapsed()));
     if dumps.is_empty() {
         return Ok(Prepared {
             tmp: flat.or(spool),
             summary,
         });
     }
-    let kept = match maps {
+    let mut kept = match maps {
         JitMaps::Touched => {
             let t = std::time::Instant::now();
             let c =
@@ -672,6 +706,11 @@ pub(crate) fn prepare(
         }
         JitMaps::Every => dumps.iter().map(|_| None).collect(),
     };
+    if dumps.iter().any(|d| d.pending.is_some()) {
+        let t = std::time::Instant::now();
+        write_images(pool, end_time, &mut dumps, &mut kept, &mut summary);
+        summary.timings.push(("jit-images", t.elapsed()));
+    }
     let t = std::time::Instant::now();
     let out = TempOutput::create(&place, false)?;
     write_merged(&source, &out.path, &l, &dumps, kept, &anons)
@@ -745,6 +784,7 @@ fn make_dumps(
     l: &Layout,
     markers: &[Marker],
     end_time: u64,
+    writing: Writing,
     summary: &mut JitSummary,
 ) -> Result<Vec<Dump>> {
     let shown = |m: &Marker| String::from_utf8_lossy(&m.path).into_owned();
@@ -797,11 +837,14 @@ fn make_dumps(
             use rayon::prelude::*;
             unique
                 .par_iter()
-                .map(|m| make_dump(m, l, end_time))
+                .map(|m| make_dump(m, l, end_time, writing))
                 .collect()
         })
     } else {
-        unique.iter().map(|m| make_dump(m, l, end_time)).collect()
+        unique
+            .iter()
+            .map(|m| make_dump(m, l, end_time, writing))
+            .collect()
     };
     let mut dumps: Vec<Dump> = Vec::new();
     for (m, r) in unique.iter().zip(made) {
@@ -839,64 +882,75 @@ fn scratch_beside(path: &Path) -> std::io::Result<File> {
     Err(std::io::Error::other("no temp name"))
 }
 
-/// Reads one dump into its image and its list of records. Err: why it is left out.
-fn make_dump(
-    m: &Marker,
-    l: &Layout,
+/// A load of a dump, with the lines and unwinding tables of the records before it
+/// (perf attaches them to the next load).
+struct Loaded<'a> {
+    time: u64,
+    /// Its records in the dump: from offset `at` (the first record after the load
+    /// before it), `size` bytes up to its end.
+    at: u64,
+    size: u64,
+    load: jitdump::CodeLoad<'a>,
+    lines: Option<image::DebugLines<'a>>,
+    tables: Option<image::Tables<'a>>,
+}
+
+impl Loaded<'_> {
+    /// Where a shelf of every load puts it.
+    fn place(&self, shelf: &mut image::Shelf) -> image::Placed {
+        shelf.place(
+            self.load.code.len() as u64,
+            self.tables.map_or(0, |t| t.mapped()),
+        )
+    }
+}
+
+/// What a walk over a dump meets.
+enum Step<'a> {
+    Load(Loaded<'a>),
+    Move { time: u64, mv: jitdump::CodeMove },
+}
+
+/// How a walk over a dump ended.
+struct Walked {
+    /// Offset of the first record not walked (a second walk stops there: a JIT still
+    /// writing the dump adds records behind it).
+    stop: u64,
+    /// Why it ended before the dump's end, if it did.
+    cut: Option<JitdumpError>,
+    /// The latest time met.
+    last_time: u64,
+    /// Of the loads' times, addresses and sizes, to tell that a second walk met the
+    /// loads the first one did.
+    fingerprint: u64,
+    /// Records written after the recording's end, left out.
+    late: u64,
+}
+
+/// Walks `r`'s records up to offset `stop`, giving `each` every load (with code)
+/// and move of the recording's time (up to `end_time`: a JIT that goes on after the
+/// recording writes more, and a later process with the same pid rewrites the dump
+/// from its start). Err: why the dump is left out.
+fn walk<R: Read>(
+    r: &mut Reader<R>,
     end_time: u64,
-) -> std::result::Result<(Dump, Vec<String>), String> {
-    // Where stacks are unwound (DWARF user stacks), every load keeps an image of its
-    // own, perf's layout: perf's libdw unwinder reports each DSO's ELF to libdw at
-    // its map's start - pgoff, so the loads of one shared image would be the same
-    // ELF at as many overlapping places, which libdw refuses, and the unwinding
-    // stops at the first JIT frame (measured: node, 3,136 of 4,135 chains cut). An
-    // image of one load also gives perf its one .eh_frame_hdr where there is CFI.
-    let per_load = l.attrs.iter().any(|a| a.sample_type & st::STACK_USER != 0);
-    use std::os::unix::ffi::OsStrExt;
-    let path = PathBuf::from(std::ffi::OsStr::from_bytes(&m.path));
-    let f = File::open(&path).map_err(|e| format!("cannot open it: {e}"))?;
-    let mut r = Reader::new(f).map_err(|e| e.to_string())?;
-    let h = r.header;
-    if h.swapped {
-        return Err("written in the other byte order (not read yet)".into());
-    }
-    if h.flags & jitdump::FLAG_ARCH_TIMESTAMP != 0 {
-        return Err("its times are TSC counts (JITDUMP_FLAGS_ARCH_TIMESTAMP), not read yet".into());
-    }
-    if h.pid != m.pid {
-        return Err(format!(
-            "it was written by process {}, the marker is process {}'s",
-            h.pid, m.pid
-        ));
-    }
-    let stem = path
-        .file_name()
-        .map(|n| n.to_string_lossy().trim_end_matches(".dump").to_string())
-        .unwrap_or_else(|| format!("jit-{}", m.pid));
-    let image_path = path.with_file_name(format!("{stem}.so"));
-    let mut img = image::ImageWriter::create(&image_path, image::Kind::Shared)
-        .map_err(|e| format!("cannot write its image: {e}"))?;
-    let mut shared_loads = 0u64;
-    let mut dropped_tables = 0u64;
-    let mut singles: Vec<(u64, BuildId)> = Vec::new();
-    let list = scratch_beside(&image_path).map_err(|e| format!("cannot write beside it: {e}"))?;
-    let mut lw = BufWriter::with_capacity(IO_BUF, list);
-    let beside = |e: std::io::Error| format!("cannot write beside it: {e}");
-    let mut notes = Vec::new();
+    stop: u64,
+    mut each: impl FnMut(Step<'_>) -> std::result::Result<(), String>,
+) -> std::result::Result<Walked, String> {
+    let swapped = r.header.swapped;
     // The last DEBUG_INFO's entries (its buffer reused: most loads of a JIT with
     // line tables have one) and whether they still wait for their load.
     let mut debug: Vec<u8> = Vec::new();
     let mut debug_waits = false;
     let mut debug_count = 0u64;
     let mut unwind: Option<(Vec<u8>, u64, u64)> = None;
-    let mut indexes = Indexes::default();
-    let (mut loads, mut moves, mut lost_moves) = (0u64, 0u64, 0u64);
-    let mut count = 0u64;
     let mut last_time = 0u64;
-    let mut cut: Option<JitdumpError> = None;
-    let mut extent = Extent::default();
-    let fail = |e: Error| format!("cannot write its image: {e}");
-    loop {
+    let mut fingerprint = 0u64;
+    let mut cut = None;
+    let mut late = 0u64;
+    // Where the records of the next load begin.
+    let mut group = r.offset();
+    while r.offset() < stop {
         let entry = match r.next_entry() {
             Ok(Some(e)) => e,
             Ok(None) => break,
@@ -906,12 +960,12 @@ fn make_dump(
             }
         };
         if entry.time > end_time {
-            // The header's own timestamp is the JIT's choice of clock (V8 and CPython
-            // write wall-clock microseconds); records are CLOCK_MONOTONIC.
-            return Err(format!(
-                "its record at offset {:#x} was written at {} ns, after the recording's last record ({end_time} ns): a later process with the same pid rewrote it",
-                entry.offset, entry.time
-            ));
+            // No sample sees it (the header's own timestamp is the JIT's choice of
+            // clock: V8 and CPython write wall-clock microseconds; records are
+            // CLOCK_MONOTONIC). A thread that took its time before the dump's lock
+            // may still write an earlier one after it: the walk goes on.
+            late += 1;
+            continue;
         }
         last_time = last_time.max(entry.time);
         match entry.record {
@@ -928,12 +982,11 @@ fn make_dump(
                 if load.code.is_empty() {
                     continue;
                 }
-                // Lines belong to the load they precede (perf attaches them so).
                 let code_addr = load.code_addr;
                 let lines = std::mem::take(&mut debug_waits).then_some(image::DebugLines {
                     raw: &debug,
                     count: debug_count,
-                    swapped: h.swapped,
+                    swapped,
                     code_addr,
                 });
                 let u = unwind.take();
@@ -942,66 +995,175 @@ fn make_dump(
                     hdr_size: *hdr,
                     mapped: *mapped,
                 });
-                let (placed, which) = if per_load {
-                    let sp = single_path(&image_path, m.pid, load.code_index);
-                    let mut one =
-                        image::ImageWriter::create(&sp, image::Kind::Single).map_err(fail)?;
-                    let placed = one.add(load.name, load.code, tables, lines).map_err(fail)?;
-                    let done = one.finish().map_err(fail)?;
-                    dropped_tables += done.dropped_tables;
-                    singles.push((load.code_index, done.id));
-                    (placed, singles.len() as u64)
-                } else {
-                    shared_loads += 1;
-                    let placed = img.add(load.name, load.code, tables, lines).map_err(fail)?;
-                    (placed, 0)
-                };
-                if indexes.len() < MAX_INDEXES {
-                    indexes.insert(load.code_index, placed, which);
+                for v in [entry.time, code_addr, load.code.len() as u64] {
+                    fingerprint =
+                        (fingerprint.rotate_left(5) ^ v).wrapping_mul(0x9e37_79b9_7f4a_7c15);
                 }
-                let rec = MapRec {
+                let end = entry.offset + entry.size;
+                let at = std::mem::replace(&mut group, end);
+                each(Step::Load(Loaded {
                     time: entry.time,
-                    pid: m.pid,
-                    tid: load.tid,
-                    start: code_addr,
-                    len: placed.len,
-                    pgoff: placed.offset,
-                    img: which,
-                };
-                extent.add(&rec);
-                lw.write_all(&rec.encode()).map_err(beside)?;
-                count += 1;
-                loads += 1;
+                    at,
+                    size: end - at,
+                    load,
+                    lines,
+                    tables,
+                }))?;
             }
-            Record::Move(mv) => {
-                let Some((p, which)) = indexes.get(mv.code_index) else {
-                    lost_moves += 1;
-                    continue;
-                };
-                let rec = MapRec {
-                    time: entry.time,
-                    pid: m.pid,
-                    tid: mv.tid,
-                    start: mv.new_code_addr,
-                    len: mv.code_size.min(p.len).max(1),
-                    pgoff: p.offset,
-                    img: which,
-                };
-                extent.add(&rec);
-                lw.write_all(&rec.encode()).map_err(beside)?;
-                count += 1;
-                moves += 1;
-            }
+            Record::Move(mv) => each(Step::Move {
+                time: entry.time,
+                mv,
+            })?,
             Record::Close | Record::Unknown(_) => {}
         }
     }
+    Ok(Walked {
+        stop: r.offset(),
+        cut,
+        last_time,
+        fingerprint,
+        late,
+    })
+}
+
+/// When a dump's shared image is written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Writing {
+    /// As the dump is read, with every load (`--jit-maps all`).
+    Now,
+    /// Once the records are chosen, with the loads they map ([`write_images`]); until
+    /// then the list's offsets are those of a shelf of every load.
+    Later,
+}
+
+/// A dump whose image waits for the choice ([`Writing::Later`]).
+struct Pending {
+    /// The dump's header.
+    header: jitdump::Header,
+    /// Where the first walk stopped, and what it met.
+    stop: u64,
+    fingerprint: u64,
+    loads: u64,
+    moves: u64,
+}
+
+/// Where the loads of an image written later went: the shelf offsets of the loads
+/// it holds, sorted, and each one's offset in the image. `None` in [`Dump`]: the
+/// image holds every load at its shelf offset.
+struct Placement {
+    shelf: Vec<u64>,
+    image: Vec<u64>,
+}
+
+/// Reads one dump into its list of records and, unless it is written later, its
+/// image. Err: why it is left out.
+fn make_dump(
+    m: &Marker,
+    l: &Layout,
+    end_time: u64,
+    writing: Writing,
+) -> std::result::Result<(Dump, Vec<String>), String> {
+    // Where stacks are unwound (DWARF user stacks), every load keeps an image of its
+    // own, perf's layout: perf's libdw unwinder reports each DSO's ELF to libdw at
+    // its map's start - pgoff, so the loads of one shared image would be the same
+    // ELF at as many overlapping places, which libdw refuses, and the unwinding
+    // stops at the first JIT frame (measured: node, 3,136 of 4,135 chains cut). An
+    // image of one load also gives perf its one .eh_frame_hdr where there is CFI.
+    let per_load = l.attrs.iter().any(|a| a.sample_type & st::STACK_USER != 0);
+    let writing = if per_load { Writing::Now } else { writing };
+    use std::os::unix::ffi::OsStrExt;
+    let path = PathBuf::from(std::ffi::OsStr::from_bytes(&m.path));
+    let mut r = open_dump(&path, m)?;
+    let stem = path
+        .file_name()
+        .map(|n| n.to_string_lossy().trim_end_matches(".dump").to_string())
+        .unwrap_or_else(|| format!("jit-{}", m.pid));
+    let image_path = path.with_file_name(format!("{stem}.so"));
+    let fail = |e: Error| format!("cannot write its image: {e}");
+    let mut img = match writing {
+        Writing::Now => {
+            Some(image::ImageWriter::create(&image_path, image::Kind::Shared).map_err(fail)?)
+        }
+        Writing::Later => None,
+    };
+    let mut shelf = image::Shelf::default();
+    let mut shared_loads = 0u64;
+    let mut dropped_tables = 0u64;
+    let mut singles: Vec<(u64, BuildId)> = Vec::new();
+    let list = scratch_beside(&image_path).map_err(|e| format!("cannot write beside it: {e}"))?;
+    let mut lw = BufWriter::with_capacity(IO_BUF, list);
+    let beside = |e: std::io::Error| format!("cannot write beside it: {e}");
+    let mut notes = Vec::new();
+    let mut indexes = Indexes::default();
+    let (mut loads, mut moves, mut lost_moves) = (0u64, 0u64, 0u64);
+    let mut count = 0u64;
+    let mut extent = Extent::default();
+    let walked = walk(&mut r, end_time, u64::MAX, |step| {
+        let rec = match step {
+            Step::Load(x) => {
+                let (placed, which) = if per_load {
+                    let sp = single_path(&image_path, m.pid, x.load.code_index);
+                    let mut one =
+                        image::ImageWriter::create(&sp, image::Kind::Single).map_err(fail)?;
+                    let placed = one
+                        .add(x.load.name, x.load.code, x.tables, x.lines)
+                        .map_err(fail)?;
+                    let done = one.finish().map_err(fail)?;
+                    dropped_tables += done.dropped_tables;
+                    singles.push((x.load.code_index, done.id));
+                    (placed, singles.len() as u64)
+                } else {
+                    shared_loads += 1;
+                    let placed = match &mut img {
+                        Some(img) => img
+                            .add(x.load.name, x.load.code, x.tables, x.lines)
+                            .map_err(fail)?,
+                        None => x.place(&mut shelf),
+                    };
+                    (placed, 0)
+                };
+                if indexes.len() < MAX_INDEXES {
+                    indexes.insert(x.load.code_index, count);
+                }
+                loads += 1;
+                MapRec {
+                    time: x.time,
+                    tid: x.load.tid,
+                    start: x.load.code_addr,
+                    len: placed.len,
+                    pgoff: placed.offset,
+                    img: which,
+                    at: x.at,
+                    size: u32::try_from(x.size).unwrap_or(u32::MAX),
+                }
+            }
+            Step::Move { time, mv } => {
+                let Some(n) = indexes.get(mv.code_index) else {
+                    lost_moves += 1;
+                    return Ok(());
+                };
+                let load = written_rec(&lw, count, n).map_err(beside)?;
+                moves += 1;
+                MapRec {
+                    time,
+                    tid: mv.tid,
+                    start: mv.new_code_addr,
+                    len: mv.code_size.min(load.len).max(1),
+                    ..load
+                }
+            }
+        };
+        extent.add(&rec);
+        count += 1;
+        lw.write_all(&rec.encode()).map_err(beside)
+    })?;
     let shown = path.display();
-    if let Some(c) = &cut {
+    if let Some(c) = &walked.cut {
         // From the cut on, code may have been loaded where older code was: every range
         // loaded so far is covered by an anonymous map at the cut's time.
         let t = match c {
-            JitdumpError::Truncated { time: Some(t), .. } => (*t).max(last_time),
-            _ => last_time,
+            JitdumpError::Truncated { time: Some(t), .. } => (*t).max(walked.last_time),
+            _ => walked.last_time,
         }
         .saturating_add(1);
         lw.flush().map_err(beside)?;
@@ -1032,23 +1194,35 @@ fn make_dump(
             "--jit: {shown} is cut short ({c}): its {loads} code loads before the cut are used; samples in JIT code from {t} ns on show as [unknown] (code loaded after the cut is not in the dump, and must not take an older load's name)"
         ));
     }
+    if walked.late > 0 {
+        notes.push(if loads == 0 {
+            format!(
+                "--jit: {shown}: every one of its {} records was written after the recording's end (a later process with the same pid rewrote it, or the JIT loaded its code after the recording); no code loads used",
+                walked.late
+            )
+        } else {
+            format!(
+                "--jit: {shown}: {} records written after the recording's end left out (the JIT went on after the recording)",
+                walked.late
+            )
+        });
+    }
     if lost_moves > 0 {
         notes.push(format!(
             "--jit: {shown}: {lost_moves} code moves name a load not in the dump; left out"
         ));
     }
     // An image no load went to is not written.
-    let id = if shared_loads > 0 {
-        let done = img.finish().map_err(fail)?;
-        dropped_tables += done.dropped_tables;
-        Some(done.id)
-    } else {
-        None
+    let id = match img {
+        Some(img) if shared_loads > 0 => {
+            let done = img.finish().map_err(fail)?;
+            dropped_tables += done.dropped_tables;
+            Some(done.id)
+        }
+        _ => None,
     };
     if dropped_tables > 0 {
-        notes.push(format!(
-            "--jit: {shown}: {dropped_tables} loads without a name or lines (the image's 32-bit tables are full)"
-        ));
+        notes.push(dropped_note(&shown, dropped_tables));
     }
     let list = lw.into_inner().map_err(|e| beside(e.into_error()))?;
     if !extent.sorted {
@@ -1058,27 +1232,31 @@ fn make_dump(
         // order breaks ties), the list is in the order the engine keys it.
         sort_list(&list, count, &image_path).map_err(beside)?;
     }
-    let mut into = Vec::new();
-    if let Some(id) = id {
-        into.push(format!("{} (build ID {id})", image_path.display()));
-    }
-    if !singles.is_empty() {
-        into.push(format!(
-            "{} images of one load each (jitted-{}-N.so: a recording with DWARF stacks, one image per load as perf's DWARF unwinding needs)",
-            singles.len(),
-            m.pid
+    let pending = (writing == Writing::Later && shared_loads > 0).then_some(Pending {
+        header: r.header,
+        stop: walked.stop,
+        fingerprint: walked.fingerprint,
+        loads,
+        moves,
+    });
+    if pending.is_none() {
+        let mut into = Vec::new();
+        if let Some(id) = id {
+            into.push(format!("{} (build ID {id})", image_path.display()));
+        }
+        if !singles.is_empty() {
+            into.push(format!(
+                "{} images of one load each (jitted-{}-N.so: a recording with DWARF stacks, one image per load as perf's DWARF unwinding needs)",
+                singles.len(),
+                m.pid
+            ));
+        }
+        notes.push(format!(
+            "--jit: {shown}: {loads} code loads{} into {}; {count} MMAP2 records",
+            moves_said(moves),
+            into.join(" and ")
         ));
     }
-    notes.push(format!(
-        "--jit: {shown}: {loads} code loads{} into {}; {count} MMAP2 records",
-        if moves > 0 {
-            format!(" and {moves} moves")
-        } else {
-            String::new()
-        },
-        into.join(" and ")
-    ));
-    let _ = l;
     Ok((
         Dump {
             marker: m.clone(),
@@ -1088,12 +1266,285 @@ fn make_dump(
             list,
             count,
             extent,
+            pending,
+            placement: None,
         },
         notes,
     ))
 }
 
-/// Records of a list sorted in memory at once (24 MB of records, 48 MB while they
+/// Record `n` of the `count` a list being written through `lw` holds (in its buffer
+/// still, or in the file).
+fn written_rec(lw: &BufWriter<File>, count: u64, n: u64) -> std::io::Result<MapRec> {
+    let size = MapRec::SIZE as u64;
+    let buffered = lw.buffer();
+    let flushed = (count * size).saturating_sub(buffered.len() as u64);
+    let mut b = [0u8; MapRec::SIZE];
+    let at = n * size;
+    match at.checked_sub(flushed) {
+        Some(i) => {
+            let i = i as usize;
+            let got = buffered
+                .get(i..i + MapRec::SIZE)
+                .ok_or_else(|| std::io::Error::other("a list record past its end"))?;
+            b.copy_from_slice(got);
+        }
+        None => lw.get_ref().read_exact_at(&mut b, at)?,
+    }
+    Ok(MapRec::decode(&b))
+}
+
+fn moves_said(moves: u64) -> String {
+    if moves > 0 {
+        format!(" and {moves} moves")
+    } else {
+        String::new()
+    }
+}
+
+fn dropped_note(shown: &std::path::Display<'_>, dropped: u64) -> String {
+    format!(
+        "--jit: {shown}: {dropped} loads without a name or lines (the image's 32-bit tables are full)"
+    )
+}
+
+/// The jitdump of marker `m` at `path`, its header read and checked. Err: why it is
+/// left out.
+fn open_dump(path: &Path, m: &Marker) -> std::result::Result<Reader<File>, String> {
+    let f = File::open(path).map_err(|e| format!("cannot open it: {e}"))?;
+    let r = Reader::new(f).map_err(|e| e.to_string())?;
+    let h = r.header;
+    if h.swapped {
+        return Err("written in the other byte order (not read yet)".into());
+    }
+    if h.flags & jitdump::FLAG_ARCH_TIMESTAMP != 0 {
+        return Err("its times are TSC counts (JITDUMP_FLAGS_ARCH_TIMESTAMP), not read yet".into());
+    }
+    if h.pid != m.pid {
+        return Err(format!(
+            "it was written by process {}, the marker is process {}'s",
+            h.pid, m.pid
+        ));
+    }
+    Ok(r)
+}
+
+/// Shelf offsets an image written later holds at most one by one ([`Placement`]:
+/// 16 bytes each); past them it holds every load.
+const MAX_PLACED: usize = 1 << 20;
+
+/// Writes the images that waited for the choice (each process's on a core of its
+/// own), with the loads that `kept`'s records map; a dump that can no longer be
+/// read as it was is left out (with its choice), with a note.
+fn write_images(
+    pool: &rayon::ThreadPool,
+    end_time: u64,
+    dumps: &mut Vec<Dump>,
+    kept: &mut Vec<Option<Vec<bool>>>,
+    summary: &mut JitSummary,
+) {
+    let done: Vec<std::result::Result<Vec<String>, String>> = pool.install(|| {
+        use rayon::prelude::*;
+        dumps
+            .par_iter_mut()
+            .zip(kept.par_iter())
+            .map(|(d, k)| match d.pending.take() {
+                Some(p) => write_image(d, &p, k.as_deref(), end_time),
+                None => Ok(Vec::new()),
+            })
+            .collect()
+    });
+    let keep: Vec<bool> = done
+        .into_iter()
+        .map(|r| match r {
+            Ok(notes) => {
+                summary.notes.extend(notes);
+                true
+            }
+            Err(why) => {
+                summary.notes.push(why);
+                false
+            }
+        })
+        .collect();
+    let mut flags = keep.iter();
+    dumps.retain(|_| flags.next().copied().unwrap_or(true));
+    let mut flags = keep.iter();
+    kept.retain(|_| flags.next().copied().unwrap_or(true));
+}
+
+/// A load an image written later holds: its shelf offset, its records in the dump
+/// (`at`, `size`) and the most bytes a kept record maps of it.
+#[derive(Clone, Copy)]
+struct Wanted {
+    shelf: u64,
+    at: u64,
+    size: u32,
+    len: u64,
+}
+
+/// Bytes of the dump read at once for the loads an image holds (runs of loads
+/// whose records follow one another are read together).
+const READ_RUN: u64 = 1 << 20;
+
+/// Writes dump `d`'s image with the loads its kept records map (`None`: all).
+fn write_image(
+    d: &mut Dump,
+    p: &Pending,
+    kept: Option<&[bool]>,
+    end_time: u64,
+) -> std::result::Result<Vec<String>, String> {
+    let path = d.marker_path();
+    let shown = path.display();
+    let left_out = |why: String| format!("--jit: {shown} left out: {why}");
+    let wanted = wanted(d, p, kept).map_err(|e| left_out(format!("cannot read its list: {e}")))?;
+    let fail = |e: Error| left_out(format!("cannot write its image: {e}"));
+    let changed = || {
+        left_out(
+            "it changed between its two reads (a later process with the same pid rewrote it)"
+                .into(),
+        )
+    };
+    let mut img = image::ImageWriter::create(&d.image, image::Kind::Shared).map_err(fail)?;
+    let mut placed = Vec::with_capacity(wanted.as_ref().map_or(0, Vec::len));
+    match &wanted {
+        None => {
+            // Every load, each at its shelf offset: the dump read again up to where
+            // the first read stopped, and checked to be the same.
+            let mut r = open_dump(&path, &d.marker).map_err(left_out)?;
+            let mut shelf = image::Shelf::default();
+            let mut loads = 0u64;
+            let mut moved = false;
+            let walked = walk(&mut r, end_time, p.stop, |step| {
+                if let Step::Load(x) = step {
+                    loads += 1;
+                    let s = x.place(&mut shelf);
+                    let at = img
+                        .add(x.load.name, x.load.code, x.tables, x.lines)
+                        .map_err(fail)?;
+                    moved |= at != s;
+                }
+                Ok(())
+            })
+            .map_err(left_out)?;
+            if moved || loads != p.loads || walked.fingerprint != p.fingerprint {
+                return Err(changed());
+            }
+        }
+        Some(w) => {
+            // Only the loads wanted: their records read where the first read found
+            // them, runs of neighbours at once.
+            let f = File::open(&path).map_err(|e| left_out(format!("cannot open it: {e}")))?;
+            let mut buf = Vec::new();
+            let mut i = 0;
+            while i < w.len() {
+                let from = w[i].at;
+                let mut to = from + u64::from(w[i].size);
+                let mut j = i + 1;
+                while j < w.len() && w[j].at == to && to - from < READ_RUN {
+                    to += u64::from(w[j].size);
+                    j += 1;
+                }
+                buf.resize((to - from) as usize, 0);
+                f.read_exact_at(&mut buf, from).map_err(|_| changed())?;
+                let mut r = Reader::records(&buf[..], p.header, from, buf.len());
+                let mut k = i;
+                let walked = walk(&mut r, end_time, to, |step| {
+                    let Step::Load(x) = step else {
+                        return Ok(());
+                    };
+                    let want = w.get(k).filter(|want| {
+                        want.at == x.at
+                            && x.place(&mut image::Shelf::at(want.shelf)).len >= want.len
+                    });
+                    if want.is_none() {
+                        return Err(changed());
+                    }
+                    k += 1;
+                    let at = img
+                        .add(x.load.name, x.load.code, x.tables, x.lines)
+                        .map_err(fail)?;
+                    placed.push(at.offset);
+                    Ok(())
+                })?;
+                if k != j || walked.cut.is_some() {
+                    return Err(changed());
+                }
+                i = j;
+            }
+        }
+    }
+    let done = img.finish().map_err(fail)?;
+    d.id = Some(done.id);
+    let mut notes = Vec::new();
+    if done.dropped_tables > 0 {
+        notes.push(dropped_note(&shown, done.dropped_tables));
+    }
+    let held = wanted.as_ref().map_or(p.loads, |v| v.len() as u64);
+    notes.push(format!(
+        "--jit: {shown}: {held} code loads{} into {} (build ID {}){}",
+        moves_said(p.moves),
+        d.image.display(),
+        done.id,
+        if held == p.loads {
+            String::new()
+        } else {
+            format!(
+                ": the loads samples touch, of {} (with --jit-maps all, every one)",
+                p.loads
+            )
+        },
+    ));
+    d.placement = wanted.map(|w| Placement {
+        shelf: w.iter().map(|x| x.shelf).collect(),
+        image: placed,
+    });
+    Ok(notes)
+}
+
+/// The loads dump `d`'s kept records map, by shelf offset (the dump's order); `None`:
+/// every load, or more than are held one by one, or one whose records are too long
+/// to be read apart.
+fn wanted(d: &Dump, p: &Pending, kept: Option<&[bool]>) -> std::io::Result<Option<Vec<Wanted>>> {
+    let mut v: Vec<Wanted> = Vec::new();
+    let mut buf = vec![0u8; 4096 * MapRec::SIZE];
+    let mut at = 0u64;
+    let tidy = |v: &mut Vec<Wanted>| {
+        // A load's moves map it too: one entry per load, with the most it maps.
+        v.sort_unstable_by_key(|w| (w.shelf, std::cmp::Reverse(w.len)));
+        v.dedup_by_key(|w| w.shelf);
+        v.len() <= MAX_PLACED && (v.len() as u64) < p.loads
+    };
+    while at < d.count {
+        let n = (d.count - at).min(4096) as usize;
+        let b = &mut buf[..n * MapRec::SIZE];
+        d.list.read_exact_at(b, at * MapRec::SIZE as u64)?;
+        for (j, c) in b.as_chunks::<{ MapRec::SIZE }>().0.iter().enumerate() {
+            let r = MapRec::decode(c);
+            let k = (at + j as u64) as usize;
+            if r.pgoff == u64::MAX || !kept.is_none_or(|kept| kept.get(k).copied().unwrap_or(true))
+            {
+                continue;
+            }
+            if r.size == u32::MAX {
+                return Ok(None);
+            }
+            v.push(Wanted {
+                shelf: r.pgoff,
+                at: r.at,
+                size: r.size,
+                len: r.len,
+            });
+        }
+        at += n as u64;
+        if v.len() > 2 * MAX_PLACED && !tidy(&mut v) {
+            return Ok(None);
+        }
+    }
+    Ok(tidy(&mut v).then_some(v))
+}
+
+/// Records of a list sorted in memory at once (28 MB of records, 56 MB while they
 /// are sorted); a longer list is sorted in runs of this many on a scratch file and
 /// merged back.
 const SORT_RUN: u64 = 1 << 19;
@@ -1163,9 +1614,15 @@ fn encode_record(r: &MapRec, d: &Dump, l: &Layout, trailer: &TrailerLayout, b: &
     b.clear();
     // The shared image's path is borrowed: one record per load, 50,000 a dump.
     let single;
+    let mut pgoff = r.pgoff;
     let image: Option<(&[u8], BuildId)> = match r.pgoff {
         u64::MAX => None,
-        _ if r.img == 0 => d.id.map(|id| (d.image.as_os_str().as_encoded_bytes(), id)),
+        // A load the image does not hold maps nothing: an anonymous cover, never
+        // another load's name.
+        _ if r.img == 0 => d.id.zip(d.image_offset(r.pgoff)).map(|(id, at)| {
+            pgoff = at;
+            (d.image.as_os_str().as_encoded_bytes(), id)
+        }),
         _ => {
             single = d.image_of(r.img);
             single
@@ -1181,11 +1638,11 @@ fn encode_record(r: &MapRec, d: &Dump, l: &Layout, trailer: &TrailerLayout, b: &
     let m = misc::USER | if cover { 0 } else { misc::MMAP_BUILD_ID };
     b.extend_from_slice(&e.put_u16(m));
     b.extend_from_slice(&e.put_u16(size as u16));
-    b.extend_from_slice(&e.put_u32(r.pid));
+    b.extend_from_slice(&e.put_u32(d.marker.pid));
     b.extend_from_slice(&e.put_u32(r.tid));
     b.extend_from_slice(&e.put_u64(r.start));
     b.extend_from_slice(&e.put_u64(r.len));
-    b.extend_from_slice(&e.put_u64(if cover { 0 } else { r.pgoff }));
+    b.extend_from_slice(&e.put_u64(if cover { 0 } else { pgoff }));
     match image {
         None => {
             b.extend_from_slice(&[0u8; 24]);
@@ -1208,7 +1665,7 @@ fn encode_record(r: &MapRec, d: &Dump, l: &Layout, trailer: &TrailerLayout, b: &
     let t = b.len();
     b.resize(t + trailer.size, 0);
     if let Some(o) = trailer.tid_at {
-        b[t + o..t + o + 4].copy_from_slice(&e.put_u32(r.pid));
+        b[t + o..t + o + 4].copy_from_slice(&e.put_u32(d.marker.pid));
         b[t + o + 4..t + o + 8].copy_from_slice(&e.put_u32(r.tid));
     }
     if let Some(o) = trailer.time_at {

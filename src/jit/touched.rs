@@ -19,10 +19,12 @@
 //! without a pid or time, or more addresses than [`MAX_POINTS`]. User registers are
 //! looked up too (perf on arm64 names the leaf's caller from the link register).
 //!
-//! The records are answered from clusters of records that overlap one another,
-//! sorted by address ([`by_clusters`]); a dump of more than [`RUN`] records is
-//! sorted in runs on disk first ([`sweep_runs`]), so that memory does not follow
-//! the dump's size.
+//! Each address is answered as the pass over the recording meets it, from the
+//! dump's records indexed by address in clusters of records that overlap one
+//! another ([`Index`]); no address is kept but those of a cluster too large, which
+//! the general sweep ([`general`]) answers at the end. A dump of more than [`RUN`]
+//! records keeps its addresses instead, and its records are sorted in runs on disk
+//! ([`sweep_runs`]), so that memory does not follow the dump's size.
 
 use super::runs::Merge;
 use super::{Dump, Layout, MapRec, Records, sample_attr};
@@ -131,22 +133,33 @@ pub(super) fn choose(src: &Path, l: &Layout, dumps: &[Dump]) -> Result<Choice> {
             return Ok(all("a process has two dumps"));
         }
     }
-    let points = match collect(src, l, &by_pid)? {
-        Ok(p) => p,
-        Err(why) => return Ok(all(why)),
-    };
-    let mut kept = Vec::with_capacity(dumps.len());
-    let mut notes = Vec::new();
-    for (mut p, d) in points.into_iter().zip(dumps) {
-        let k = if d.count <= RUN as u64 {
-            let mut spans = Vec::with_capacity(usize::try_from(d.count).unwrap_or(0));
+    // A dump of up to RUN records (and RUN in all) is indexed before the pass and
+    // answers each address as the pass meets it; a larger one keeps its points for
+    // the runs on disk.
+    let mut indexed = 0u64;
+    let mut answers = Vec::with_capacity(dumps.len());
+    for d in dumps {
+        if d.count <= RUN as u64 && indexed + d.count <= RUN as u64 {
+            indexed += d.count;
+            let mut spans = Vec::with_capacity(d.count as usize);
             read_spans(d, |s| {
                 spans.push(s);
                 Ok(())
             })?;
-            sweep(&mut spans, &mut p)
+            answers.push(Answers::Index(Index::new(spans, d.count as usize)));
         } else {
-            sweep_runs(d, &mut p)?
+            answers.push(Answers::Points(Vec::new()));
+        }
+    }
+    if let Err(why) = collect(src, l, &by_pid, &mut answers)? {
+        return Ok(all(why));
+    }
+    let mut kept = Vec::with_capacity(dumps.len());
+    let mut notes = Vec::new();
+    for (a, d) in answers.into_iter().zip(dumps) {
+        let k = match a {
+            Answers::Index(x) => x.finish(),
+            Answers::Points(mut p) => sweep_runs(d, &mut p)?,
         };
         let n = k.iter().filter(|&&k| k).count();
         notes.push(format!(
@@ -157,6 +170,134 @@ pub(super) fn choose(src: &Path, l: &Layout, dumps: &[Dump]) -> Result<Choice> {
         kept.push(Some(k));
     }
     Ok(Choice { kept, notes })
+}
+
+/// How a dump answers the addresses its process's samples look up.
+enum Answers {
+    /// At once, from its records indexed by address.
+    Index(Index),
+    /// At the end, from the points kept (a dump too large to index).
+    Points(Vec<(u64, u64)>),
+}
+
+/// A dump's records sorted by address, in clusters of records that overlap one
+/// another (most loads are a cluster of their own: JITs seldom reuse an address): an
+/// address looked up at a time is answered from its cluster alone, as the pass
+/// meets it, by the newest record there covering it before that time (list order
+/// breaks ties of time, as the merge writes them) and every one covering it at that
+/// time. The points of a cluster larger than [`MAX_CLUSTER`] are held for the
+/// general sweep over that cluster at the end.
+struct Index {
+    /// The records with a length, sorted by start.
+    spans: Vec<Span>,
+    /// Each cluster's `[lo, hi)` and its records `spans[from..to]`, by address.
+    clusters: Vec<(u64, u64, u32, u32)>,
+    kept: Vec<bool>,
+    /// Points held for clusters too large, with their cluster's number.
+    held: Vec<(u32, u64, u64)>,
+    /// The cluster of the last address found (a callchain's entry and the byte
+    /// before it come one after the other).
+    last: usize,
+    /// Addresses met and their clusters (`c + 1`; 0: none; `u32::MAX`: an empty
+    /// slot), by a hash of the address: samples look the same return addresses and
+    /// hot code up again and again, and a search of the clusters costs a cache miss
+    /// a step.
+    memo: Vec<(u64, u32)>,
+}
+
+/// Slots of [`Index::memo`] (64 KB).
+const MEMO_BITS: u32 = 12;
+
+impl Index {
+    /// The index of a dump's `n` records `spans`; covers are kept.
+    fn new(mut spans: Vec<Span>, n: usize) -> Index {
+        let mut kept = vec![false; n];
+        for s in spans.iter().filter(|s| s.cover) {
+            kept[s.idx as usize] = true;
+        }
+        spans.retain(|s| s.end > s.start);
+        spans.sort_unstable_by_key(|s| (s.start, s.idx));
+        let mut clusters: Vec<(u64, u64, u32, u32)> = Vec::new();
+        for (i, s) in spans.iter().enumerate() {
+            match clusters.last_mut() {
+                Some((_, hi, _, to)) if s.start < *hi => {
+                    *hi = (*hi).max(s.end);
+                    *to = i as u32 + 1;
+                }
+                _ => clusters.push((s.start, s.end, i as u32, i as u32 + 1)),
+            }
+        }
+        Index {
+            spans,
+            clusters,
+            kept,
+            held: Vec::new(),
+            last: 0,
+            memo: vec![(0, u32::MAX); 1 << MEMO_BITS],
+        }
+    }
+
+    /// The cluster whose `[lo, hi)` holds `a`.
+    fn find(&mut self, a: u64) -> Option<usize> {
+        let h = (a.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - MEMO_BITS)) as usize;
+        if let Some(&(at, c)) = self.memo.get(h)
+            && at == a
+            && c != u32::MAX
+        {
+            return (c as usize).checked_sub(1);
+        }
+        let within = |c: usize| {
+            self.clusters
+                .get(c)
+                .is_some_and(|&(lo, hi, ..)| lo <= a && a < hi)
+        };
+        let found = if within(self.last) {
+            Some(self.last)
+        } else {
+            self.clusters
+                .partition_point(|&(lo, ..)| lo <= a)
+                .checked_sub(1)
+                .filter(|&c| within(c))
+        };
+        if let Some(slot) = self.memo.get_mut(h) {
+            *slot = (a, found.map_or(0, |c| c as u32 + 1));
+        }
+        found
+    }
+
+    /// Looks `a` up at time `t`; true when the point is held (it takes memory).
+    fn point(&mut self, t: u64, a: u64) -> bool {
+        let Some(c) = self.find(a) else {
+            return false;
+        };
+        let Some(&(_, _, from, to)) = self.clusters.get(c) else {
+            return false;
+        };
+        self.last = c;
+        if (to - from) as usize > MAX_CLUSTER {
+            self.held.push((c as u32, t, a));
+            return true;
+        }
+        answer(
+            &self.spans[from as usize..to as usize],
+            t,
+            a,
+            &mut self.kept,
+        );
+        false
+    }
+
+    /// Which records to keep, by list number.
+    fn finish(mut self) -> Vec<bool> {
+        self.held.sort_unstable_by_key(|&(c, ..)| c);
+        for group in self.held.chunk_by(|x, y| x.0 == y.0) {
+            let (_, _, from, to) = self.clusters[group[0].0 as usize];
+            let mut spans = self.spans[from as usize..to as usize].to_vec();
+            let mut points: Vec<(u64, u64)> = group.iter().map(|&(_, t, a)| (t, a)).collect();
+            general(&mut spans, &mut points, &mut self.kept);
+        }
+        self.kept
+    }
 }
 
 /// A dump's list records, in list order, to `each`.
@@ -191,13 +332,13 @@ fn collect(
     src: &Path,
     l: &Layout,
     by_pid: &HashMap<u32, Dumped>,
-) -> Result<std::result::Result<Vec<Vec<(u64, u64)>>, &'static str>> {
+    answers: &mut [Answers],
+) -> Result<std::result::Result<(), &'static str>> {
     let mut recs = Records::open(src, l)?;
     let e = l.endian;
     let ids = l.ids();
     let trailer = l.trailer();
     let layouts: Vec<SampleLayout> = l.attrs.iter().map(SampleLayout::new).collect();
-    let mut points: Vec<Vec<(u64, u64)>> = vec![Vec::new(); by_pid.len()];
     let mut total = 0usize;
     while let Some((_, extra)) = recs.next(src)? {
         if extra > 0 {
@@ -248,11 +389,18 @@ fn collect(
         let Some(&Dumped { i: d, lo, hi, .. }) = by_pid.get(&pid) else {
             continue;
         };
-        let p = &mut points[d];
-        let before = p.len();
+        let Some(p) = answers.get_mut(d) else {
+            continue;
+        };
         let mut add = |a: u64| {
             if a >= lo && a < hi {
-                p.push((time, a));
+                match p {
+                    Answers::Index(x) => total += usize::from(x.point(time, a)),
+                    Answers::Points(p) => {
+                        p.push((time, a));
+                        total += 1;
+                    }
+                }
             }
         };
         if let Some(ip) = s.ip {
@@ -278,29 +426,21 @@ fn collect(
                 add(a);
             }
         }
-        total += p.len() - before;
         if total > MAX_POINTS {
             return Ok(Err(
                 "the samples look up more addresses in JIT code than are kept for the choice",
             ));
         }
     }
-    Ok(Ok(points))
+    Ok(Ok(()))
 }
 
-/// Which of `spans` (a dump's records, in list order when given; sorted here) some
-/// point lies in while it is the newest record there, by list number: the records'
-/// order is their times', then the list's (the merge writes them so), and a tie with
-/// a sample's time keeps both candidates. Covers are always kept. `points` is
-/// sorted here.
-fn sweep(spans: &mut [Span], points: &mut [(u64, u64)]) -> Vec<bool> {
-    let mut kept = vec![false; spans.len()];
-    for s in spans.iter().filter(|s| s.cover) {
-        kept[s.idx as usize] = true;
-    }
-    if clustered(spans, points, &mut kept) {
-        return kept;
-    }
+/// The general sweep: marks in `kept` (by list number) each record of `spans` that
+/// some point lies in while it is the newest record there. The records are laid in
+/// time order, list order breaking ties (the merge writes them so), over the points
+/// in time order; a record at a point's own time is kept too (perf may take it first
+/// or not). Both are sorted here.
+fn general(spans: &mut [Span], points: &mut [(u64, u64)], kept: &mut [bool]) {
     spans.sort_by_key(|s| (s.time, s.idx));
     points.sort_unstable();
     // start -> (end, record): the newest record covering each address so far.
@@ -327,40 +467,14 @@ fn sweep(spans: &mut [Span], points: &mut [(u64, u64)]) -> Vec<bool> {
             }
         }
     }
-    kept
 }
 
-/// [`sweep`] by address: `spans` sorted by start fall into clusters of records that
-/// overlap one another (most loads are a cluster of their own: JITs seldom reuse an
-/// address), and a point is answered from its address's cluster alone: the newest
-/// record there covering it before its time (list order breaks ties of time, as the
-/// merge writes them) and every one covering it at its time. False (nothing marked):
-/// a cluster is larger than [`MAX_CLUSTER`] (an address reused that often is the
-/// general sweep's job).
-fn clustered(spans: &mut [Span], points: &mut [(u64, u64)], kept: &mut [bool]) -> bool {
-    spans.sort_unstable_by_key(|s| (s.start, s.idx));
-    points.sort_unstable_by_key(|&(t, a)| (a, t));
-    by_clusters(spans.iter().copied(), points, kept, Big::GiveUp)
-}
-
-/// What [`by_clusters`] does with a cluster larger than [`MAX_CLUSTER`].
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Big {
-    /// Stop: the caller sweeps instead.
-    GiveUp,
-    /// Keep every record of it (never wrong: a record kept changes no lookup that
-    /// finds the newest record, and the newest is among them).
-    KeepAll,
-}
-
-/// The clusters of `spans` (sorted by start) answer `points` (sorted by address):
-/// see [`clustered`]. Streams the records: memory is one cluster.
-fn by_clusters(
-    spans: impl Iterator<Item = Span>,
-    points: &[(u64, u64)],
-    kept: &mut [bool],
-    big: Big,
-) -> bool {
+/// The clusters of `spans` (sorted by start) answer `points` (sorted by address),
+/// as [`Index`] answers them, except that a cluster larger than [`MAX_CLUSTER`]
+/// keeps every record of it (never wrong: a record kept changes no lookup that finds
+/// the newest record, and the newest is among them). Streams the records: memory is
+/// one cluster.
+fn by_clusters(spans: impl Iterator<Item = Span>, points: &[(u64, u64)], kept: &mut [bool]) {
     let mut cluster: Vec<Span> = Vec::new();
     // The open cluster's [lo, hi), and whether it outgrew MAX_CLUSTER.
     let mut open: Option<(u64, u64, bool)> = None;
@@ -399,9 +513,6 @@ fn by_clusters(
         }
         cluster.push(s);
         if cluster.len() > MAX_CLUSTER {
-            if big == Big::GiveUp {
-                return false;
-            }
             *grown = true;
             for c in cluster.drain(..) {
                 kept[c.idx as usize] = true;
@@ -411,7 +522,6 @@ fn by_clusters(
     if let Some(c) = open.take() {
         close(&mut cluster, c, &mut p, kept);
     }
-    true
 }
 
 /// Marks the records of `cluster` that the lookup of `a` at time `t` may find.
@@ -504,7 +614,7 @@ fn in_runs(
     });
     // Records numbered past `n` (none: the list gives n) are not looked at.
     let spans = spans.filter(|s| (s.idx as usize) < n);
-    by_clusters(spans, points, &mut kept, Big::KeepAll);
+    by_clusters(spans, points, &mut kept);
     if let Some(e) = failed {
         return Err(io(e));
     }
@@ -591,19 +701,24 @@ mod tests {
             .collect()
     }
 
-    fn chosen(recs: &[(u64, u64, u64)], pts: &[(u64, u64)]) -> Vec<bool> {
-        sweep(&mut list(recs), &mut pts.to_vec())
+    /// `spans` answered by their [`Index`], the points met in the given order;
+    /// with how many points it held for clusters too large.
+    fn by_index(spans: Vec<Span>, pts: &[(u64, u64)]) -> (Vec<bool>, usize) {
+        let n = spans.len();
+        let mut x = Index::new(spans, n);
+        let held = pts.iter().filter(|&&(t, a)| x.point(t, a)).count();
+        (x.finish(), held)
     }
 
-    /// The general sweep: `recs` with records that overlap them all (so that
-    /// clusters do not answer) at the end of time.
+    fn chosen(recs: &[(u64, u64, u64)], pts: &[(u64, u64)]) -> Vec<bool> {
+        by_index(list(recs), pts).0
+    }
+
+    /// The general sweep alone.
     fn by_sweep(recs: &[(u64, u64, u64)], pts: &[(u64, u64)]) -> Vec<bool> {
-        let mut all = recs.to_vec();
-        all.extend(std::iter::repeat_n(
-            (u64::MAX, 0, u64::MAX),
-            MAX_CLUSTER + 1,
-        ));
-        chosen(&all, pts)[..recs.len()].to_vec()
+        let mut kept = vec![false; recs.len()];
+        general(&mut list(recs), &mut pts.to_vec(), &mut kept);
+        kept
     }
 
     #[test]
@@ -649,24 +764,28 @@ mod tests {
     fn covers_are_always_kept() {
         let mut spans = list(&[(10, 100, 200), (20, 100, 200)]);
         spans[1].cover = true;
-        assert_eq!(sweep(&mut spans, &mut []), vec![false, true]);
+        assert_eq!(by_index(spans, &[]).0, vec![false, true]);
     }
 
     #[test]
-    fn clusters_choose_as_the_sweep_chooses() {
+    fn the_index_chooses_as_the_sweep_chooses() {
         // Loads at shuffled times over a few hundred addresses, so that some are
         // apart and some overlap (reused addresses, ties of time); points before, at
-        // and after each load's time, inside and at its edges.
+        // and after each load's time, inside and at its edges, met in time order and
+        // shuffled. Every third round reuses a few addresses so often that clusters
+        // outgrow MAX_CLUSTER, whose points the general sweep answers.
         let mut rnd = numbers(12345u64);
-        for round in 0..50 {
-            let recs: Vec<(u64, u64, u64)> = (0..40)
+        let mut held = 0;
+        for round in 0..60 {
+            let (n, span) = if round % 3 == 2 { (300, 60) } else { (40, 400) };
+            let recs: Vec<(u64, u64, u64)> = (0..n)
                 .map(|_| {
-                    let start = rnd(400);
+                    let start = rnd(span);
                     let len = 1 + rnd(if round % 2 == 0 { 8 } else { 60 });
                     (rnd(30), start, start + len)
                 })
                 .collect();
-            let pts: Vec<(u64, u64)> = recs
+            let mut pts: Vec<(u64, u64)> = recs
                 .iter()
                 .flat_map(|&(t, s, e)| {
                     [
@@ -677,15 +796,14 @@ mod tests {
                     ]
                 })
                 .collect();
-            let mut spans = list(&recs);
-            let mut fast = vec![false; recs.len()];
-            assert!(
-                clustered(&mut spans, &mut pts.clone(), &mut fast),
-                "small clusters"
-            );
+            if round % 2 == 0 {
+                pts.sort_unstable();
+            }
+            let (fast, h) = by_index(list(&recs), &pts);
+            held += h;
             assert_eq!(fast, by_sweep(&recs, &pts), "round {round}");
-            assert_eq!(chosen(&recs, &pts), fast, "round {round}");
         }
+        assert!(held > 0, "no cluster outgrew MAX_CLUSTER");
     }
 
     /// `recs` through [`in_runs`] with runs of `run` records.
@@ -759,12 +877,13 @@ mod tests {
     fn a_list_out_of_time_order_is_sorted_stably() {
         let rec = |time, start| MapRec {
             time,
-            pid: 1,
             tid: 1,
             start,
             len: 16,
             pgoff: start,
             img: 0,
+            at: start,
+            size: 1,
         };
         let recs = [rec(20, 1), rec(10, 2), rec(20, 3), rec(5, 4)];
         let f = tempfile::tempfile().unwrap();
@@ -791,12 +910,13 @@ mod tests {
                 x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
                 MapRec {
                     time: (x >> 33) % 40,
-                    pid: 1,
                     tid: 1,
                     start: i,
                     len: 1,
                     pgoff: i,
                     img: 0,
+                    at: i * 100,
+                    size: 100,
                 }
             })
             .collect();

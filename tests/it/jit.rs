@@ -492,6 +492,77 @@ fn jit_minijit_cut_dump_gives_no_wrong_symbol() {
     );
 }
 
+/// Appends to the jitdump at `path` a copy of its last code load, named `name`,
+/// written `later` ns after it (as a JIT that goes on after the recording writes).
+fn append_later_load(path: &Path, name: &str, later: u64) {
+    let b = fs::read(path).unwrap();
+    let u32at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap());
+    let u64at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap());
+    let mut at = u32at(8) as usize;
+    let mut last = None;
+    while at + 16 <= b.len() {
+        let (id, size) = (u32at(at), u32at(at + 4) as usize);
+        if id == 0 {
+            last = Some(at);
+        }
+        at += size;
+    }
+    let l = last.expect("a code load in the dump");
+    let body = &b[l + 16..l + u32at(l + 4) as usize];
+    // pid, tid, vma, code_addr, code_size, code_index, name NUL, code
+    let code_size = u64at(l + 16 + 24) as usize;
+    let code = &body[body.len() - code_size..];
+    let mut rec = Vec::new();
+    rec.extend_from_slice(&0u32.to_le_bytes());
+    let size = 16 + 40 + name.len() + 1 + code.len();
+    rec.extend_from_slice(&(size as u32).to_le_bytes());
+    rec.extend_from_slice(&(u64at(l + 8) + later).to_le_bytes());
+    rec.extend_from_slice(&body[..32]);
+    rec.extend_from_slice(&(u64at(l + 16 + 32) + 1).to_le_bytes());
+    rec.extend_from_slice(name.as_bytes());
+    rec.push(0);
+    rec.extend_from_slice(code);
+    let mut f = fs::OpenOptions::new().append(true).open(path).unwrap();
+    std::io::Write::write_all(&mut f, &rec).unwrap();
+}
+
+/// A JIT that goes on after the recording (the recording of a server that keeps
+/// running) writes records the recording never sees: they are left out with a
+/// note, and the loads of the recording's time are used (the dump was left out).
+#[test]
+fn jit_minijit_dump_written_on_after_the_recording() {
+    let t = "jit_minijit_dump_written_on_after_the_recording";
+    let Some(perf) = common::can_record(t) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (data, boundary) = record_minijit(&perf, dir.path(), &[]);
+    let dump = fs::read_dir(dir.path())
+        .unwrap()
+        .filter_map(|e| Some(e.ok()?.path()))
+        .find(|p| p.extension().is_some_and(|x| x == "dump"))
+        .expect("minijit's dump");
+    // fnLate replaces fnB at its address an hour after fnB was loaded.
+    append_later_load(&dump, "fnLate", 3_600_000_000_000);
+    for maps in ["touched", "all"] {
+        let ours = dir.path().join(format!("ours-{maps}.data"));
+        let report = pdinject_jit(&data, &ours, &["--jit-maps", maps]);
+        let n = notes(&report);
+        assert!(
+            n.contains("1 records written after the recording's end left out"),
+            "{maps}: {n}"
+        );
+        assert!(n.contains("2 code loads"), "{maps}: {n}");
+        let samples = timed_jit_samples(&perf, &ours);
+        let named = samples.iter().filter(|(_, s)| s != "[unknown]").count();
+        assert!(named > 100, "{maps}: {named} samples named");
+        for (time, sym) in &samples {
+            let want = if *time < boundary { "fnA" } else { "fnB" };
+            assert_eq!(sym, want, "{maps}: sample at {time} ns");
+        }
+    }
+}
+
 #[test]
 fn jit_minijit_dump_of_another_process_is_left_out() {
     let t = "jit_minijit_dump_of_another_process_is_left_out";
@@ -668,7 +739,14 @@ fn jit_node_matches_perf_inject() {
     // --jit-maps: the default writes records for the loads samples touch, `all` one
     // per load as perf inject does; every sample names the same code either way.
     let every = dir.path().join("every.data");
+    // The image holds the touched loads alone (their code, symbols and lines).
+    let touched_image = fs::metadata(&mine[0]).unwrap().len();
     let report = pdinject_jit(&data, &every, &["-N", "--jit-maps", "all"]);
+    let all_image = fs::metadata(&mine[0]).unwrap().len();
+    assert!(
+        touched_image * 2 < all_image,
+        "the image of the touched loads is {touched_image} bytes, of every load {all_image}"
+    );
     let image = mine[0].display().to_string();
     let records = |f: &Path| {
         common::perf_script(&perf, f, &["--show-mmap-events", "-F", "ip"])
