@@ -202,6 +202,68 @@ fn scratch(dir: &Path, tag: &str) -> crate::Result<File> {
     )))
 }
 
+/// Bytes a table stream holds in memory before it moves to a file ([`Spill`]).
+const SPILL: usize = 1 << 20;
+
+/// A table on its way into the image: in memory up to [`SPILL`] bytes, past that in
+/// an unlinked temp file beside the image, so that a small image costs no files of
+/// its own (each file made and removed beside the dump cost ext4 an inode search)
+/// and a large one a few buffers.
+struct Spill {
+    dir: PathBuf,
+    tag: &'static str,
+    mem: Vec<u8>,
+    file: Option<BufWriter<File>>,
+}
+
+impl Spill {
+    fn new(dir: &Path, tag: &'static str) -> Spill {
+        Spill {
+            dir: dir.to_path_buf(),
+            tag,
+            mem: Vec::new(),
+            file: None,
+        }
+    }
+
+    /// Appends the table to `out`; returns its length.
+    fn copy_into(self, out: &mut impl Write) -> std::io::Result<u64> {
+        match self.file {
+            None => {
+                out.write_all(&self.mem)?;
+                Ok(self.mem.len() as u64)
+            }
+            Some(f) => {
+                let mut f = f.into_inner().map_err(|e| e.into_error())?;
+                f.seek(SeekFrom::Start(0))?;
+                std::io::copy(&mut (&mut f).take(u64::MAX), out)
+            }
+        }
+    }
+}
+
+impl Write for Spill {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        if self.file.is_none() && self.mem.len() + b.len() > SPILL {
+            let f = scratch(&self.dir, self.tag).map_err(std::io::Error::other)?;
+            let mut f = BufWriter::with_capacity(BUF, f);
+            f.write_all(&std::mem::take(&mut self.mem))?;
+            self.file = Some(f);
+        }
+        match &mut self.file {
+            Some(f) => f.write(b),
+            None => {
+                self.mem.extend_from_slice(b);
+                Ok(b.len())
+            }
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.file.as_mut().map_or(Ok(()), |f| f.flush())
+    }
+}
+
 fn uleb(out: &mut Vec<u8>, mut v: u64) {
     loop {
         let b = (v & 0x7f) as u8;
@@ -521,14 +583,14 @@ pub(crate) struct Done {
     pub dropped_tables: u64,
 }
 
-/// The symbol table, string table and line programs of an image, each in an
-/// unlinked temp file until the image is finished, with their SHA-1.
+/// The symbol table, string table and line programs of an image, each in memory or
+/// an unlinked temp file until the image is finished ([`Spill`]), with their SHA-1.
 struct Tabler {
     /// The image's temp path (for messages).
     tmp: PathBuf,
-    syms: BufWriter<File>,
-    strs: BufWriter<File>,
-    lines: BufWriter<File>,
+    syms: Spill,
+    strs: Spill,
+    lines: Spill,
     /// The SHA-1 of the symbols, names and lines, in the order they come.
     hash: Sha1,
     nsyms: u64,
@@ -572,13 +634,13 @@ impl ImageWriter {
         f.seek(SeekFrom::Start(text_at))
             .map_err(|e| io_err(&tmp, e))?;
         let text = Text::new(f, kind);
-        let mut strs = BufWriter::with_capacity(BUF, scratch(dir, "str")?);
+        let mut strs = Spill::new(dir, "str");
         strs.write_all(&[0]).map_err(|e| io_err(&tmp, e))?;
         let tabler = Tabler {
             tmp: tmp.clone(),
-            syms: BufWriter::with_capacity(BUF, scratch(dir, "sym")?),
+            syms: Spill::new(dir, "sym"),
             strs,
-            lines: BufWriter::with_capacity(BUF, scratch(dir, "line")?),
+            lines: Spill::new(dir, "line"),
             hash: Sha1::new(),
             nsyms: 0,
             strs_len: 1,
@@ -728,9 +790,9 @@ impl ImageWriter {
         path: &Path,
         tmp: &Path,
         out: File,
-        syms: BufWriter<File>,
-        strs: BufWriter<File>,
-        lines: BufWriter<File>,
+        syms: Spill,
+        strs: Spill,
+        lines: Spill,
         hash: Sha1,
         text_end: u64,
         nsyms: u64,
@@ -781,11 +843,7 @@ impl ImageWriter {
             *at += n;
             Ok(())
         };
-        let copy = |out: &mut BufWriter<File>, src: BufWriter<File>| -> std::io::Result<u64> {
-            let mut f = src.into_inner().map_err(|e| e.into_error())?;
-            f.seek(SeekFrom::Start(0))?;
-            std::io::copy(&mut (&mut f).take(u64::MAX), out)
-        };
+        let copy = |out: &mut BufWriter<File>, src: Spill| src.copy_into(out);
         // .symtab: the null symbol, then one per load.
         align(&mut out, &mut at, 8).map_err(e)?;
         let symtab = at;
