@@ -37,6 +37,8 @@ pub(crate) mod image;
 mod plain;
 mod runs;
 pub(crate) mod sha1;
+#[cfg(test)]
+mod tests;
 mod touched;
 
 use crate::format::Endian;
@@ -963,8 +965,16 @@ fn walk<R: Read>(
             // No sample sees it (the header's own timestamp is the JIT's choice of
             // clock: V8 and CPython write wall-clock microseconds; records are
             // CLOCK_MONOTONIC). A thread that took its time before the dump's lock
-            // may still write an earlier one after it: the walk goes on.
+            // may still write an earlier one after it: the walk goes on. A late load
+            // still takes the lines and tables before it (perf gives them to the
+            // next load in the dump), so that no later load gets them.
             late += 1;
+            if let Record::Load(load) = &entry.record
+                && !load.code.is_empty()
+            {
+                debug_waits = false;
+                unwind = None;
+            }
             continue;
         }
         last_time = last_time.max(entry.time);
@@ -1134,7 +1144,13 @@ fn make_dump(
                     pgoff: placed.offset,
                     img: which,
                     at: x.at,
-                    size: u32::try_from(x.size).unwrap_or(u32::MAX),
+                    // A load whose records run long (many records between it and the
+                    // one before) is found by reading the dump again from its start,
+                    // not held whole.
+                    size: u32::try_from(x.size)
+                        .ok()
+                        .filter(|&n| u64::from(n) <= READ_RUN)
+                        .unwrap_or(u32::MAX),
                 }
             }
             Step::Move { time, mv } => {
@@ -1197,7 +1213,7 @@ fn make_dump(
     if walked.late > 0 {
         notes.push(if loads == 0 {
             format!(
-                "--jit: {shown}: every one of its {} records was written after the recording's end (a later process with the same pid rewrote it, or the JIT loaded its code after the recording); no code loads used",
+                "--jit: {shown}: no code load of it was written before the recording's end ({} records after it: a later process with the same pid rewrote it, or the JIT loaded its code after the recording)",
                 walked.late
             )
         } else {

@@ -41,7 +41,7 @@ use std::path::Path;
 /// every load is kept, so memory stays within the limits policy's 256 MB.
 const MAX_POINTS: usize = 4 << 20;
 
-/// Loads overlapping one another that [`clustered`] searches one by one at most.
+/// Loads overlapping one another that a cluster answers from one by one at most.
 const MAX_CLUSTER: usize = 64;
 
 /// Records of one dump the choice sorts in memory (32 bytes each: 32 MB); a larger
@@ -172,6 +172,11 @@ pub(super) fn choose(src: &Path, l: &Layout, dumps: &[Dump]) -> Result<Choice> {
     Ok(Choice { kept, notes })
 }
 
+/// The memo's size for a dump of `n` records: four slots a record, 16 to 4,096.
+fn memo_bits(n: usize) -> u32 {
+    (usize::BITS - n.leading_zeros() + 2).clamp(4, MEMO_BITS)
+}
+
 /// How a dump answers the addresses its process's samples look up.
 enum Answers {
     /// At once, from its records indexed by address.
@@ -205,7 +210,8 @@ struct Index {
     memo: Vec<(u64, u32)>,
 }
 
-/// Slots of [`Index::memo`] (64 KB).
+/// Slots of [`Index::memo`] at most, as a power of two (64 KB; a dump of few
+/// records gets fewer: many small JIT processes must not cost 64 KB each).
 const MEMO_BITS: u32 = 12;
 
 impl Index {
@@ -233,13 +239,14 @@ impl Index {
             kept,
             held: Vec::new(),
             last: 0,
-            memo: vec![(0, u32::MAX); 1 << MEMO_BITS],
+            memo: vec![(0, u32::MAX); 1 << memo_bits(n)],
         }
     }
 
     /// The cluster whose `[lo, hi)` holds `a`.
     fn find(&mut self, a: u64) -> Option<usize> {
-        let h = (a.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - MEMO_BITS)) as usize;
+        let bits = self.memo.len().trailing_zeros();
+        let h = (a.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - bits)) as usize;
         if let Some(&(at, c)) = self.memo.get(h)
             && at == a
             && c != u32::MAX
@@ -541,7 +548,7 @@ fn answer(cluster: &[Span], t: u64, a: u64, kept: &mut [bool]) {
     }
 }
 
-/// [`sweep`] for a dump of more than [`RUN`] records: they are sorted by start in
+/// The choice for a dump of more than [`RUN`] records: they are sorted by start in
 /// runs of [`RUN`] written to a scratch file beside the image, and the runs merged
 /// into [`by_clusters`] (a cluster too large keeps all its records), so memory is a
 /// run and the points, whatever the dump's size.
@@ -771,8 +778,8 @@ mod tests {
     fn the_index_chooses_as_the_sweep_chooses() {
         // Loads at shuffled times over a few hundred addresses, so that some are
         // apart and some overlap (reused addresses, ties of time); points before, at
-        // and after each load's time, inside and at its edges, met in time order and
-        // shuffled. Every third round reuses a few addresses so often that clusters
+        // and after each load's time, inside and at its edges, met in time order (even
+        // rounds) or in list order. Every third round reuses a few addresses so often that clusters
         // outgrow MAX_CLUSTER, whose points the general sweep answers.
         let mut rnd = numbers(12345u64);
         let mut held = 0;
