@@ -32,18 +32,20 @@ fn rec(out: &mut Vec<u8>, kind: u32, time: u64, body: &[u8]) {
 const END: u64 = 1_000_000;
 const PID: u32 = 4242;
 
+/// A dump's header (version 1, x86-64, no flags) for process `pid`.
+fn header(pid: u32) -> Vec<u8> {
+    let mut b = Vec::new();
+    for v in [0x4A69_5444u32, 1, 40, 62, 0, pid] {
+        b.extend_from_slice(&v.to_le_bytes());
+    }
+    b.extend_from_slice(&[0u8; 16]);
+    b
+}
+
 /// A random dump (seeds from 1000 on: loads up to 200 KB, so that reads split).
 fn build(seed: u64) -> Vec<u8> {
     let mut g = G(seed);
-    let mut b = Vec::new();
-    b.extend_from_slice(&0x4A69_5444u32.to_le_bytes());
-    b.extend_from_slice(&1u32.to_le_bytes());
-    b.extend_from_slice(&40u32.to_le_bytes());
-    b.extend_from_slice(&62u32.to_le_bytes());
-    b.extend_from_slice(&0u32.to_le_bytes());
-    b.extend_from_slice(&PID.to_le_bytes());
-    b.extend_from_slice(&0u64.to_le_bytes());
-    b.extend_from_slice(&0u64.to_le_bytes());
+    let mut b = header(PID);
     let mut t = 10u64;
     let mut idx = 0u64;
     let n = 50 + g.r(300);
@@ -295,11 +297,7 @@ fn moves_find_their_load_past_the_buffer() {
             .wrapping_add(1442695040888963407);
         (g >> 33) % m
     };
-    let mut b = Vec::new();
-    for v in [0x4A69_5444u32, 1, 40, 62, 0, 4242] {
-        b.extend_from_slice(&v.to_le_bytes());
-    }
-    b.extend_from_slice(&[0u8; 16]);
+    let mut b = header(4242);
     let mut t = 1u64;
     let mut idx = 0u64;
     let mut shelf = image::Shelf::default();
@@ -318,10 +316,7 @@ fn moves_find_their_load_past_the_buffer() {
             for v in [0u64, 0, new, sz, ci] {
                 body.extend_from_slice(&v.to_le_bytes());
             }
-            b.extend_from_slice(&1u32.to_le_bytes());
-            b.extend_from_slice(&((16 + body.len()) as u32).to_le_bytes());
-            b.extend_from_slice(&t.to_le_bytes());
-            b.extend_from_slice(&body);
+            rec(&mut b, 1, t, &body);
             let (pgoff, len) = by_idx[&ci];
             want.push((t, new, sz.min(len).max(1), pgoff));
         } else {
@@ -335,10 +330,7 @@ fn moves_find_their_load_past_the_buffer() {
             }
             body.extend_from_slice(b"f\0");
             body.extend(std::iter::repeat_n(0x90u8, csize as usize));
-            b.extend_from_slice(&0u32.to_le_bytes());
-            b.extend_from_slice(&((16 + body.len()) as u32).to_le_bytes());
-            b.extend_from_slice(&t.to_le_bytes());
-            b.extend_from_slice(&body);
+            rec(&mut b, 0, t, &body);
             let p = shelf.place(csize, 0);
             by_idx.insert(idx, (p.offset, p.len));
             want.push((t, addr, p.len, p.offset));
@@ -354,15 +346,7 @@ fn moves_find_their_load_past_the_buffer() {
         time: None,
         path: p.as_os_str().as_encoded_bytes().to_vec(),
     };
-    let l = Layout {
-        endian: Endian::Little,
-        stream: false,
-        data: (0, 0),
-        attrs: vec![],
-        clocks: vec![],
-        hostname: None,
-    };
-    let (dump, _) = make_dump(&m, &l, u64::MAX, Writing::Later).unwrap();
+    let (dump, _) = make_dump(&m, &layout(), u64::MAX, Writing::Later).unwrap();
     assert_eq!(dump.count as usize, want.len());
     for i in 0..dump.count {
         let mut x = [0u8; MapRec::SIZE];
@@ -382,17 +366,7 @@ fn moves_find_their_load_past_the_buffer() {
 /// gives them, not the next load written on time.
 #[test]
 fn late_load_leaves_its_lines_to_the_next() {
-    let mut b = Vec::new();
-    for v in [0x4A69_5444u32, 1, 40, 62, 0, 1] {
-        b.extend_from_slice(&v.to_le_bytes());
-    }
-    b.extend_from_slice(&[0u8; 16]);
-    let rec = |b: &mut Vec<u8>, k: u32, t: u64, body: &[u8]| {
-        b.extend_from_slice(&k.to_le_bytes());
-        b.extend_from_slice(&((16 + body.len()) as u32).to_le_bytes());
-        b.extend_from_slice(&t.to_le_bytes());
-        b.extend_from_slice(body);
-    };
+    let mut b = header(1);
     let mut d = Vec::new();
     d.extend_from_slice(&0x1000u64.to_le_bytes());
     d.extend_from_slice(&1u64.to_le_bytes());
