@@ -342,14 +342,19 @@ struct Records<R: Read> {
 impl Records<BufReader<File>> {
     /// The records of `l`'s data in the file at `path`.
     fn open(path: &Path, l: &Layout) -> Result<Self> {
+        Self::open_range(path, l, l.data.0, l.data.1)
+    }
+
+    /// The records of `l`'s data from offset `from` (a record's) to `to`.
+    fn open_range(path: &Path, l: &Layout, from: u64, to: u64) -> Result<Self> {
         let f = File::open(path).map_err(|e| Error::io(path, e))?;
         let mut r = BufReader::with_capacity(IO_BUF, f);
-        r.seek(SeekFrom::Start(l.data.0))
+        r.seek(SeekFrom::Start(from))
             .map_err(|e| Error::io(path, e))?;
         Ok(Records {
             r,
-            at: l.data.0,
-            to: l.data.1,
+            at: from,
+            to,
             e: l.endian,
             buf: Vec::new(),
         })
@@ -473,8 +478,13 @@ fn input_layout(input: &crate::input::PerfInput, path: &Path) -> Result<Layout> 
     })
 }
 
-/// What pass 1 found: the markers, the anonymous maps, the newest record time.
-type Scanned = (Vec<Marker>, Vec<Anon>, u64);
+/// What pass 1 found: the markers, the anonymous maps, the newest record time, and
+/// records that cut the data into [`SPLITS`] parts of about one size.
+type Scanned = (Vec<Marker>, Vec<Anon>, u64, Vec<u64>);
+
+/// Parts of about one size the scan notes record offsets for (the choice's pass
+/// over the recording runs on as many cores as there are, up to this many).
+const SPLITS: u64 = 8;
 
 /// Pass 1: markers, anonymous maps and (for a stream) attrs and hostname. `None`
 /// when the recording holds compressed records (it is then expanded first, see
@@ -486,7 +496,14 @@ fn scan(path: &Path, l: &mut Layout) -> Result<Option<Scanned>> {
     let mut ids = l.ids();
     let mut trailer = l.trailer();
     let mut end_time = 0u64;
+    let mut splits = Vec::new();
+    let (from, len) = (l.data.0, l.data.1.saturating_sub(l.data.0));
     while let Some((at, extra)) = recs.next(path)? {
+        while (splits.len() as u64) < SPLITS - 1
+            && at - from >= len / SPLITS * (splits.len() as u64 + 1)
+        {
+            splits.push(at);
+        }
         let rec = &recs.buf;
         let e = l.endian;
         let Some(h) = RecordHeader::parse(rec, e) else {
@@ -544,7 +561,7 @@ fn scan(path: &Path, l: &mut Layout) -> Result<Option<Scanned>> {
                 .map_err(|e| Error::io(path, e))?;
         }
     }
-    Ok(Some((markers, anons, end_time)))
+    Ok(Some((markers, anons, end_time, splits)))
 }
 
 /// The layout of the recording at `path` (its first bytes `head`, its length `len`).
@@ -650,7 +667,7 @@ pub(crate) fn prepare(
     let t = std::time::Instant::now();
     let mut l = layout(&source, &head, meta.len())?;
     let mut plain = None;
-    let (markers, anons, end_time) = match scan(&source, &mut l)
+    let (markers, anons, end_time, splits) = match scan(&source, &mut l)
         .map_err(|e| rename_err(e, &source, name))?
     {
         Some(s) => s,
@@ -700,8 +717,8 @@ pub(crate) fn prepare(
     let mut kept = match maps {
         JitMaps::Touched => {
             let t = std::time::Instant::now();
-            let c =
-                touched::choose(&source, &l, &dumps).map_err(|e| rename_err(e, &source, name))?;
+            let c = touched::choose(&source, &l, &dumps, &splits, pool)
+                .map_err(|e| rename_err(e, &source, name))?;
             summary.notes.extend(c.notes);
             summary.timings.push(("jit-touched", t.elapsed()));
             c.kept

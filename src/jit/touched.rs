@@ -88,7 +88,13 @@ struct Span {
 }
 
 /// Chooses the records of `dumps` that samples of the recording at `src` touch.
-pub(super) fn choose(src: &Path, l: &Layout, dumps: &[Dump]) -> Result<Choice> {
+pub(super) fn choose(
+    src: &Path,
+    l: &Layout,
+    dumps: &[Dump],
+    splits: &[u64],
+    pool: &rayon::ThreadPool,
+) -> Result<Choice> {
     let all = |why: &str| Choice {
         kept: dumps.iter().map(|_| None).collect(),
         notes: vec![format!(
@@ -148,18 +154,40 @@ pub(super) fn choose(src: &Path, l: &Layout, dumps: &[Dump]) -> Result<Choice> {
             })?;
             answers.push(Answers::Index(Index::new(spans, d.count as usize)));
         } else {
-            answers.push(Answers::Points(Vec::new()));
+            answers.push(Answers::Points);
         }
     }
-    if let Err(why) = collect(src, l, &by_pid, &mut answers)? {
-        return Ok(all(why));
+    // The pass runs over parts of the recording at once, one a core (a sample's
+    // answer does not depend on any other's), each with marks of its own.
+    let parts = parts(l, splits, pool.current_num_threads());
+    let limit = MAX_POINTS / parts.len().max(1);
+    let got: Vec<_> = pool.install(|| {
+        use rayon::prelude::*;
+        parts
+            .par_iter()
+            .map(|&(from, to)| collect(src, l, &by_pid, &answers, (from, to), limit))
+            .collect()
+    });
+    let mut locals: Vec<Vec<Local>> = Vec::with_capacity(got.len());
+    for g in got {
+        match g? {
+            Ok(v) => locals.push(v),
+            Err(why) => return Ok(all(why)),
+        }
     }
     let mut kept = Vec::with_capacity(dumps.len());
     let mut notes = Vec::new();
-    for (a, d) in answers.into_iter().zip(dumps) {
+    for (i, (a, d)) in answers.iter().zip(dumps).enumerate() {
+        let mine = locals
+            .iter_mut()
+            .filter_map(|v| v.get_mut(i))
+            .map(std::mem::take);
         let k = match a {
-            Answers::Index(x) => x.finish(),
-            Answers::Points(mut p) => sweep_runs(d, &mut p)?,
+            Answers::Index(x) => x.finish(mine.filter_map(Local::marks)),
+            Answers::Points => {
+                let mut p: Vec<(u64, u64)> = mine.flat_map(Local::points).collect();
+                sweep_runs(d, &mut p)?
+            }
         };
         let n = k.iter().filter(|&&k| k).count();
         notes.push(format!(
@@ -172,17 +200,64 @@ pub(super) fn choose(src: &Path, l: &Layout, dumps: &[Dump]) -> Result<Choice> {
     Ok(Choice { kept, notes })
 }
 
-/// The memo's size for a dump of `n` records: four slots a record, 16 to 4,096.
-fn memo_bits(n: usize) -> u32 {
-    (usize::BITS - n.leading_zeros() + 2).clamp(4, MEMO_BITS)
+/// The parts of the recording's data the pass reads at once: `threads` of about
+/// one size, cut at the records the scan noted (one part for a small recording:
+/// a thread costs more than it saves there).
+fn parts(l: &Layout, splits: &[u64], threads: usize) -> Vec<(u64, u64)> {
+    let (from, to) = l.data;
+    let n = (threads as u64).clamp(1, super::SPLITS);
+    if to.saturating_sub(from) < PART_MIN || n == 1 {
+        return vec![(from, to)];
+    }
+    let mut cuts = vec![from];
+    for k in 1..n {
+        // splits[j] is the first record at or past (j + 1) / SPLITS of the data.
+        let j = (k * super::SPLITS / n) as usize;
+        if let Some(&c) = j.checked_sub(1).and_then(|j| splits.get(j))
+            && c > *cuts.last().unwrap_or(&from)
+            && c < to
+        {
+            cuts.push(c);
+        }
+    }
+    cuts.push(to);
+    cuts.windows(2).map(|w| (w[0], w[1])).collect()
 }
+
+/// Data smaller than this is read by one thread.
+const PART_MIN: u64 = 256 << 10;
 
 /// How a dump answers the addresses its process's samples look up.
 enum Answers {
     /// At once, from its records indexed by address.
     Index(Index),
     /// At the end, from the points kept (a dump too large to index).
+    Points,
+}
+
+/// What one part of the pass found for a dump.
+#[derive(Default)]
+enum Local {
+    #[default]
+    None,
+    Marks(Marks),
     Points(Vec<(u64, u64)>),
+}
+
+impl Local {
+    fn marks(self) -> Option<Marks> {
+        match self {
+            Local::Marks(m) => Some(m),
+            _ => None,
+        }
+    }
+
+    fn points(self) -> Vec<(u64, u64)> {
+        match self {
+            Local::Points(p) => p,
+            _ => Vec::new(),
+        }
+    }
 }
 
 /// A dump's records sorted by address, in clusters of records that overlap one
@@ -191,12 +266,20 @@ enum Answers {
 /// meets it, by the newest record there covering it before that time (list order
 /// breaks ties of time, as the merge writes them) and every one covering it at that
 /// time. The points of a cluster larger than [`MAX_CLUSTER`] are held for the
-/// general sweep over that cluster at the end.
+/// general sweep over that cluster at the end. Each part of the pass marks its
+/// answers in [`Marks`] of its own; the index is shared.
 struct Index {
     /// The records with a length, sorted by start.
     spans: Vec<Span>,
     /// Each cluster's `[lo, hi)` and its records `spans[from..to]`, by address.
     clusters: Vec<(u64, u64, u32, u32)>,
+    /// The number of records, and the covers among them (always kept).
+    n: usize,
+    covers: Vec<u32>,
+}
+
+/// One part's answers for an [`Index`].
+struct Marks {
     kept: Vec<bool>,
     /// Points held for clusters too large, with their cluster's number.
     held: Vec<(u32, u64, u64)>,
@@ -210,17 +293,19 @@ struct Index {
     memo: Vec<(u64, u32)>,
 }
 
-/// Slots of [`Index::memo`] at most, as a power of two (64 KB; a dump of few
+/// Slots of [`Marks::memo`] at most, as a power of two (64 KB; a dump of few
 /// records gets fewer: many small JIT processes must not cost 64 KB each).
 const MEMO_BITS: u32 = 12;
 
+/// The memo's size for a dump of `n` records: four slots a record, 16 to 4,096.
+fn memo_bits(n: usize) -> u32 {
+    (usize::BITS - n.leading_zeros() + 2).clamp(4, MEMO_BITS)
+}
+
 impl Index {
-    /// The index of a dump's `n` records `spans`; covers are kept.
+    /// The index of a dump's `n` records `spans`.
     fn new(mut spans: Vec<Span>, n: usize) -> Index {
-        let mut kept = vec![false; n];
-        for s in spans.iter().filter(|s| s.cover) {
-            kept[s.idx as usize] = true;
-        }
+        let covers = spans.iter().filter(|s| s.cover).map(|s| s.idx).collect();
         spans.retain(|s| s.end > s.start);
         spans.sort_unstable_by_key(|s| (s.start, s.idx));
         let mut clusters: Vec<(u64, u64, u32, u32)> = Vec::new();
@@ -236,18 +321,26 @@ impl Index {
         Index {
             spans,
             clusters,
-            kept,
+            n,
+            covers,
+        }
+    }
+
+    /// Fresh marks for one part of the pass.
+    fn marks(&self) -> Marks {
+        Marks {
+            kept: vec![false; self.n],
             held: Vec::new(),
             last: 0,
-            memo: vec![(0, u32::MAX); 1 << memo_bits(n)],
+            memo: vec![(0, u32::MAX); 1 << memo_bits(self.n)],
         }
     }
 
     /// The cluster whose `[lo, hi)` holds `a`.
-    fn find(&mut self, a: u64) -> Option<usize> {
-        let bits = self.memo.len().trailing_zeros();
+    fn find(&self, m: &mut Marks, a: u64) -> Option<usize> {
+        let bits = m.memo.len().trailing_zeros();
         let h = (a.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - bits)) as usize;
-        if let Some(&(at, c)) = self.memo.get(h)
+        if let Some(&(at, c)) = m.memo.get(h)
             && at == a
             && c != u32::MAX
         {
@@ -258,52 +351,61 @@ impl Index {
                 .get(c)
                 .is_some_and(|&(lo, hi, ..)| lo <= a && a < hi)
         };
-        let found = if within(self.last) {
-            Some(self.last)
+        let found = if within(m.last) {
+            Some(m.last)
         } else {
             self.clusters
                 .partition_point(|&(lo, ..)| lo <= a)
                 .checked_sub(1)
                 .filter(|&c| within(c))
         };
-        if let Some(slot) = self.memo.get_mut(h) {
+        if let Some(slot) = m.memo.get_mut(h) {
             *slot = (a, found.map_or(0, |c| c as u32 + 1));
         }
         found
     }
 
-    /// Looks `a` up at time `t`; true when the point is held (it takes memory).
-    fn point(&mut self, t: u64, a: u64) -> bool {
-        let Some(c) = self.find(a) else {
+    /// Looks `a` up at time `t` into `m`; true when the point is held (it takes
+    /// memory).
+    fn point(&self, m: &mut Marks, t: u64, a: u64) -> bool {
+        let Some(c) = self.find(m, a) else {
             return false;
         };
         let Some(&(_, _, from, to)) = self.clusters.get(c) else {
             return false;
         };
-        self.last = c;
+        m.last = c;
         if (to - from) as usize > MAX_CLUSTER {
-            self.held.push((c as u32, t, a));
+            m.held.push((c as u32, t, a));
             return true;
         }
-        answer(
-            &self.spans[from as usize..to as usize],
-            t,
-            a,
-            &mut self.kept,
-        );
+        answer(&self.spans[from as usize..to as usize], t, a, &mut m.kept);
         false
     }
 
-    /// Which records to keep, by list number.
-    fn finish(mut self) -> Vec<bool> {
-        self.held.sort_unstable_by_key(|&(c, ..)| c);
-        for group in self.held.chunk_by(|x, y| x.0 == y.0) {
+    /// Which records to keep, by list number, from every part's marks.
+    fn finish(&self, marks: impl Iterator<Item = Marks>) -> Vec<bool> {
+        let mut kept = vec![false; self.n];
+        let mut held = Vec::new();
+        for m in marks {
+            for (k, x) in kept.iter_mut().zip(&m.kept) {
+                *k |= *x;
+            }
+            held.extend(m.held);
+        }
+        for &c in &self.covers {
+            if let Some(k) = kept.get_mut(c as usize) {
+                *k = true;
+            }
+        }
+        held.sort_unstable_by_key(|&(c, ..)| c);
+        for group in held.chunk_by(|x, y| x.0 == y.0) {
             let (_, _, from, to) = self.clusters[group[0].0 as usize];
             let mut spans = self.spans[from as usize..to as usize].to_vec();
             let mut points: Vec<(u64, u64)> = group.iter().map(|&(_, t, a)| (t, a)).collect();
-            general(&mut spans, &mut points, &mut self.kept);
+            general(&mut spans, &mut points, &mut kept);
         }
-        self.kept
+        kept
     }
 }
 
@@ -339,9 +441,18 @@ fn collect(
     src: &Path,
     l: &Layout,
     by_pid: &HashMap<u32, Dumped>,
-    answers: &mut [Answers],
-) -> Result<std::result::Result<(), &'static str>> {
-    let mut recs = Records::open(src, l)?;
+    answers: &[Answers],
+    (from, to): (u64, u64),
+    limit: usize,
+) -> Result<std::result::Result<Vec<Local>, &'static str>> {
+    let mut recs = Records::open_range(src, l, from, to)?;
+    let mut locals: Vec<Local> = answers
+        .iter()
+        .map(|a| match a {
+            Answers::Index(x) => Local::Marks(x.marks()),
+            Answers::Points => Local::Points(Vec::new()),
+        })
+        .collect();
     let e = l.endian;
     let ids = l.ids();
     let trailer = l.trailer();
@@ -396,17 +507,20 @@ fn collect(
         let Some(&Dumped { i: d, lo, hi, .. }) = by_pid.get(&pid) else {
             continue;
         };
-        let Some(p) = answers.get_mut(d) else {
+        let (Some(x), Some(local)) = (answers.get(d), locals.get_mut(d)) else {
             continue;
         };
         let mut add = |a: u64| {
             if a >= lo && a < hi {
-                match p {
-                    Answers::Index(x) => total += usize::from(x.point(time, a)),
-                    Answers::Points(p) => {
+                match (x, &mut *local) {
+                    (Answers::Index(x), Local::Marks(m)) => {
+                        total += usize::from(x.point(m, time, a));
+                    }
+                    (_, Local::Points(p)) => {
                         p.push((time, a));
                         total += 1;
                     }
+                    _ => {}
                 }
             }
         };
@@ -433,13 +547,13 @@ fn collect(
                 add(a);
             }
         }
-        if total > MAX_POINTS {
+        if total > limit {
             return Ok(Err(
                 "the samples look up more addresses in JIT code than are kept for the choice",
             ));
         }
     }
-    Ok(Ok(()))
+    Ok(Ok(locals))
 }
 
 /// The general sweep: marks in `kept` (by list number) each record of `spans` that
@@ -708,13 +822,57 @@ mod tests {
             .collect()
     }
 
-    /// `spans` answered by their [`Index`], the points met in the given order;
-    /// with how many points it held for clusters too large.
+    /// `spans` answered by their [`Index`], the points met in the given order by
+    /// two parts of the pass (the first third, the rest), as two cores meet them;
+    /// with how many points were held for clusters too large.
     fn by_index(spans: Vec<Span>, pts: &[(u64, u64)]) -> (Vec<bool>, usize) {
         let n = spans.len();
-        let mut x = Index::new(spans, n);
-        let held = pts.iter().filter(|&&(t, a)| x.point(t, a)).count();
-        (x.finish(), held)
+        let x = Index::new(spans, n);
+        let (mut a, mut b) = (x.marks(), x.marks());
+        let cut = pts.len() / 3;
+        let held = pts[..cut]
+            .iter()
+            .filter(|&&(t, p)| x.point(&mut a, t, p))
+            .count()
+            + pts[cut..]
+                .iter()
+                .filter(|&&(t, p)| x.point(&mut b, t, p))
+                .count();
+        (x.finish([a, b].into_iter()), held)
+    }
+
+    /// The pass's parts cover the data once, in order, cut at noted records only.
+    #[test]
+    fn parts_cover_the_data_at_records() {
+        let l = Layout {
+            endian: crate::format::Endian::Little,
+            stream: false,
+            data: (100, 100 + (8 << 20)),
+            attrs: vec![],
+            clocks: vec![],
+            hostname: None,
+        };
+        let splits: Vec<u64> = (1..8).map(|k| 100 + k * (1 << 20) + 24).collect();
+        for threads in [1, 2, 3, 4, 8, 64] {
+            let p = parts(&l, &splits, threads);
+            assert_eq!(p.first().map(|x| x.0), Some(l.data.0), "{threads}");
+            assert_eq!(p.last().map(|x| x.1), Some(l.data.1), "{threads}");
+            assert!(p.windows(2).all(|w| w[0].1 == w[1].0), "{threads}: {p:?}");
+            assert!(p.iter().all(|&(a, b)| a < b && (a == l.data.0 || splits.contains(&a))));
+            assert_eq!(p.len(), threads.min(8), "{threads}: {p:?}");
+        }
+        assert_eq!(parts(&l, &splits[..2], 4).len(), 2, "cuts the scan did not note");
+        // A small recording, or cuts at the data's start (records larger than a part).
+        let small = Layout {
+            data: (100, 200_000),
+            ..l
+        };
+        assert_eq!(parts(&small, &[150_000], 2), vec![(100, 200_000)]);
+        let big = Layout {
+            data: (100, 100 + (8 << 20)),
+            ..small
+        };
+        assert_eq!(parts(&big, &[100; 7], 2), vec![big.data]);
     }
 
     fn chosen(recs: &[(u64, u64, u64)], pts: &[(u64, u64)]) -> Vec<bool> {
