@@ -858,10 +858,17 @@ mod tests {
             assert_eq!(p.first().map(|x| x.0), Some(l.data.0), "{threads}");
             assert_eq!(p.last().map(|x| x.1), Some(l.data.1), "{threads}");
             assert!(p.windows(2).all(|w| w[0].1 == w[1].0), "{threads}: {p:?}");
-            assert!(p.iter().all(|&(a, b)| a < b && (a == l.data.0 || splits.contains(&a))));
+            assert!(
+                p.iter()
+                    .all(|&(a, b)| a < b && (a == l.data.0 || splits.contains(&a)))
+            );
             assert_eq!(p.len(), threads.min(8), "{threads}: {p:?}");
         }
-        assert_eq!(parts(&l, &splits[..2], 4).len(), 2, "cuts the scan did not note");
+        assert_eq!(
+            parts(&l, &splits[..2], 4).len(),
+            2,
+            "cuts the scan did not note"
+        );
         // A small recording, or cuts at the data's start (records larger than a part).
         let small = Layout {
             data: (100, 200_000),
