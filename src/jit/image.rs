@@ -70,8 +70,8 @@ pub(crate) struct Placed {
     pub len: u64,
 }
 
-/// Where a shared image puts each load, without writing it: the offsets
-/// [`ImageWriter::add`] gives the same loads in the same order. It lets the list of
+/// Where an image puts each load, without writing it: the rule [`ImageWriter::add`]
+/// places loads by. It lets the list of
 /// records be written before the image, which then holds only the loads the chosen
 /// records map (at offsets of their own, which the records are given on the way out).
 #[derive(Clone, Copy, Debug)]
@@ -681,13 +681,14 @@ impl ImageWriter {
         unwinding: Option<Tables<'_>>,
         lines: Option<DebugLines<'_>>,
     ) -> crate::Result<Placed> {
-        let pad = self.text_end.next_multiple_of(LOAD_ALIGN) - self.text_end;
-        self.put_text(&ZEROS[..pad as usize])?;
-        let offset = self.text_end;
-        self.put_text(code)?;
         let csize = code.len() as u64;
-        self.code_end = offset + code.len() as u64;
-        let mut len = csize;
+        // Where the load goes and what a record maps of it: the shelf's rule, so
+        // that a list written before its image names the same places.
+        let placed = Shelf::at(self.text_end).place(csize, unwinding.map_or(0, |t| t.mapped()));
+        let offset = placed.offset;
+        self.put_text(&ZEROS[..(offset - self.text_end) as usize])?;
+        self.put_text(code)?;
+        self.code_end = offset + csize;
         let single = self.kind == Kind::Single;
         if let Some(t) = unwinding.filter(|u| u.mapped() > 0 || single) {
             let aligned = csize.next_multiple_of(8);
@@ -706,9 +707,6 @@ impl ImageWriter {
                 let eh_size = take as u64 - hdr;
                 self.eh = Some([(eh_at, eh_size), (eh_at + eh_size, hdr)]);
             }
-            if t.mapped() > 0 {
-                len = aligned + t.mapped();
-            }
         }
         let job = Job {
             offset,
@@ -724,7 +722,7 @@ impl ImageWriter {
                 ));
             }
         }
-        Ok(Placed { offset, len })
+        Ok(placed)
     }
 
     /// Writes the tables and headers, syncs nothing (perf does not either; the

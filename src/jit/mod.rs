@@ -1201,28 +1201,17 @@ fn make_dump(
         .saturating_add(1);
         lw.flush().map_err(beside)?;
         let f = lw.get_ref().try_clone().map_err(beside)?;
-        let n = count;
-        let mut covers = Vec::new();
-        for i in 0..n {
-            let mut b = [0u8; MapRec::SIZE];
-            f.read_exact_at(&mut b, i * MapRec::SIZE as u64)
-                .map_err(beside)?;
-            let rec = MapRec::decode(&b);
-            covers.push(MapRec {
+        // The covers go behind the records they repeat, which are read back from
+        // the flushed part of the file.
+        read_list(&f, count, beside, |_, rec| {
+            let cover = MapRec {
                 time: t,
                 pgoff: u64::MAX,
                 ..rec
-            });
-            if covers.len() >= 4096 {
-                for c in covers.drain(..) {
-                    lw.write_all(&c.encode()).map_err(beside)?;
-                }
-            }
-        }
-        for c in covers {
-            lw.write_all(&c.encode()).map_err(beside)?;
-        }
-        count += n;
+            };
+            lw.write_all(&cover.encode()).map_err(beside)
+        })?;
+        count *= 2;
         notes.push(format!(
             "--jit: {shown} is cut short ({c}): its {loads} code loads before the cut are used; samples in JIT code from {t} ns on show as [unknown] (code loaded after the cut is not in the dump, and must not take an older load's name)"
         ));
@@ -1304,6 +1293,32 @@ fn make_dump(
         },
         notes,
     ))
+}
+
+/// Records of a list read at once.
+const LIST_CHUNK: usize = 4096;
+
+/// The first `count` records of `list`, with their numbers, to `each` (read
+/// [`LIST_CHUNK`] at a time; a read's error through `io`).
+fn read_list<E>(
+    list: &File,
+    count: u64,
+    io: impl Fn(std::io::Error) -> E,
+    mut each: impl FnMut(u64, MapRec) -> std::result::Result<(), E>,
+) -> std::result::Result<(), E> {
+    let mut buf = vec![0u8; LIST_CHUNK.min(count as usize) * MapRec::SIZE];
+    let mut at = 0u64;
+    while at < count {
+        let n = (count - at).min(LIST_CHUNK as u64) as usize;
+        let b = &mut buf[..n * MapRec::SIZE];
+        list.read_exact_at(b, at * MapRec::SIZE as u64)
+            .map_err(&io)?;
+        for (j, c) in b.as_chunks::<{ MapRec::SIZE }>().0.iter().enumerate() {
+            each(at + j as u64, MapRec::decode(c))?;
+        }
+        at += n as u64;
+    }
+    Ok(())
 }
 
 /// Record `n` of the `count` a list being written through `lw` holds (in its buffer
@@ -1539,42 +1554,39 @@ fn write_image(
 /// every load, or more than are held one by one, or one whose records are too long
 /// to be read apart.
 fn wanted(d: &Dump, p: &Pending, kept: Option<&[bool]>) -> std::io::Result<Option<Vec<Wanted>>> {
-    let mut v: Vec<Wanted> = Vec::new();
-    let mut buf = vec![0u8; 4096 * MapRec::SIZE];
-    let mut at = 0u64;
     let tidy = |v: &mut Vec<Wanted>| {
         // A load's moves map it too: one entry per load, with the most it maps.
         v.sort_unstable_by_key(|w| (w.shelf, std::cmp::Reverse(w.len)));
         v.dedup_by_key(|w| w.shelf);
         v.len() <= MAX_PLACED && (v.len() as u64) < p.loads
     };
-    while at < d.count {
-        let n = (d.count - at).min(4096) as usize;
-        let b = &mut buf[..n * MapRec::SIZE];
-        d.list.read_exact_at(b, at * MapRec::SIZE as u64)?;
-        for (j, c) in b.as_chunks::<{ MapRec::SIZE }>().0.iter().enumerate() {
-            let r = MapRec::decode(c);
-            let k = (at + j as u64) as usize;
-            if r.pgoff == u64::MAX || !kept.is_none_or(|kept| kept.get(k).copied().unwrap_or(true))
-            {
-                continue;
+    // None once the image must hold every load.
+    let mut v: Option<Vec<Wanted>> = Some(Vec::new());
+    read_list(
+        &d.list,
+        d.count,
+        |e| e,
+        |k, r| {
+            let Some(w) = &mut v else {
+                return Ok(());
+            };
+            let kept = kept.is_none_or(|kept| kept.get(k as usize).copied().unwrap_or(true));
+            if r.pgoff == u64::MAX || !kept {
+                return Ok(());
             }
-            if r.size == u32::MAX {
-                return Ok(None);
-            }
-            v.push(Wanted {
+            w.push(Wanted {
                 shelf: r.pgoff,
                 at: r.at,
                 size: r.size,
                 len: r.len,
             });
-        }
-        at += n as u64;
-        if v.len() > 2 * MAX_PLACED && !tidy(&mut v) {
-            return Ok(None);
-        }
-    }
-    Ok(tidy(&mut v).then_some(v))
+            if r.size == u32::MAX || (w.len() > 2 * MAX_PLACED && !tidy(w)) {
+                v = None;
+            }
+            Ok(())
+        },
+    )?;
+    Ok(v.and_then(|mut w| tidy(&mut w).then_some(w)))
 }
 
 /// Records of a list sorted in memory at once (28 MB of records, 56 MB while they

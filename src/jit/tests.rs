@@ -403,3 +403,70 @@ fn late_load_leaves_its_lines_to_the_next() {
         "the late load's lines went to the next load"
     );
 }
+
+#[test]
+fn a_list_out_of_time_order_is_sorted_stably() {
+    let rec = |time, start| MapRec {
+        time,
+        tid: 1,
+        start,
+        len: 16,
+        pgoff: start,
+        img: 0,
+        at: start,
+        size: 1,
+    };
+    let recs = [rec(20, 1), rec(10, 2), rec(20, 3), rec(5, 4)];
+    let f = tempfile::tempfile().unwrap();
+    for (i, r) in recs.iter().enumerate() {
+        f.write_all_at(&r.encode(), (i * MapRec::SIZE) as u64)
+            .unwrap();
+    }
+    sort_list_in_runs(&f, recs.len() as u64, 1 << 20, || unreachable!()).unwrap();
+    let mut b = [0u8; MapRec::SIZE];
+    let got: Vec<u64> = (0..recs.len())
+        .map(|i| {
+            f.read_exact_at(&mut b, (i * MapRec::SIZE) as u64).unwrap();
+            MapRec::decode(&b).start
+        })
+        .collect();
+    assert_eq!(got, vec![4, 2, 1, 3]);
+}
+
+#[test]
+fn a_long_list_is_sorted_in_runs_stably() {
+    let mut x = 99u64;
+    let recs: Vec<MapRec> = (0..500u64)
+        .map(|i| {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+            MapRec {
+                time: (x >> 33) % 40,
+                tid: 1,
+                start: i,
+                len: 1,
+                pgoff: i,
+                img: 0,
+                at: i * 100,
+                size: 100,
+            }
+        })
+        .collect();
+    let mut want = recs.clone();
+    want.sort_by_key(|r| r.time);
+    for run in [1u64, 7, 64, 499, 500] {
+        let f = tempfile::tempfile().unwrap();
+        for (i, r) in recs.iter().enumerate() {
+            f.write_all_at(&r.encode(), (i * MapRec::SIZE) as u64)
+                .unwrap();
+        }
+        sort_list_in_runs(&f, recs.len() as u64, run, tempfile::tempfile).unwrap();
+        let mut b = [0u8; MapRec::SIZE];
+        let got: Vec<MapRec> = (0..recs.len())
+            .map(|i| {
+                f.read_exact_at(&mut b, (i * MapRec::SIZE) as u64).unwrap();
+                MapRec::decode(&b)
+            })
+            .collect();
+        assert_eq!(got, want, "runs of {run}");
+    }
+}

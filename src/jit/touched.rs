@@ -27,7 +27,7 @@
 //! ([`sweep_runs`]), so that memory does not follow the dump's size.
 
 use super::runs::Merge;
-use super::{Dump, Layout, MapRec, Records, sample_attr};
+use super::{Dump, Layout, Records, sample_attr};
 use crate::format::attr::st;
 use crate::format::record::{RecordHeader, rt};
 use crate::format::sample::{SampleLayout, u64s};
@@ -47,9 +47,6 @@ const MAX_CLUSTER: usize = 64;
 /// Records of one dump the choice sorts in memory (32 bytes each: 32 MB); a larger
 /// dump is sorted in runs of this many on disk ([`sweep_runs`]).
 const RUN: usize = 1 << 20;
-
-/// Records read at once from a dump's list.
-const LIST_CHUNK: usize = 4096;
 
 /// Which of each dump's list records to write (`None`: all), and for each dump
 /// that keeps every load, why.
@@ -411,27 +408,16 @@ impl Index {
 
 /// A dump's list records, in list order, to `each`.
 fn read_spans(d: &Dump, mut each: impl FnMut(Span) -> Result<()>) -> Result<()> {
-    let mut buf = vec![0u8; LIST_CHUNK * MapRec::SIZE];
-    let mut at = 0u64;
-    while at < d.count {
-        let n = (d.count - at).min(LIST_CHUNK as u64) as usize;
-        let b = &mut buf[..n * MapRec::SIZE];
-        d.list
-            .read_exact_at(b, at * MapRec::SIZE as u64)
-            .map_err(|e| Error::io(&d.image, e))?;
-        for (j, c) in b.as_chunks::<{ MapRec::SIZE }>().0.iter().enumerate() {
-            let r = MapRec::decode(c);
-            each(Span {
-                time: r.time,
-                start: r.start,
-                end: r.start.saturating_add(r.len),
-                idx: (at + j as u64) as u32,
-                cover: r.pgoff == u64::MAX,
-            })?;
-        }
-        at += n as u64;
-    }
-    Ok(())
+    let io = |e| Error::io(&d.image, e);
+    super::read_list(&d.list, d.count, io, |k, r| {
+        each(Span {
+            time: r.time,
+            start: r.start,
+            end: r.start.saturating_add(r.len),
+            idx: k as u32,
+            cover: r.pgoff == u64::MAX,
+        })
+    })
 }
 
 /// The `(time, address)` each dump's process's samples look up inside the dump's
@@ -1043,74 +1029,6 @@ mod tests {
             !got[recs.len() - 1],
             "the load apart no sample touches is not"
         );
-    }
-
-    #[test]
-    fn a_list_out_of_time_order_is_sorted_stably() {
-        let rec = |time, start| MapRec {
-            time,
-            tid: 1,
-            start,
-            len: 16,
-            pgoff: start,
-            img: 0,
-            at: start,
-            size: 1,
-        };
-        let recs = [rec(20, 1), rec(10, 2), rec(20, 3), rec(5, 4)];
-        let f = tempfile::tempfile().unwrap();
-        for (i, r) in recs.iter().enumerate() {
-            f.write_all_at(&r.encode(), (i * MapRec::SIZE) as u64)
-                .unwrap();
-        }
-        super::super::sort_list_in_runs(&f, recs.len() as u64, 1 << 20, || unreachable!()).unwrap();
-        let mut b = [0u8; MapRec::SIZE];
-        let got: Vec<u64> = (0..recs.len())
-            .map(|i| {
-                f.read_exact_at(&mut b, (i * MapRec::SIZE) as u64).unwrap();
-                MapRec::decode(&b).start
-            })
-            .collect();
-        assert_eq!(got, vec![4, 2, 1, 3]);
-    }
-
-    #[test]
-    fn a_long_list_is_sorted_in_runs_stably() {
-        let mut x = 99u64;
-        let recs: Vec<MapRec> = (0..500u64)
-            .map(|i| {
-                x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
-                MapRec {
-                    time: (x >> 33) % 40,
-                    tid: 1,
-                    start: i,
-                    len: 1,
-                    pgoff: i,
-                    img: 0,
-                    at: i * 100,
-                    size: 100,
-                }
-            })
-            .collect();
-        let mut want = recs.clone();
-        want.sort_by_key(|r| r.time);
-        for run in [1u64, 7, 64, 499, 500] {
-            let f = tempfile::tempfile().unwrap();
-            for (i, r) in recs.iter().enumerate() {
-                f.write_all_at(&r.encode(), (i * MapRec::SIZE) as u64)
-                    .unwrap();
-            }
-            super::super::sort_list_in_runs(&f, recs.len() as u64, run, tempfile::tempfile)
-                .unwrap();
-            let mut b = [0u8; MapRec::SIZE];
-            let got: Vec<MapRec> = (0..recs.len())
-                .map(|i| {
-                    f.read_exact_at(&mut b, (i * MapRec::SIZE) as u64).unwrap();
-                    MapRec::decode(&b)
-                })
-                .collect();
-            assert_eq!(got, want, "runs of {run}");
-        }
     }
 
     #[test]
