@@ -13,9 +13,10 @@
 #                `--call-graph dwarf` recordings (minutes on multi-GB files).
 # With BASELINE=/path/to/pdinject, a row `pdi-base` times that binary with the same
 # arguments as pdinject (before/after a change in one run; its tool/pdi ratio > 1 means
-# the current build is faster). With RSS=1, each run goes through /usr/bin/time -f %M
-# and a column `rss-KB` gives the peak RSS of each tool's best run (adds about a
-# millisecond of fork/exec to every run, the same for every tool).
+# the current build is faster). Every run is timed by benches/timed.py, from its fork
+# to its end (no shell, no date, no GNU time in the time: those added 2-3 ms to each
+# run, a fifth of a 14 ms one). With RSS=1 a column `rss-KB` gives each tool's peak
+# RSS, from one more run under /usr/bin/time -f %M in the last round (untimed).
 #
 # With INPLACE=1, two rows time the in-place modes, each on its own copy of FILE made
 # beside it (same filesystem; WORK=DIR puts them elsewhere), reset to FILE's bytes and
@@ -70,7 +71,12 @@ if [ "$rss" = 1 ] && [ ! -x "$gnu_time" ]; then
     echo "compare.sh: RSS=1 needs GNU time at $gnu_time (apt-get install time)" >&2
     exit 2
 fi
+if ! command -v python3 >/dev/null; then
+    echo "compare.sh: needs python3 (benches/timed.py times each run)" >&2
+    exit 2
+fi
 cd "$(dirname "$0")/.."
+timed=$PWD/benches/timed.py
 
 runs=${RUNS:-3}
 read -r -a pdi_args <<<"${PDI_ARGS:-}"
@@ -187,12 +193,12 @@ drop_copy() {
 # here: a second `trap ... EXIT` would replace the first).
 trap 'drop_copy; [ -n "${own_out:-}" ] && rm -rf "$out_dir"' EXIT
 
-# run TOOL IN OUT: one run, output to OUT; stderr to $out_dir/TOOL.err. With RSS=1 the
-# command runs under GNU time, which writes the peak RSS (KB) to $out_dir/TOOL.rss.
+# run TOOL IN OUT [rss]: one run, output to OUT; stderr to $out_dir/TOOL.err; its time
+# to $out_dir/TOOL.t (benches/timed.py), or with `rss` its peak RSS (KB) to
+# $out_dir/TOOL.rss (GNU time), untimed.
 run() {
-    local tool=$1 in=$2 out=$3 w=()
-    rm -rf "$out"
-    [ "$rss" = 1 ] && w=("$gnu_time" -f %M -o "$out_dir/$tool.rss")
+    local tool=$1 in=$2 out=$3 w=(python3 "$timed" "$out_dir/$tool.t" --)
+    [ "${4:-}" = rss ] && w=("$gnu_time" -f %M -o "$out_dir/$tool.rss")
     case $tool in
     pdinject) "${w[@]}" "$pdinject" "${job[@]}" "$in" "$out" "${pdi_args[@]}" ;;
     pdi-base) "${w[@]}" "$baseline" "${job[@]}" "$in" "$out" "${pdi_args[@]}" ;;
@@ -224,33 +230,47 @@ clear_jit_files() {
     find "${JITDIR:-$(dirname "$1")}" -maxdepth 1 -name 'jitted-*.so' -delete
 }
 
-# peak_rss TOOL: the peak RSS in KB of TOOL's last run (GNU time's last line: it puts
-# notes such as "Command exited with non-zero status" before the format's output).
+
+# peak_rss TOOL: the peak RSS in KB of TOOL's last rss run (GNU time's last line: it
+# puts notes such as "Command exited with non-zero status" before the format's output).
 peak_rss() {
     tail -n 1 "$out_dir/$1.rss" 2>/dev/null || echo "?"
 }
 
-# once TOOL IN OUT: one timed run's wall time in seconds, or "fail"; with RSS=1
-# followed by a space and its peak RSS (KB). The in-place tools get their copy reset
-# first (untimed).
-once() {
-    local tool=$1 in=$2 out=$3 s e
+# prepare TOOL IN OUT: what comes before a run, untimed: the in-place tools' copy
+# reset, the last output and (MODE=jit) the last tool's images removed.
+prepare() {
+    local tool=$1 in=$2 out=$3
     case $tool in
     pdi-inplace) reset_copy "$copy" ;;
     pdi-mmap2-ip) reset_copy "$copy2" ;;
     esac
-    [ "$mode" = jit ] && clear_jit_files "$in"
-    s=$(date +%s.%N)
-    if ! run "$tool" "$in" "$out"; then
+    rm -rf "$out" "$out_dir/$tool.t"
+    if [ "$mode" = jit ]; then
+        clear_jit_files "$in"
+        # The deletion of the last tool's thousands of images is committed now, not
+        # in the next timed run (ext4's journal made it wait on it: pdinject on
+        # python 15 ms alone, 26 ms right after perf's 10,205 files were deleted).
+        sync -f "${JITDIR:-$(dirname "$in")}"
+    fi
+}
+
+# once TOOL IN OUT: one timed run's wall time in seconds, or "fail".
+once() {
+    local tool=$1 in=$2 out=$3 secs
+    prepare "$tool" "$in" "$out"
+    if ! run "$tool" "$in" "$out" || ! read -r secs <"$out_dir/$tool.t"; then
         echo fail
         return
     fi
-    e=$(date +%s.%N)
-    if [ "$rss" = 1 ]; then
-        awk -v s="$s" -v e="$e" -v r="$(peak_rss "$tool")" 'BEGIN { printf "%.6f %s\n", e - s, r }'
-    else
-        awk -v s="$s" -v e="$e" 'BEGIN { printf "%.6f\n", e - s }'
-    fi
+    echo "$secs"
+}
+
+# rss_once TOOL IN OUT: the peak RSS (KB) of one more run, untimed, or "?".
+rss_once() {
+    local tool=$1 in=$2 out=$3
+    prepare "$tool" "$in" "$out"
+    if run "$tool" "$in" "$out" rss; then peak_rss "$tool"; else echo "?"; fi
 }
 
 # count_ids OUT: entries with an ID in `perf buildid-list -i OUT`, read with perf 6.12 when present
@@ -297,7 +317,7 @@ for f in "${files[@]}"; do
         for t in "${tools[@]}"; do
             [ "${took[$t]:-}" = fail ] && continue
             out="$out_dir/$name.$t.out"
-            read -r secs m < <(once "$t" "$f" "$out")
+            secs=$(once "$t" "$f" "$out")
             if [ "$secs" = fail ]; then
                 took[$t]=fail
                 rm -rf "$out"
@@ -305,7 +325,6 @@ for f in "${files[@]}"; do
             fi
             if [ -z "${took[$t]:-}" ] || awk -v t="$secs" -v b="${took[$t]}" 'BEGIN { exit !(t < b) }'; then
                 took[$t]=$secs
-                mem[$t]=${m:--}
             fi
             if ((i == runs - 1)); then
                 case $t in
@@ -315,6 +334,7 @@ for f in "${files[@]}"; do
                 esac
                 [ "$t" = pdi-mmap2-ip ] && mmap2_size=$(stat -c %s "$copy2")
                 [ "$mode" = jit ] && jit_left[$t]=$(jit_files "$f")
+                [ "$rss" = 1 ] && mem[$t]=$(rss_once "$t" "$f" "$out")
             fi
             rm -rf "$out"
         done

@@ -109,6 +109,21 @@ pub fn sample_id(rec: &[u8], e: Endian, sample_type: u64) -> Option<u64> {
 
 impl SampleLayout {
     /// Locates the fields of the sample record `rec` (header included).
+    /// The sample's time alone, without decoding the rest: it follows only fixed-size
+    /// fields (the id, ip, pid and tid). A pass that orders records by time (the
+    /// `--jit` merge and scan) decoded every sample whole for it.
+    pub fn time(&self, rec: &[u8], e: Endian) -> Option<u64> {
+        let t = self.sample_type;
+        if t & st::TIME == 0 {
+            return None;
+        }
+        let before = [st::IDENTIFIER, st::IP, st::TID]
+            .iter()
+            .filter(|&&b| t & b != 0)
+            .count();
+        e.u64(rec, 8 + 8 * before)
+    }
+
     pub fn decode<'a>(&self, rec: &'a [u8], e: Endian) -> Result<Sample<'a>, SampleError> {
         let t = self.sample_type;
         let mut c = Cur { d: rec, at: 8, e };
@@ -346,6 +361,32 @@ mod tests {
             u64s(s.callchain, Endian::Little).collect::<Vec<_>>(),
             vec![0xfffffffffffffe00, 0x1000]
         );
+    }
+
+    #[test]
+    fn time_alone_is_the_decoded_time() {
+        // Every combination of the fields before TIME, and none.
+        for pre in 0..8u64 {
+            let t = [st::IDENTIFIER, st::IP, st::TID]
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| pre & (1 << i) != 0)
+                .fold(st::TIME | st::CALLCHAIN, |t, (_, b)| t | b);
+            let words: Vec<u64> = (0..pre.count_ones() as u64)
+                .map(|i| 0x100 + i)
+                .chain([777, 1, 0x1000])
+                .collect();
+            let r = rec(&words);
+            let l = SampleLayout::new(&attr(t, 0));
+            let whole = l.decode(&r, Endian::Little).unwrap().time;
+            assert_eq!((l.time(&r, Endian::Little), whole), (Some(777), Some(777)));
+            assert_eq!(
+                l.time(&r[..8 + 8 * pre.count_ones() as usize], Endian::Little),
+                None
+            );
+        }
+        let no_time = SampleLayout::new(&attr(st::IP, 0));
+        assert_eq!(no_time.time(&rec(&[1, 2]), Endian::Little), None);
     }
 
     #[test]

@@ -432,7 +432,7 @@ fn record_time(
     let h = RecordHeader::parse(rec, l.endian)?;
     if h.kind == rt::SAMPLE {
         let attr = l.attrs.get(sample_attr(rec, l, ids)?)?;
-        return SampleLayout::new(attr).decode(rec, l.endian).ok()?.time;
+        return SampleLayout::new(attr).time(rec, l.endian);
     }
     if h.kind >= rt::USER_START {
         return None;
@@ -910,18 +910,29 @@ struct Loaded<'a> {
     at: u64,
     size: u64,
     load: jitdump::CodeLoad<'a>,
+    /// Its lines and tables (a walk for [`Want::Heads`] gives neither).
     lines: Option<image::DebugLines<'a>>,
     tables: Option<image::Tables<'a>>,
+    /// What its tables map behind the code ([`image::Tables::mapped`]), in both.
+    mapped: u64,
 }
 
 impl Loaded<'_> {
     /// Where a shelf of every load puts it.
     fn place(&self, shelf: &mut image::Shelf) -> image::Placed {
-        shelf.place(
-            self.load.code.len() as u64,
-            self.tables.map_or(0, |t| t.mapped()),
-        )
+        shelf.place(self.load.code.len() as u64, self.mapped)
     }
+}
+
+/// What a walk's loads come with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Want {
+    /// Where they go alone: the first read of a dump whose image is written later
+    /// places loads and copies no line or table (a copy of each load's lines was a
+    /// tenth of node's first read).
+    Heads,
+    /// Their lines and tables too, for an image.
+    Bytes,
 }
 
 /// What a walk over a dump meets.
@@ -954,6 +965,7 @@ fn walk<R: Read>(
     r: &mut Reader<R>,
     end_time: u64,
     stop: u64,
+    want: Want,
     mut each: impl FnMut(Step<'_>) -> std::result::Result<(), String>,
 ) -> std::result::Result<Walked, String> {
     let swapped = r.header.swapped;
@@ -998,30 +1010,48 @@ fn walk<R: Read>(
         match entry.record {
             Record::Debug { count, raw, .. } => {
                 debug.clear();
-                debug.extend_from_slice(raw);
+                if want == Want::Bytes {
+                    debug.extend_from_slice(raw);
+                }
                 debug_waits = true;
                 debug_count = count;
             }
             Record::Unwinding(u) => {
-                unwind = Some((u.data.to_vec(), u.eh_frame_hdr_size, u.mapped_size));
+                let tables = image::Tables {
+                    data: u.data,
+                    hdr_size: u.eh_frame_hdr_size,
+                    mapped: u.mapped_size,
+                };
+                let data = match want {
+                    Want::Bytes => u.data.to_vec(),
+                    Want::Heads => Vec::new(),
+                };
+                unwind = Some((data, u.eh_frame_hdr_size, tables.mapped()));
             }
             Record::Load(load) => {
                 if load.code.is_empty() {
                     continue;
                 }
                 let code_addr = load.code_addr;
-                let lines = std::mem::take(&mut debug_waits).then_some(image::DebugLines {
-                    raw: &debug,
-                    count: debug_count,
-                    swapped,
-                    code_addr,
-                });
+                let lines = (std::mem::take(&mut debug_waits) && want == Want::Bytes).then_some(
+                    image::DebugLines {
+                        raw: &debug,
+                        count: debug_count,
+                        swapped,
+                        code_addr,
+                    },
+                );
+                // Tables keep their clamped mapped size (the same bound again).
                 let u = unwind.take();
-                let tables = u.as_ref().map(|(d, hdr, mapped)| image::Tables {
-                    data: d,
-                    hdr_size: *hdr,
-                    mapped: *mapped,
-                });
+                let mapped = u.as_ref().map_or(0, |&(_, _, m)| m);
+                let tables = u
+                    .as_ref()
+                    .filter(|_| want == Want::Bytes)
+                    .map(|(d, hdr, mapped)| image::Tables {
+                        data: d,
+                        hdr_size: *hdr,
+                        mapped: *mapped,
+                    });
                 for v in [entry.time, code_addr, load.code.len() as u64] {
                     fingerprint =
                         (fingerprint.rotate_left(5) ^ v).wrapping_mul(0x9e37_79b9_7f4a_7c15);
@@ -1035,6 +1065,7 @@ fn walk<R: Read>(
                     load,
                     lines,
                     tables,
+                    mapped,
                 }))?;
             }
             Record::Move(mv) => each(Step::Move {
@@ -1125,7 +1156,12 @@ fn make_dump(
     let (mut loads, mut moves, mut lost_moves) = (0u64, 0u64, 0u64);
     let mut count = 0u64;
     let mut extent = Extent::default();
-    let walked = walk(&mut r, end_time, u64::MAX, |step| {
+    // Loads placed now need no line or table; loads written now, all of them.
+    let want = match img {
+        None if !per_load => Want::Heads,
+        _ => Want::Bytes,
+    };
+    let walked = walk(&mut r, end_time, u64::MAX, want, |step| {
         let rec = match step {
             Step::Load(x) => {
                 let (placed, which) = if per_load {
@@ -1463,7 +1499,7 @@ fn write_image(
             let mut shelf = image::Shelf::default();
             let mut loads = 0u64;
             let mut moved = false;
-            let walked = walk(&mut r, end_time, p.stop, |step| {
+            let walked = walk(&mut r, end_time, p.stop, Want::Bytes, |step| {
                 if let Step::Load(x) = step {
                     loads += 1;
                     let s = x.place(&mut shelf);
@@ -1497,7 +1533,7 @@ fn write_image(
                 f.read_exact_at(&mut buf, from).map_err(|_| changed())?;
                 let mut r = Reader::records(&buf[..], p.header, from, buf.len());
                 let mut k = i;
-                let walked = walk(&mut r, end_time, to, |step| {
+                let walked = walk(&mut r, end_time, to, Want::Bytes, |step| {
                     let Step::Load(x) = step else {
                         return Ok(());
                     };

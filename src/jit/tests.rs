@@ -143,7 +143,7 @@ struct St {
 /// Each load's group (`at`, `size`) and what it gets, walking `r` up to `stop`.
 fn states(r: &mut Reader<impl Read>, stop: u64) -> (Vec<(u64, u64, St)>, Walked) {
     let mut v = Vec::new();
-    let w = walk(r, END, stop, |s| {
+    let w = walk(r, END, stop, Want::Bytes, |s| {
         if let Step::Load(x) = s {
             v.push((
                 x.at,
@@ -390,7 +390,7 @@ fn late_load_leaves_its_lines_to_the_next() {
     rec(&mut b, 0, 20, &load(0x2000, 1)); // on time, written after
     let mut r = Reader::new(&b[..]).unwrap();
     let mut got = Vec::new();
-    walk(&mut r, 1000, u64::MAX, |s| {
+    walk(&mut r, 1000, u64::MAX, Want::Bytes, |s| {
         if let Step::Load(x) = s {
             got.push((x.load.code_addr, x.lines.is_some()));
         }
@@ -468,5 +468,38 @@ fn a_long_list_is_sorted_in_runs_stably() {
             })
             .collect();
         assert_eq!(got, want, "runs of {run}");
+    }
+}
+
+/// A walk for heads alone places every load where a walk with the bytes does, and
+/// gives neither lines nor tables.
+#[test]
+fn heads_walk_places_loads_as_a_full_one() {
+    let heads = |b: &[u8], want: Want| {
+        let mut r = Reader::new(b).unwrap();
+        let mut shelf = image::Shelf::default();
+        let mut v = Vec::new();
+        let w = walk(&mut r, END, u64::MAX, want, |s| {
+            if let Step::Load(x) = s {
+                if want == Want::Heads {
+                    assert!(x.lines.is_none() && x.tables.is_none());
+                } else {
+                    assert_eq!(x.mapped, x.tables.map_or(0, |t| t.mapped()));
+                }
+                let p = x.place(&mut shelf);
+                v.push((x.time, x.at, x.size, x.load.code_addr, p.offset, p.len));
+            }
+            Ok(())
+        })
+        .unwrap();
+        (v, w.fingerprint, w.stop, w.late)
+    };
+    for seed in 0..300 {
+        let b = build(seed);
+        assert_eq!(
+            heads(&b, Want::Heads),
+            heads(&b, Want::Bytes),
+            "seed {seed}"
+        );
     }
 }
