@@ -16,7 +16,8 @@
 # the current build is faster). Every run is timed by benches/timed.py, from its fork
 # to its end (no shell, no date, no GNU time in the time: those added 2-3 ms to each
 # run, a fifth of a 14 ms one). With RSS=1 a column `rss-KB` gives each tool's peak
-# RSS, from one more run under /usr/bin/time -f %M in the last round (untimed).
+# RSS, from one more run of each under /usr/bin/time -f %M after the timed rounds
+# (with SCRIPT=1, one more perf script too).
 #
 # With INPLACE=1, two rows time the in-place modes, each on its own copy of FILE made
 # beside it (same filesystem; WORK=DIR puts them elsewhere), reset to FILE's bytes and
@@ -42,6 +43,9 @@
 #              BASELINE (a second pdinject binary, row pdi-base), RSS=1 (peak RSS column),
 #              INPLACE=1 (the in-place rows), WORK (directory of their copies).
 set -euo pipefail
+# A failing step inside $(...) (a copy's reset, the images' removal) stops the script
+# too, instead of timing a run on what it left.
+shopt -s inherit_errexit
 
 if [ $# -eq 0 ]; then
     echo "usage: bash benches/compare.sh FILE..." >&2
@@ -230,7 +234,6 @@ clear_jit_files() {
     find "${JITDIR:-$(dirname "$1")}" -maxdepth 1 -name 'jitted-*.so' -delete
 }
 
-
 # peak_rss TOOL: the peak RSS in KB of TOOL's last rss run (GNU time's last line: it
 # puts notes such as "Command exited with non-zero status" before the format's output).
 peak_rss() {
@@ -334,11 +337,20 @@ for f in "${files[@]}"; do
                 esac
                 [ "$t" = pdi-mmap2-ip ] && mmap2_size=$(stat -c %s "$copy2")
                 [ "$mode" = jit ] && jit_left[$t]=$(jit_files "$f")
-                [ "$rss" = 1 ] && mem[$t]=$(rss_once "$t" "$f" "$out")
             fi
             rm -rf "$out"
         done
     done
+    # The peak RSS from one more run of each tool, after the timed rounds: a long
+    # run (perf on a large file) right before a timed one slows it.
+    if [ "$rss" = 1 ]; then
+        for t in "${tools[@]}"; do
+            [ "${took[$t]:-}" = fail ] && continue
+            out="$out_dir/$name.$t.out"
+            mem[$t]=$(rss_once "$t" "$f" "$out")
+            rm -rf "$out"
+        done
+    fi
     for t in "${tools[@]}"; do
         secs=${took[$t]:-fail}
         [ "$secs" != fail ] && secs=$(awk -v b="$secs" 'BEGIN { printf "%.3f", b }') && took[$t]=$secs

@@ -8,6 +8,7 @@ ms, a fifth of a 14 ms run). The child's peak RSS is not taken here: a child of 
 interpreter counts the interpreter's pages in it (compare.sh asks GNU time).
 """
 import os
+import signal
 import sys
 import time
 
@@ -20,10 +21,13 @@ def main():
     start = time.monotonic()
     try:
         # posix_spawn: no copy of this interpreter's page tables, as a fork makes.
-        pid = os.posix_spawnp(cmd[0], cmd, os.environ)
+        # The signals Python ignores go back to their defaults, as from a shell.
+        pid = os.posix_spawnp(
+            cmd[0], cmd, os.environ, setsigdef=(signal.SIGPIPE, signal.SIGXFSZ)
+        )
     except OSError as e:
         sys.stderr.write(f"timed.py: {cmd[0]}: {e}\n")
-        return 127
+        return 126 if isinstance(e, PermissionError) else 127
     _, status = os.waitpid(pid, 0)
     secs = time.monotonic() - start
     with open(result, "w") as f:

@@ -108,7 +108,6 @@ pub fn sample_id(rec: &[u8], e: Endian, sample_type: u64) -> Option<u64> {
 }
 
 impl SampleLayout {
-    /// Locates the fields of the sample record `rec` (header included).
     /// The sample's time alone, without decoding the rest: it follows only fixed-size
     /// fields (the id, ip, pid and tid). A pass that orders records by time (the
     /// `--jit` merge and scan) decoded every sample whole for it.
@@ -124,6 +123,7 @@ impl SampleLayout {
         e.u64(rec, 8 + 8 * before)
     }
 
+    /// Locates the fields of the sample record `rec` (header included).
     pub fn decode<'a>(&self, rec: &'a [u8], e: Endian) -> Result<Sample<'a>, SampleError> {
         let t = self.sample_type;
         let mut c = Cur { d: rec, at: 8, e };
