@@ -252,6 +252,8 @@ pub fn parse_header(b: &[u8]) -> Result<Header, JitdumpError> {
 /// A jitdump read record by record.
 pub struct Reader<R: Read> {
     r: R,
+    /// Or a thread that reads the file ahead, whose blocks become the buffer.
+    ahead: Option<Ahead>,
     /// The header.
     pub header: Header,
     at: u64,
@@ -274,8 +276,14 @@ const FIRST_READ: usize = 64 << 10;
 impl<R: Read> Reader<R> {
     /// Reads the header (and skips what a newer writer added to it).
     pub fn new(r: R) -> Result<Self, JitdumpError> {
+        Self::start(r, None)
+    }
+
+    /// [`Reader::new`] with the reader `ahead` instead of `r`.
+    fn start(r: R, ahead: Option<Ahead>) -> Result<Self, JitdumpError> {
         let mut me = Reader {
             r,
+            ahead,
             header: Header::default(),
             at: 0,
             buf: Vec::new(),
@@ -304,6 +312,9 @@ impl<R: Read> Reader<R> {
         if self.end - self.pos >= n || self.eof {
             return Ok((self.end - self.pos).min(n));
         }
+        if self.ahead.is_some() {
+            return self.fill_ahead(n);
+        }
         // Move what is left to the front, then read in large pieces: the buffer
         // doubles at each refill up to a read-ahead (a small dump costs a small one).
         self.buf.copy_within(self.pos..self.end, 0);
@@ -325,6 +336,37 @@ impl<R: Read> Reader<R> {
                 Ok(k) => self.end += k,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(JitdumpError::Io(e.to_string())),
+            }
+        }
+        Ok((self.end - self.pos).min(n))
+    }
+
+    /// [`Reader::fill`] from the blocks of a reader ahead: what is left of the last
+    /// block (the start of a record) goes into the headroom before the next block's
+    /// bytes, and the block becomes the buffer; nothing else is copied. A record
+    /// longer than the headroom grows by copies, as from a plain reader.
+    fn fill_ahead(&mut self, n: usize) -> Result<usize, JitdumpError> {
+        while self.end - self.pos < n && !self.eof {
+            let Some(ahead) = self.ahead.as_mut() else {
+                break;
+            };
+            let Some((mut block, valid)) = ahead.next()? else {
+                self.eof = true;
+                break;
+            };
+            let left = self.end - self.pos;
+            if left <= AHEAD_ROOM {
+                block[AHEAD_ROOM - left..AHEAD_ROOM].copy_from_slice(&self.buf[self.pos..self.end]);
+                ahead.recycle(std::mem::replace(&mut self.buf, block));
+                self.pos = AHEAD_ROOM - left;
+                self.end = valid;
+            } else {
+                self.buf.copy_within(self.pos..self.end, 0);
+                self.buf.truncate(left);
+                self.buf.extend_from_slice(&block[AHEAD_ROOM..valid]);
+                self.pos = 0;
+                self.end = self.buf.len();
+                ahead.recycle(block);
             }
         }
         Ok((self.end - self.pos).min(n))
@@ -459,6 +501,7 @@ impl<R: Read> Reader<R> {
     pub fn records(r: R, header: Header, at: u64, len: usize) -> Self {
         Reader {
             r,
+            ahead: None,
             header,
             at,
             buf: Vec::new(),
@@ -477,6 +520,84 @@ impl<R: Read> Reader<R> {
     /// Whether entries are byte-swapped.
     pub fn swapped(&self) -> bool {
         self.header.swapped
+    }
+}
+
+impl Reader<std::io::Empty> {
+    /// A reader of the dump `f` that a thread of its own reads ahead, a block at a
+    /// time: the copy out of the page cache (40 % of a 51 MB dump's first read)
+    /// goes to another core while this one parses.
+    pub fn read_ahead(f: std::fs::File) -> Result<Self, JitdumpError> {
+        let ahead = Ahead::spawn(f).map_err(|e| JitdumpError::Io(e.to_string()))?;
+        Self::start(std::io::empty(), Some(ahead))
+    }
+}
+
+/// Bytes a reader ahead reads at once.
+const AHEAD_BLOCK: usize = 256 << 10;
+/// Room kept before each block's bytes for the start of a record the last block
+/// ended in.
+const AHEAD_ROOM: usize = 64 << 10;
+/// Blocks read and not yet parsed, at most.
+const AHEAD_BLOCKS: usize = 2;
+
+/// A thread reading a file ahead into blocks of [`AHEAD_ROOM`] and [`AHEAD_BLOCK`]
+/// bytes; the blocks parsed come back to it, so that its memory is a few blocks
+/// whatever the file's size (and fresh pages are not faulted in for each).
+struct Ahead {
+    /// A block, and the end of its bytes (past the room); `(_, ROOM)` at the end.
+    rx: std::sync::mpsc::Receiver<std::io::Result<(Vec<u8>, usize)>>,
+    back: std::sync::mpsc::SyncSender<Vec<u8>>,
+}
+
+impl Ahead {
+    fn spawn(mut f: std::fs::File) -> std::io::Result<Ahead> {
+        use std::sync::mpsc::sync_channel;
+        let (tx, rx) = sync_channel(AHEAD_BLOCKS);
+        let (back, spare) = sync_channel::<Vec<u8>>(AHEAD_BLOCKS + 2);
+        std::thread::Builder::new()
+            .name("pdinject-jit-read".into())
+            .spawn(move || {
+                loop {
+                    let mut b = spare
+                        .try_recv()
+                        .unwrap_or_else(|_| vec![0; AHEAD_ROOM + AHEAD_BLOCK]);
+                    let mut n = AHEAD_ROOM;
+                    let read = loop {
+                        if n == b.len() {
+                            break Ok(());
+                        }
+                        match f.read(&mut b[n..]) {
+                            Ok(0) => break Ok(()),
+                            Ok(k) => n += k,
+                            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                            Err(e) => break Err(e),
+                        }
+                    };
+                    let last = n == AHEAD_ROOM || read.is_err();
+                    // The reader gone (done, or stopped at an error), the thread ends.
+                    if tx.send(read.map(|()| (b, n))).is_err() || last {
+                        return;
+                    }
+                }
+            })?;
+        Ok(Ahead { rx, back })
+    }
+
+    /// The next block and the end of its bytes; `None` at the file's end.
+    fn next(&mut self) -> Result<Option<(Vec<u8>, usize)>, JitdumpError> {
+        match self.rx.recv() {
+            Ok(Ok((b, n))) if n > AHEAD_ROOM => Ok(Some((b, n))),
+            Ok(Ok(_)) | Err(_) => Ok(None),
+            Ok(Err(e)) => Err(JitdumpError::Io(e.to_string())),
+        }
+    }
+
+    /// Gives a parsed block back to be read into again.
+    fn recycle(&self, b: Vec<u8>) {
+        if b.len() == AHEAD_ROOM + AHEAD_BLOCK {
+            let _ = self.back.try_send(b);
+        }
     }
 }
 
@@ -587,6 +708,50 @@ mod tests {
                 time: Some(11)
             }
         );
+    }
+
+    /// Each entry of a reader, owned: (offset, size, time, the record's bytes as
+    /// the reader located them), up to its end or error.
+    fn entries<R: Read>(mut r: Reader<R>) -> (Vec<(u64, u64, u64, String)>, Option<JitdumpError>) {
+        let mut v = Vec::new();
+        loop {
+            match r.next_entry() {
+                Ok(Some(e)) => v.push((e.offset, e.size, e.time, format!("{:?}", e.record))),
+                Ok(None) => return (v, None),
+                Err(e) => return (v, Some(e)),
+            }
+        }
+    }
+
+    /// A reader ahead gives what a plain one does: records across its blocks, records
+    /// longer than its headroom and than a block, a dump cut short.
+    #[test]
+    fn read_ahead_reads_as_a_plain_reader() {
+        let mut d = header(7);
+        let mut seed = 12345u64;
+        for i in 0..400u64 {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let len = match i % 50 {
+                7 => 70 << 10,
+                19 => 300 << 10,
+                _ => (seed >> 33) as usize % 4000,
+            };
+            let code: Vec<u8> = (0..len).map(|k| (k as u64 ^ i) as u8).collect();
+            d.extend(load(10 + i, 0x1000 * (i + 1), &format!("f{i}"), &code));
+        }
+        let dir = tempfile::tempdir().unwrap();
+        for cut in [d.len(), d.len() - 100, 300 << 10, (256 + 64) << 10, 41] {
+            let p = dir.path().join("jit-7.dump");
+            std::fs::write(&p, &d[..cut]).unwrap();
+            let plain = Reader::new(&d[..cut]).map(entries);
+            let ahead = Reader::read_ahead(std::fs::File::open(&p).unwrap()).map(entries);
+            assert_eq!(plain, ahead, "cut at {cut}");
+            if cut == d.len() {
+                assert_eq!(plain.unwrap().0.len(), 400);
+            }
+        }
     }
 
     #[test]

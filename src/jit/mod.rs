@@ -1394,9 +1394,9 @@ fn dropped_note(shown: &std::path::Display<'_>, dropped: u64) -> String {
 
 /// The jitdump of marker `m` at `path`, its header read and checked. Err: why it is
 /// left out.
-fn open_dump(path: &Path, m: &Marker) -> std::result::Result<Reader<File>, String> {
+fn open_dump(path: &Path, m: &Marker) -> std::result::Result<Reader<std::io::Empty>, String> {
     let f = File::open(path).map_err(|e| format!("cannot open it: {e}"))?;
-    let r = Reader::new(f).map_err(|e| e.to_string())?;
+    let r = Reader::read_ahead(f).map_err(|e| e.to_string())?;
     let h = r.header;
     if h.swapped {
         return Err("written in the other byte order (not read yet)".into());
