@@ -710,9 +710,11 @@ mod tests {
         );
     }
 
-    /// Each entry of a reader, owned: (offset, size, time, the record's bytes as
-    /// the reader located them), up to its end or error.
-    fn entries<R: Read>(mut r: Reader<R>) -> (Vec<(u64, u64, u64, String)>, Option<JitdumpError>) {
+    /// Entries owned: (offset, size, time, the record as the reader located it).
+    type Owned = Vec<(u64, u64, u64, String)>;
+
+    /// Each entry of a reader, up to its end or error.
+    fn entries<R: Read>(mut r: Reader<R>) -> (Owned, Option<JitdumpError>) {
         let mut v = Vec::new();
         loop {
             match r.next_entry() {
