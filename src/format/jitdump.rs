@@ -523,13 +523,16 @@ impl<R: Read> Reader<R> {
     }
 }
 
-impl Reader<std::io::Empty> {
+impl Reader<std::fs::File> {
     /// A reader of the dump `f` that a thread of its own reads ahead, a block at a
     /// time: the copy out of the page cache (40 % of a 51 MB dump's first read)
-    /// goes to another core while this one parses.
+    /// goes to another core while this one parses. Without a thread (none could be
+    /// started), `f` is read as by [`Reader::new`].
     pub fn read_ahead(f: std::fs::File) -> Result<Self, JitdumpError> {
-        let ahead = Ahead::spawn(f).map_err(|e| JitdumpError::Io(e.to_string()))?;
-        Self::start(std::io::empty(), Some(ahead))
+        // The thread reads through a duplicate, which shares the file's offset:
+        // `f` itself is then never read.
+        let ahead = f.try_clone().ok().and_then(|c| Ahead::spawn(c).ok());
+        Self::start(f, ahead)
     }
 }
 

@@ -1394,7 +1394,7 @@ fn dropped_note(shown: &std::path::Display<'_>, dropped: u64) -> String {
 
 /// The jitdump of marker `m` at `path`, its header read and checked. Err: why it is
 /// left out.
-fn open_dump(path: &Path, m: &Marker) -> std::result::Result<Reader<std::io::Empty>, String> {
+fn open_dump(path: &Path, m: &Marker) -> std::result::Result<Reader<File>, String> {
     let f = File::open(path).map_err(|e| format!("cannot open it: {e}"))?;
     let r = Reader::read_ahead(f).map_err(|e| e.to_string())?;
     let h = r.header;
