@@ -201,14 +201,16 @@ trap 'drop_copy; [ -n "${own_out:-}" ] && rm -rf "$out_dir"' EXIT
 # to $out_dir/TOOL.t (benches/timed.py), or with `rss` its peak RSS (KB) to
 # $out_dir/TOOL.rss (GNU time), untimed.
 run() {
-    local tool=$1 in=$2 out=$3 w=(python3 "$timed" "$out_dir/$tool.t" --)
+    # PYTHONCOERCECLOCALE=0: under the C locale python3 would otherwise set LC_CTYPE
+    # in the environment the tool inherits.
+    local tool=$1 in=$2 out=$3 w=(env PYTHONCOERCECLOCALE=0 python3 "$timed" "$out_dir/$tool.t" --)
     [ "${4:-}" = rss ] && w=("$gnu_time" -f %M -o "$out_dir/$tool.rss")
     case $tool in
     pdinject) "${w[@]}" "$pdinject" "${job[@]}" "$in" "$out" "${pdi_args[@]}" ;;
     pdi-base) "${w[@]}" "$baseline" "${job[@]}" "$in" "$out" "${pdi_args[@]}" ;;
     perf) "${w[@]}" "$perf61" inject "$(perf_job)" -i "$in" -o "$out" ;;
     perf73) "${w[@]}" "$p73" inject "${job[@]}" -i "$in" -o "$out" ;;
-    perf612) LD_LIBRARY_PATH=$p612_lib "${w[@]}" "$p612" inject -b -i "$in" -o "$out" ;;
+    perf612) "${w[@]}" env LD_LIBRARY_PATH="$p612_lib" "$p612" inject -b -i "$in" -o "$out" ;;
     perf-script) "${w[@]}" "$perf61" script -F ip,dso -i "$in" ;;
     cp) "${w[@]}" cp -r "$in" "$out" ;;
     pdi-inplace) "${w[@]}" "$pdinject" --buildids --in-place "$copy" "${pdi_args[@]}" ;;

@@ -361,7 +361,9 @@ impl<R: Read> Reader<R> {
                 self.pos = AHEAD_ROOM - left;
                 self.end = valid;
             } else {
-                self.buf.copy_within(self.pos..self.end, 0);
+                if self.pos > 0 {
+                    self.buf.copy_within(self.pos..self.end, 0);
+                }
                 self.buf.truncate(left);
                 self.buf.extend_from_slice(&block[AHEAD_ROOM..valid]);
                 self.pos = 0;
@@ -577,9 +579,21 @@ impl Ahead {
                             Err(e) => break Err(e),
                         }
                     };
-                    let last = n == AHEAD_ROOM || read.is_err();
+                    // The bytes read before an error are handed out first, as a
+                    // plain reader hands out the records before it.
+                    let (got, err) = match read {
+                        Ok(()) => (Some((b, n)), None),
+                        Err(e) => ((n > AHEAD_ROOM).then_some((b, n)), Some(e)),
+                    };
+                    let last = n == AHEAD_ROOM || err.is_some();
                     // The reader gone (done, or stopped at an error), the thread ends.
-                    if tx.send(read.map(|()| (b, n))).is_err() || last {
+                    if got.is_some_and(|g| tx.send(Ok(g)).is_err()) {
+                        return;
+                    }
+                    if let Some(e) = err {
+                        let _ = tx.send(Err(e));
+                    }
+                    if last {
                         return;
                     }
                 }
@@ -591,14 +605,17 @@ impl Ahead {
     fn next(&mut self) -> Result<Option<(Vec<u8>, usize)>, JitdumpError> {
         match self.rx.recv() {
             Ok(Ok((b, n))) if n > AHEAD_ROOM => Ok(Some((b, n))),
-            Ok(Ok(_)) | Err(_) => Ok(None),
+            Ok(Ok(_)) => Ok(None),
             Ok(Err(e)) => Err(JitdumpError::Io(e.to_string())),
+            // Never after the end's empty block: a thread that ended otherwise (a
+            // panic) must not make the rest of the dump look absent.
+            Err(_) => Err(JitdumpError::Io("its read-ahead thread ended".into())),
         }
     }
 
     /// Gives a parsed block back to be read into again.
     fn recycle(&self, b: Vec<u8>) {
-        if b.len() == AHEAD_ROOM + AHEAD_BLOCK {
+        if b.len() == AHEAD_ROOM + AHEAD_BLOCK && b.capacity() == b.len() {
             let _ = self.back.try_send(b);
         }
     }
@@ -747,7 +764,17 @@ mod tests {
             d.extend(load(10 + i, 0x1000 * (i + 1), &format!("f{i}"), &code));
         }
         let dir = tempfile::tempdir().unwrap();
-        for cut in [d.len(), d.len() - 100, 300 << 10, (256 + 64) << 10, 41] {
+        // Cuts: whole, mid-record, at block ends (the file's bytes fill whole
+        // blocks), inside the header.
+        for cut in [
+            d.len(),
+            d.len() - 100,
+            300 << 10,
+            (256 + 64) << 10,
+            256 << 10,
+            512 << 10,
+            41,
+        ] {
             let p = dir.path().join("jit-7.dump");
             std::fs::write(&p, &d[..cut]).unwrap();
             let plain = Reader::new(&d[..cut]).map(entries);
@@ -756,6 +783,22 @@ mod tests {
             if cut == d.len() {
                 assert_eq!(plain.unwrap().0.len(), 400);
             }
+        }
+        // A record ending exactly at a block's end; one starting exactly a room's
+        // length before it and running past it.
+        for first_end in [256 << 10, 192 << 10] {
+            let mut e = header(7);
+            let pad = first_end - e.len() - (16 + 40 + 1 + 1);
+            e.extend(load(1, 0x1000, "a", &vec![0x90; pad]));
+            assert_eq!(e.len(), first_end);
+            e.extend(load(2, 0x2000, "b", &vec![0xc3; 100 << 10]));
+            e.extend(load(3, 0x3000, "c", &[0xc3]));
+            let p = dir.path().join("jit-8.dump");
+            std::fs::write(&p, &e).unwrap();
+            let plain = Reader::new(&e[..]).map(entries);
+            let ahead = Reader::read_ahead(std::fs::File::open(&p).unwrap()).map(entries);
+            assert_eq!(plain, ahead, "first record ends at {first_end}");
+            assert_eq!(plain.unwrap().0.len(), 3);
         }
     }
 
