@@ -777,7 +777,7 @@ impl<'a> Engine<'a> {
         match kind {
             rt::SAMPLE => {
                 self.scan.samples += 1;
-                if let Some(t) = sample_time(r.bytes, self.e, sample_type) {
+                if let Some(t) = crate::format::sample::sample_time(r.bytes, self.e, sample_type) {
                     self.span.note(t);
                 }
                 return Ok(());
@@ -1360,18 +1360,6 @@ fn encodable(g: &Group, o: Outcome, e: Endian) -> Outcome {
     ))
 }
 
-/// A sample's time: after IDENTIFIER, IP and TID in perf's fixed sample layout.
-fn sample_time(rec: &[u8], e: Endian, sample_type: u64) -> Option<u64> {
-    if sample_type & st::TIME == 0 {
-        return None;
-    }
-    let before = [st::IDENTIFIER, st::IP, st::TID]
-        .iter()
-        .filter(|&&b| sample_type & b != 0)
-        .count();
-    e.u64(rec, 8 + 8 * before)
-}
-
 /// Where a model event falls: its time when the recording is time-ordered, and its
 /// record's number (which orders events of one time, or all of them otherwise).
 #[derive(Clone, Copy)]
@@ -1422,17 +1410,6 @@ impl<'p> Counter<'p> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sample_time_follows_identifier_ip_and_tid() {
-        let mut r = vec![0u8; 8];
-        for v in [7u64, 0x1000, 42, 123_456] {
-            r.extend_from_slice(&v.to_le_bytes());
-        }
-        let t = st::IDENTIFIER | st::IP | st::TID | st::TIME;
-        assert_eq!(sample_time(&r, Endian::Little, t), Some(123_456));
-        assert_eq!(sample_time(&r, Endian::Little, st::IP), None);
-    }
 
     #[test]
     fn an_undated_batch_refuses_local_files_and_keeps_other_reasons() {

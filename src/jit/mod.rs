@@ -47,7 +47,7 @@ use crate::format::buildid::BuildId;
 use crate::format::header::{FEAT_HOSTNAME, FileHeader, PIPE_HEADER_SIZE, pipe_header};
 use crate::format::jitdump::{self, JitdumpError, Reader, Record};
 use crate::format::record::{RecordHeader, TrailerLayout, misc, out_of_band_len, parse_mmap, rt};
-use crate::format::sample::{SampleLayout, sample_id};
+use crate::format::sample::{sample_id, sample_time};
 use crate::options::JitMaps;
 use crate::write::TempOutput;
 use crate::{Error, Result};
@@ -432,7 +432,7 @@ fn record_time(
     let h = RecordHeader::parse(rec, l.endian)?;
     if h.kind == rt::SAMPLE {
         let attr = l.attrs.get(sample_attr(rec, l, ids)?)?;
-        return SampleLayout::new(attr).time(rec, l.endian);
+        return sample_time(rec, l.endian, attr.sample_type);
     }
     if h.kind >= rt::USER_START {
         return None;
