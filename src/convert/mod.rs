@@ -5,50 +5,27 @@
 //! `PERF_SAMPLE_STACK_USER` (and gains `PERF_SAMPLE_CALLCHAIN`), at the input's attr
 //! size. See docs/convert.md.
 //!
-//! A file into a file in the table form: the resolve converts each chunk as it walks
-//! it ([`SpillTap`]), unwinding each stack once for its hits and its chain, and the
-//! chunks go to a [`Spill`] that the sink copies into the output in order; batches
-//! are resolved (and converted) beside the scan as in every run.
-//!
-//! Streams and the MMAP2 forms (whose build-ID records are only known once the
-//! resolve is done): the engine resolves the input as in every run, and the sink
-//! then walks the same chunks again, unwinds each DWARF sample on the pool with the
-//! model and unwind tables of that resolve, and writes the records in order, a
-//! bounded group of chunks at a time.
+//! One path for every input and output form: the conversion is a rewrite of the
+//! resolve ([`crate::resolve::Rewrite`]). The resolve decodes each sample and
+//! unwinds its stack once, for its hits and for the chain written here; each chunk's
+//! records go to a [`Spill`] (an unnamed temp file for a file input, memory for a
+//! stream's batch), which the sink writes in order, build-ID mapping records laid
+//! over the records they replace as it goes.
 
-mod spill;
+pub(crate) mod spill;
 
 pub(crate) use spill::{Spill, SpillTap};
 
 use crate::format::Endian;
 use crate::format::attr::{Attr, st};
 use crate::format::attr_compat::FEAT_EVENT_DESC;
-use crate::format::record::{misc, rt};
-use crate::format::sample::{SampleLayout, sample_id, u64s};
-use crate::format::walk::{Chunk, Rec, Walker, Windows};
-use crate::model::{Key, Model};
-use crate::resolve::unwind::{self, Frame, Outcome, SampleStack, UnwindConfig, UnwindTables};
+use crate::format::record::rt;
+use crate::format::sample::u64s;
+use crate::format::walk::Rec;
+use crate::model::Model;
+use crate::resolve::Decoded;
+use crate::resolve::unwind::{Frame, UnwindConfig};
 use crate::{Error, Result};
-use rayon::prelude::*;
-use std::collections::HashMap;
-use std::sync::Arc;
-
-/// What the engine's last resolve used, kept for the conversion.
-pub struct Seen {
-    /// The model the samples were resolved against.
-    pub model: Arc<Model>,
-    /// The chunks resolved (a file: all of its records).
-    pub chunks: Vec<Chunk>,
-    /// How stacks were unwound (`None`: not at all).
-    pub unwind: Option<UnwindConfig>,
-    /// Samples were resolved by time.
-    pub time_mode: bool,
-    /// Why local files may not be read (another host, no recording time), if so.
-    pub local: Option<String>,
-    /// The records as the resolve converted them ([`Spill`]), when it did: then the
-    /// sink only copies them.
-    pub spill: Option<Arc<Spill>>,
-}
 
 /// `PERF_CONTEXT_USER`: the callchain entries after it are user addresses.
 pub(crate) const PERF_CONTEXT_USER: u64 = (-512i64) as u64;
@@ -239,208 +216,63 @@ pub(crate) fn convert_header_feature(rec: &mut [u8], e: Endian) {
     }
 }
 
-/// Input bytes of chunks converted at a time: their output (the same size for
-/// records that pass through) is held until written in order.
-const GROUP_BYTES: u64 = 64 << 20;
-
-/// How a resolve unwinds, as a converter must unwind too: its model and tables, its
-/// unwinding, whether samples are keyed by time, and why local files may not be read
-/// (another host, no recording time), if so.
-#[derive(Clone, Copy)]
-pub(crate) struct How<'a, 'w> {
-    pub model: &'a Model,
-    pub tables: &'a UnwindTables,
-    pub unwind: Option<UnwindConfig>,
-    pub time_mode: bool,
-    pub local: Option<&'w str>,
-}
-
-/// Converts the records of one input with what the engine's last resolve saw.
+/// Converts the records of one input as the resolve hands them over.
 pub(crate) struct Converter<'a> {
     model: &'a Model,
-    tables: &'a UnwindTables,
-    cfg: Option<UnwindConfig>,
-    time_mode: bool,
-    layouts: Vec<SampleLayout>,
     dwarf: Vec<bool>,
-    regs_masks: Vec<u64>,
-    id_to_attr: HashMap<u64, usize>,
-    sample_type0: u64,
     e: Endian,
-    /// Records replaced whole (build-ID MMAP2 records): their offset and new bytes,
-    /// sorted by offset.
-    splices: &'a [(u64, &'a [u8])],
 }
 
 impl<'a> Converter<'a> {
     /// A converter for `attrs`, refusing a recording this host cannot unwind: the
     /// dumps are dropped for good, so an output without the chains they hold would
-    /// lose them.
+    /// lose them. `local` says why local files may not be read, if so.
     pub(crate) fn new(
-        seen: &'a Seen,
-        tables: &'a UnwindTables,
+        model: &'a Model,
+        unwind: Option<UnwindConfig>,
+        local: Option<&str>,
         attrs: &[Attr],
         e: Endian,
-        splices: &'a [(u64, &'a [u8])],
     ) -> Result<Self> {
-        let how = How {
-            model: &seen.model,
-            tables,
-            unwind: seen.unwind,
-            time_mode: seen.time_mode,
-            local: seen.local.as_deref(),
-        };
-        Self::with(how, attrs, e, splices)
-    }
-
-    /// A converter for `attrs` unwinding as `how` says (see [`Converter::new`]).
-    pub(crate) fn with(
-        how: How<'a, '_>,
-        attrs: &[Attr],
-        e: Endian,
-        splices: &'a [(u64, &'a [u8])],
-    ) -> Result<Self> {
-        let any = attrs.iter().any(|a| is_dwarf(a.sample_type));
-        if any {
-            if let Some(why) = how.local {
+        if attrs.iter().any(|a| is_dwarf(a.sample_type)) {
+            if let Some(why) = local {
                 return Err(Error::unsupported(format!(
                     "--convert-callchain: this host cannot unwind the recording ({why}); converting would drop its stack dumps for good. Convert it on the host that recorded it"
                 )));
             }
-            if how.unwind.is_none() {
+            if unwind.is_none() {
                 return Err(Error::unsupported(
                     "--convert-callchain: the recording's user stacks cannot be unwound here (unsupported architecture, or --unwind none)",
                 ));
             }
         }
-        let mut id_to_attr = HashMap::new();
-        for (i, a) in attrs.iter().enumerate() {
-            for &id in &a.ids {
-                id_to_attr.entry(id).or_insert(i);
-            }
-        }
         Ok(Converter {
-            model: how.model,
-            tables: how.tables,
-            cfg: how.unwind,
-            time_mode: how.time_mode,
-            layouts: attrs.iter().map(SampleLayout::new).collect(),
+            model,
             dwarf: attrs.iter().map(|a| is_dwarf(a.sample_type)).collect(),
-            regs_masks: attrs.iter().map(|a| a.sample_regs_user).collect(),
-            id_to_attr,
-            sample_type0: attrs.first().map_or(0, |a| a.sample_type),
             e,
-            splices,
         })
     }
 
-    /// Converts `chunks` of `src` on `pool`, a group at a time, handing the output
-    /// of each chunk to `emit` in order; bytes of `[from, to)` that no chunk holds
-    /// are handed on as they are.
-    pub(crate) fn run<W: Windows + Sync + ?Sized>(
-        &self,
-        pool: &rayon::ThreadPool,
-        src: &W,
-        (from, to): (u64, u64),
-        chunks: &[Chunk],
-        emit: &mut dyn FnMut(&[u8]) -> Result<()>,
-    ) -> Result<Counts> {
-        // Bytes between chunks (none in practice: the chunks of a resolve tile
-        // its range) hold no sample to convert, but must not be lost.
-        let mut pos = from;
-        let gap = |pos: &mut u64, upto: u64, emit: &mut dyn FnMut(&[u8]) -> Result<()>| {
-            while *pos < upto {
-                let n = (upto - *pos).min(crate::limits::MAX_RESOLVE_WINDOW);
-                emit(&src.window(*pos, n)?)?;
-                *pos += n;
-            }
-            Ok::<(), Error>(())
-        };
-        let workers = unwind::WorkerSlots::new(pool.current_num_threads());
-        let arch = self.cfg.map(|cfg| (cfg.arch, self.tables));
-        let mut total = Counts::default();
-        let mut i = 0;
-        let r = (|| -> Result<()> {
-            while i < chunks.len() {
-                let mut j = i;
-                let mut bytes = 0;
-                while j < chunks.len() && (j == i || bytes < GROUP_BYTES) {
-                    bytes += chunks[j].end - chunks[j].start;
-                    j += 1;
-                }
-                let outs: Vec<Result<(Vec<u8>, Counts)>> = pool.install(|| {
-                    chunks[i..j]
-                        .par_iter()
-                        .map(|c| workers.with(arch, |w| self.chunk(src, c, w)))
-                        .collect()
-                });
-                for (o, c) in outs.into_iter().zip(&chunks[i..j]) {
-                    let (b, n) = o?;
-                    gap(&mut pos, c.start, emit)?;
-                    emit(&b)?;
-                    total.merge(&n);
-                    pos = pos.max(c.end);
-                }
-                i = j;
-            }
-            gap(&mut pos, to, emit)
-        })();
-        workers.park_all(self.tables);
-        r.map(|()| total)
-    }
-
-    /// Converts one chunk.
-    fn chunk<W: Windows + ?Sized>(
-        &self,
-        src: &W,
-        c: &Chunk,
-        mut w: Option<&mut unwind::Worker>,
-    ) -> Result<(Vec<u8>, Counts)> {
-        let mut out = Vec::with_capacity(((c.end - c.start) / 16) as usize);
-        let mut counts = Counts::default();
-        let mut bufs = Bufs::default();
-        let mut walker = Walker::new(self.e, c.first_seq);
-        walker.walk(
-            src,
-            c.start,
-            c.end,
-            (c.end - c.start).min(crate::limits::MAX_RESOLVE_WINDOW),
-            &mut |r| {
-                self.record(r, &mut out, &mut counts, w.as_deref_mut(), &mut bufs)
-                    .map(drop)
-            },
-            &mut |_, _| Ok(()),
-        )?;
-        Ok((out, counts))
-    }
-
     /// One record: a DWARF sample converted, a HEADER_ATTR of a DWARF event
-    /// rewritten, a record the MMAP2 plan replaces replaced, anything else as it is.
-    /// A sample whose user stack was unwound leaves its frames in `bufs.frames` and
-    /// returns the unwinding's outcome (see [`crate::resolve::Tap`]).
+    /// rewritten, anything else as it is.
     pub(crate) fn record(
         &self,
         r: &Rec<'_>,
+        s: Option<&Decoded<'_, '_>>,
         out: &mut Vec<u8>,
         counts: &mut Counts,
-        w: Option<&mut unwind::Worker>,
-        bufs: &mut Bufs,
-    ) -> Result<Option<Outcome>> {
+        chain: &mut Vec<u64>,
+    ) -> Result<()> {
         if r.inner {
             return Err(Error::Internal(
                 "conversion: compressed records reached the converter".into(),
             ));
         }
-        if !self.splices.is_empty() {
-            let i = self.splices.partition_point(|s| s.0 < r.offset);
-            if let Some((_, new)) = self.splices.get(i).filter(|s| s.0 == r.offset) {
-                out.extend_from_slice(new);
-                return Ok(None);
+        match (r.header.kind, s) {
+            (rt::SAMPLE, Some(d)) if self.dwarf.get(d.attr) == Some(&true) => {
+                self.sample(r, d, out, counts, chain);
             }
-        }
-        match r.header.kind {
-            rt::SAMPLE => self.sample(r, out, counts, w, bufs),
-            rt::HEADER_ATTR => {
+            (rt::HEADER_ATTR, _) => {
                 let start = out.len();
                 out.extend_from_slice(r.bytes);
                 let size = match self.e.u32(r.bytes, 12) {
@@ -449,100 +281,53 @@ impl<'a> Converter<'a> {
                 };
                 let end = (8 + size).min(out.len() - start);
                 convert_attr(&mut out[start + 8..start + end], self.e);
-                Ok(None)
             }
             _ => {
                 let start = out.len();
                 out.extend_from_slice(r.bytes);
                 convert_header_feature(&mut out[start..], self.e);
-                Ok(None)
             }
         }
+        Ok(())
     }
 
+    /// A DWARF sample: its kernel chain, `PERF_CONTEXT_USER` and the frames the
+    /// resolve unwound, in place of the chain, registers and stack it had.
     fn sample(
         &self,
         r: &Rec<'_>,
+        d: &Decoded<'_, '_>,
         out: &mut Vec<u8>,
         counts: &mut Counts,
-        w: Option<&mut unwind::Worker>,
-        bufs: &mut Bufs,
-    ) -> Result<Option<Outcome>> {
-        let e = self.e;
-        let bytes = r.bytes;
-        let ai = if self.layouts.len() == 1 {
-            Some(0)
-        } else {
-            sample_id(bytes, e, self.sample_type0).and_then(|id| self.id_to_attr.get(&id).copied())
-        };
-        // A sample of an event not declared, or not DWARF, passes as it is.
-        let Some(ai) = ai.filter(|&i| self.dwarf.get(i) == Some(&true)) else {
-            out.extend_from_slice(bytes);
-            return Ok(None);
-        };
-        let layout = &self.layouts[ai];
-        let bad = |err: crate::format::sample::SampleError| {
-            Error::format(
-                r.offset,
-                format!(
-                    "SAMPLE record of size {}: {} (at byte {})",
-                    bytes.len(),
-                    err.what,
-                    err.at
-                ),
-            )
-        };
-        let s = layout.decode(bytes, e).map_err(bad)?;
-        let spans = layout.spans(bytes, e).map_err(bad)?;
+        chain: &mut Vec<u64>,
+    ) {
+        let (e, bytes, s) = (self.e, r.bytes, d.sample);
+        let spans = s.spans;
         counts.samples += 1;
-        let Bufs { frames, chain } = bufs;
         chain.clear();
         chain.extend(u64s(s.callchain, e));
         let kernel_len = chain.len();
-        let cpumode = r.header.cpumode();
-        let guest = matches!(cpumode, misc::GUEST_KERNEL | misc::GUEST_USER);
-        frames.clear();
-        let mut outcome = None;
-        match (self.cfg, w, s.pid) {
-            (Some(cfg), Some(w), Some(pid))
-                if !guest && s.regs_abi != 0 && !s.stack_user.is_empty() =>
-            {
-                let key = Key::new(
-                    if self.time_mode {
-                        s.time.unwrap_or(0)
-                    } else {
-                        0
-                    },
-                    r.seq,
-                );
-                let stack = SampleStack {
-                    pid,
-                    key,
-                    regs_mask: self.regs_masks[ai],
-                    regs: s.regs_user,
-                    stack: s.stack_user,
-                    e,
-                };
+        match (d.unwound, s.pid) {
+            (Some((frames, o)), Some(pid)) => {
                 chain.push(PERF_CONTEXT_USER);
-                let model = self.model;
                 // The chain ends at the first frame the proof cannot back: its own
                 // address is right (the caller's CFI found it, or it is the IP), but
                 // the way on from it would be frame-pointer guesswork.
                 let mut end: Option<Lost> = None;
                 let mut lost = None;
-                let o = unwind::unwind_at(&cfg, model, self.tables, w, &stack, &mut |f, addr| {
-                    frames.push(f);
+                for &(f, addr) in frames {
                     if let Some(why) = end {
                         lost.get_or_insert(why);
-                        return;
+                        break;
                     }
                     match f {
                         Frame::Dso(_) if addr != 0 => chain.push(addr),
                         Frame::Dso(_) => end = Some(Lost::Unproven),
                         Frame::Address(a) => {
                             chain.push(a);
-                            let in_file = model
-                                .space(pid, key)
+                            let in_file = self
+                                .model
+                                .space(pid, d.key)
                                 .and_then(|sp| sp.lookup(a))
                                 .is_some_and(|m| m.dso.is_some());
                             end = Some(if in_file {
@@ -552,8 +337,7 @@ impl<'a> Converter<'a> {
                             });
                         }
                     }
-                });
-                outcome = Some(o);
+                }
                 match lost {
                     Some(Lost::Unproven) => counts.lost_unproven_dso += 1,
                     Some(Lost::NoFile) => counts.lost_no_file += 1,
@@ -590,16 +374,7 @@ impl<'a> Converter<'a> {
         }
         out.extend_from_slice(&bytes[spans.callchain_end..spans.regs]);
         out.extend_from_slice(&bytes[spans.stack_end..]);
-        Ok(outcome)
     }
-}
-
-/// A converting worker's buffers, kept from sample to sample.
-#[derive(Default)]
-pub(crate) struct Bufs {
-    /// The frames of the last sample unwound (see [`Converter::record`]).
-    pub frames: Vec<Frame>,
-    chain: Vec<u64>,
 }
 
 /// Why a chain ended before the stack did.

@@ -1,14 +1,19 @@
-//! A file input's records converted by the resolve itself ([`crate::resolve::Tap`]):
-//! each chunk's converted bytes go to an unnamed temp file beside the output as the
-//! chunk is done, in any order, and the sink copies them into the output in file
-//! order. So each stack dump is read and unwound once (by the resolve, which counts
-//! its hits from the same frames), and no more than one chunk's output per worker is
-//! held in memory, whatever the size of the input.
+//! The records the resolve converts ([`crate::resolve::Rewrite`]): each chunk's
+//! converted bytes go to the spill as the chunk is done, in any order, and the sink
+//! takes them in data order. A file input spills into an unnamed temp file beside
+//! the output (about 2-3 % of a DWARF input; no more than one chunk's output per
+//! worker is held in memory, whatever the input's size); a stream's batch spills into
+//! memory and is taken whole before the next batch is resolved.
+//!
+//! The spill also notes where each mapping record of a chunk went: the MMAP2 forms
+//! replace some of them by build-ID records once the IDs are decided, which is after
+//! the resolve, so the replacement is laid over the spill as it is taken
+//! ([`Spill::emit`]).
 
-use super::{Bufs, Converter, Counts, How};
+use super::{Converter, Counts};
+use crate::format::record::rt;
 use crate::format::walk::{Chunk, Rec};
-use crate::resolve::unwind::{Frame, Outcome, Worker};
-use crate::resolve::{ChunkTap, Tap};
+use crate::resolve::{ChunkRewrite, Decoded, Rewrite};
 use crate::{Error, Result};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -24,44 +29,78 @@ struct Part {
     /// Where its output lies in the spill, and its length.
     at: u64,
     len: u64,
+    /// Each mapping record of the chunk: its input offset and where it begins in
+    /// the part's output.
+    maps: Vec<(u64, u64)>,
     counts: Counts,
+}
+
+/// Where the spilled bytes are kept.
+#[derive(Debug)]
+enum Backing {
+    /// An unnamed temp file (a file input).
+    File(File, PathBuf),
+    /// Memory (a stream's batch).
+    Memory(Mutex<Vec<u8>>),
 }
 
 /// The spill: converted chunks, written as they are done.
 #[derive(Debug)]
 pub struct Spill {
-    file: File,
-    path: PathBuf,
+    backing: Backing,
     /// The spill's length, and its parts (a chunk converted again replaces its part:
     /// batches resolved beside the scan may be resolved again at its end).
     parts: Mutex<(u64, Vec<Part>)>,
 }
 
+/// A record that replaces one of the input's in the output (a mapping record in
+/// build-ID form): the input record at `offset`, of `old_len` bytes, becomes `new`.
+pub(crate) type Replaced<'s> = (u64, u64, &'s [u8]);
+
 impl Spill {
-    /// An empty spill in `dir` (the output's directory: the spill is about 2-3 % of a
-    /// DWARF input, and a temp directory on tmpfs would hold it in memory). Unnamed
-    /// where the filesystem can (`O_TMPFILE`), else named and unlinked at once: a
-    /// crash leaves nothing behind.
+    /// An empty spill in `dir` (the output's directory: a temp directory on tmpfs
+    /// would hold it in memory), unnamed, so a crash leaves nothing behind.
     pub(crate) fn new_in(dir: &Path) -> Result<Spill> {
-        let file = tmpfile(dir).map_err(|e| Error::io(dir, e))?;
-        Ok(Spill {
+        let file = tempfile::tempfile_in(dir).map_err(|e| Error::io(dir, e))?;
+        Ok(Self::with(Backing::File(
             file,
-            path: dir.join("(unnamed --convert-callchain spill)"),
-            parts: Mutex::new((0, Vec::new())),
-        })
+            dir.join("(unnamed --convert-callchain spill)"),
+        )))
     }
 
-    fn put(&self, c: &Chunk, bytes: &[u8], counts: Counts) -> Result<()> {
+    /// An empty spill in memory, for one batch at a time.
+    pub(crate) fn in_memory() -> Spill {
+        Self::with(Backing::Memory(Mutex::new(Vec::new())))
+    }
+
+    fn with(backing: Backing) -> Spill {
+        Spill {
+            backing,
+            parts: Mutex::new((0, Vec::new())),
+        }
+    }
+
+    fn put(&self, c: &Chunk, bytes: &[u8], maps: Vec<(u64, u64)>, counts: Counts) -> Result<()> {
         let len = bytes.len() as u64;
-        let at = {
-            let mut g = self.lock()?;
-            let at = g.0;
-            g.0 += len;
-            at
+        let at = match &self.backing {
+            Backing::File(file, path) => {
+                let at = {
+                    let mut g = self.lock()?;
+                    let at = g.0;
+                    g.0 += len;
+                    at
+                };
+                file.write_all_at(bytes, at)
+                    .map_err(|e| Error::io(path, e))?;
+                at
+            }
+            Backing::Memory(m) => {
+                let mut buf = m.lock().map_err(|_| poisoned())?;
+                let at = buf.len() as u64;
+                buf.extend_from_slice(bytes);
+                at
+            }
         };
-        self.file
-            .write_all_at(bytes, at)
-            .map_err(|e| Error::io(&self.path, e))?;
         let mut g = self.lock()?;
         g.1.retain(|p| p.start != c.start);
         g.1.push(Part {
@@ -69,47 +108,75 @@ impl Spill {
             end: c.end,
             at,
             len,
+            maps,
             counts,
         });
         Ok(())
     }
 
     fn lock(&self) -> Result<std::sync::MutexGuard<'_, (u64, Vec<Part>)>> {
-        self.parts
-            .lock()
-            .map_err(|_| Error::Internal("a conversion worker panicked".into()))
+        self.parts.lock().map_err(|_| poisoned())
     }
 
-    /// Hands the converted records of `[from, to)` to `emit` in file order. The
-    /// resolve's chunks tile the data; a range no part holds (which would go out
-    /// unconverted, its attr saying it has no stack dumps) is an internal error.
-    /// Returns what the conversion did.
+    fn read(&self, p: &Part, from: u64, buf: &mut [u8]) -> Result<()> {
+        match &self.backing {
+            Backing::File(file, path) => file
+                .read_exact_at(buf, p.at + from)
+                .map_err(|e| Error::io(path, e)),
+            Backing::Memory(m) => {
+                let all = m.lock().map_err(|_| poisoned())?;
+                let a = (p.at + from) as usize;
+                let src = all
+                    .get(a..a + buf.len())
+                    .ok_or_else(|| Error::Internal("conversion: a part beyond its spill".into()))?;
+                buf.copy_from_slice(src);
+                Ok(())
+            }
+        }
+    }
+
+    /// Hands the converted records of `[from, to)` to `emit` in data order, each
+    /// record `replaced` names (sorted by offset) replaced. The resolve's chunks tile
+    /// the data; a range no part holds (which would go out unconverted, its attr
+    /// saying it has no stack dumps) is an internal error. Returns what the
+    /// conversion did. The parts taken leave a spill in memory (the next batch's).
     pub(crate) fn emit(
         &self,
         (from, to): (u64, u64),
+        replaced: &[Replaced<'_>],
         emit: &mut dyn FnMut(&[u8]) -> Result<()>,
     ) -> Result<Counts> {
-        let mut parts = self.lock()?.1.clone();
+        let mut parts: Vec<Part> = {
+            let mut g = self.lock()?;
+            let (taken, kept) = g.1.drain(..).partition(|p| p.start >= from && p.end <= to);
+            g.1 = kept;
+            taken
+        };
         parts.sort_by_key(|p| p.start);
         let mut total = Counts::default();
         let mut pos = from;
         let mut buf = vec![0u8; 1 << 20];
         for p in &parts {
-            if p.start != pos || p.end > to {
+            if p.start != pos {
                 return Err(Error::Internal(format!(
                     "conversion: the chunks converted do not tile the data (chunk {}..{}, expected one at {pos})",
                     p.start, p.end
                 )));
             }
+            let a = replaced.partition_point(|r| r.0 < p.start);
+            let b = replaced.partition_point(|r| r.0 < p.end);
             let mut done = 0;
-            while done < p.len {
-                let n = (p.len - done).min(buf.len() as u64) as usize;
-                self.file
-                    .read_exact_at(&mut buf[..n], p.at + done)
-                    .map_err(|e| Error::io(&self.path, e))?;
-                emit(&buf[..n])?;
-                done += n as u64;
+            for &(offset, old_len, new) in &replaced[a..b] {
+                // Where the replaced record went in the part (the converter passes
+                // mapping records through as they are).
+                let Some(&(_, rel)) = p.maps.iter().find(|m| m.0 == offset) else {
+                    continue;
+                };
+                self.copy_part(p, done, rel, &mut buf, emit)?;
+                emit(new)?;
+                done = rel + old_len;
             }
+            self.copy_part(p, done, p.len, &mut buf, emit)?;
             total.merge(&p.counts);
             pos = p.end;
         }
@@ -118,74 +185,63 @@ impl Spill {
                 "conversion: the chunks converted end at {pos}, the data at {to}"
             )));
         }
+        if let Backing::Memory(m) = &self.backing
+            && self.lock()?.1.is_empty()
+        {
+            m.lock().map_err(|_| poisoned())?.clear();
+        }
         Ok(total)
     }
-}
 
-/// An unnamed file in `dir`: `O_TMPFILE`, or a fresh name unlinked at once.
-fn tmpfile(dir: &Path) -> std::io::Result<File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let unnamed = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .custom_flags(libc::O_TMPFILE)
-        .mode(0o600)
-        .open(dir);
-    match unnamed {
-        Ok(f) => Ok(f),
-        Err(_) => {
-            let mut n = 0u32;
-            loop {
-                let p = dir.join(format!(".pdi-spill-{}-{n}", std::process::id()));
-                match std::fs::OpenOptions::new()
-                    .read(true)
-                    .write(true)
-                    .create_new(true)
-                    .mode(0o600)
-                    .open(&p)
-                {
-                    Ok(f) => {
-                        std::fs::remove_file(&p)?;
-                        return Ok(f);
-                    }
-                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && n < 1000 => n += 1,
-                    Err(e) => return Err(e),
-                }
-            }
+    /// Hands bytes `[from, to)` of part `p` to `emit`, a buffer at a time.
+    fn copy_part(
+        &self,
+        p: &Part,
+        mut from: u64,
+        to: u64,
+        buf: &mut [u8],
+        emit: &mut dyn FnMut(&[u8]) -> Result<()>,
+    ) -> Result<()> {
+        while from < to {
+            let n = (to - from).min(buf.len() as u64) as usize;
+            self.read(p, from, &mut buf[..n])?;
+            emit(&buf[..n])?;
+            from += n as u64;
         }
+        Ok(())
     }
 }
 
-/// The conversion as a [`Tap`] of the resolve, into a [`Spill`].
+fn poisoned() -> Error {
+    Error::Internal("a conversion worker panicked".into())
+}
+
+/// The conversion as a [`Rewrite`] of the resolve, into a [`Spill`].
 pub(crate) struct SpillTap<'a> {
     conv: Converter<'a>,
     spill: &'a Spill,
 }
 
 impl<'a> SpillTap<'a> {
-    /// Converts the records of `attrs`, unwound as `how` says, into `spill`; Err when
-    /// this host may not unwind them ([`Converter::with`]).
-    pub(crate) fn new(
-        spill: &'a Spill,
-        how: How<'a, '_>,
-        attrs: &[crate::format::attr::Attr],
-        e: crate::format::Endian,
-    ) -> Result<Self> {
-        Ok(SpillTap {
-            conv: Converter::with(how, attrs, e, &[])?,
-            spill,
-        })
+    /// Converts with `conv` into `spill`.
+    pub(crate) fn new(spill: &'a Spill, conv: Converter<'a>) -> Self {
+        SpillTap { conv, spill }
     }
 }
 
-impl Tap for SpillTap<'_> {
-    fn chunk<'t>(&'t self, c: &Chunk) -> Box<dyn ChunkTap + 't> {
+impl Rewrite for SpillTap<'_> {
+    fn wants_frames(&self) -> bool {
+        true
+    }
+
+    fn chunk<'t>(&'t self, c: &Chunk) -> Box<dyn ChunkRewrite + 't> {
         Box::new(ChunkSpill {
             tap: self,
             chunk: c.clone(),
             out: Vec::with_capacity(((c.end - c.start) / 16) as usize),
+            maps: Vec::new(),
             counts: Counts::default(),
-            bufs: Bufs::default(),
+            chain: Vec::new(),
         })
     }
 }
@@ -194,28 +250,31 @@ struct ChunkSpill<'t, 'a> {
     tap: &'t SpillTap<'a>,
     chunk: Chunk,
     out: Vec<u8>,
+    maps: Vec<(u64, u64)>,
     counts: Counts,
-    bufs: Bufs,
+    chain: Vec<u64>,
 }
 
-impl ChunkTap for ChunkSpill<'_, '_> {
-    fn record(
-        &mut self,
-        r: &Rec<'_>,
-        w: Option<&mut Worker>,
-        frames: &mut Vec<Frame>,
-    ) -> Result<Option<Outcome>> {
-        let o = self
-            .tap
+impl ChunkRewrite for ChunkSpill<'_, '_> {
+    fn record(&mut self, r: &Rec<'_>, s: Option<&Decoded<'_, '_>>) -> Result<()> {
+        if matches!(r.header.kind, rt::MMAP | rt::MMAP2) {
+            self.maps.push((r.offset, self.out.len() as u64));
+        }
+        self.tap
             .conv
-            .record(r, &mut self.out, &mut self.counts, w, &mut self.bufs)?;
-        // The resolve counts its hits from the same frames.
-        std::mem::swap(frames, &mut self.bufs.frames);
-        Ok(o)
+            .record(r, s, &mut self.out, &mut self.counts, &mut self.chain)
     }
 
     fn done(self: Box<Self>) -> Result<()> {
-        self.tap.spill.put(&self.chunk, &self.out, self.counts)
+        let ChunkSpill {
+            tap,
+            chunk,
+            out,
+            maps,
+            counts,
+            ..
+        } = *self;
+        tap.spill.put(&chunk, &out, maps, counts)
     }
 }
 
@@ -232,44 +291,48 @@ mod tests {
         }
     }
 
-    fn emitted(spill: &Spill, range: (u64, u64)) -> Result<Vec<u8>> {
+    fn emitted(spill: &Spill, range: (u64, u64), replaced: &[Replaced<'_>]) -> Result<Vec<u8>> {
         let mut out = Vec::new();
-        spill.emit(range, &mut |b| {
+        spill.emit(range, replaced, &mut |b| {
             out.extend_from_slice(b);
             Ok(())
         })?;
         Ok(out)
     }
 
-    /// Chunks done in any order come out in file order, a chunk converted again
-    /// replaces its first conversion, and a chunk that is missing is an error, never
-    /// a range passed on unconverted.
+    /// Chunks done in any order come out in data order, a chunk converted again
+    /// replaces its first conversion, a replaced record is laid over where its
+    /// chunk's output holds it, and a chunk that is missing is an error, never a
+    /// range passed on unconverted.
     #[test]
-    fn parts_come_out_in_file_order_and_must_tile_the_data() {
+    fn parts_come_out_in_data_order_and_must_tile_the_data() {
         let dir = tempfile::tempdir().unwrap();
-        let spill = Spill::new_in(dir.path()).unwrap();
-        // Unnamed: nothing in the directory.
-        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
-        let n = Counts {
-            samples: 1,
-            ..Counts::default()
-        };
-        spill.put(&chunk(20, 30), b"cc", n.clone()).unwrap();
-        spill.put(&chunk(0, 10), b"a", n.clone()).unwrap();
-        spill.put(&chunk(10, 20), b"stale", n.clone()).unwrap();
-        spill.put(&chunk(10, 20), b"bbb", n.clone()).unwrap();
-        assert_eq!(emitted(&spill, (0, 30)).unwrap(), b"abbbcc");
-        let mut counts = Counts::default();
-        spill
-            .emit((0, 30), &mut |_| Ok(()))
-            .map(|c| counts = c)
-            .unwrap();
-        assert_eq!(counts.samples, 3);
-        // The data goes on past the last chunk, or starts before the first.
-        assert!(emitted(&spill, (0, 40)).is_err());
-        let gap = Spill::new_in(dir.path()).unwrap();
-        gap.put(&chunk(0, 10), b"a", n.clone()).unwrap();
-        gap.put(&chunk(20, 30), b"c", n).unwrap();
-        assert!(emitted(&gap, (0, 30)).is_err());
+        for spill in [Spill::new_in(dir.path()).unwrap(), Spill::in_memory()] {
+            // Unnamed: nothing in the directory.
+            assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+            let n = Counts {
+                samples: 1,
+                ..Counts::default()
+            };
+            spill.put(&chunk(20, 30), b"cc", vec![], n.clone()).unwrap();
+            spill.put(&chunk(0, 10), b"a", vec![], n.clone()).unwrap();
+            spill
+                .put(&chunk(10, 20), b"stale", vec![], n.clone())
+                .unwrap();
+            spill
+                .put(&chunk(10, 20), b"bbbb", vec![(12, 1)], n.clone())
+                .unwrap();
+            let got = emitted(&spill, (0, 30), &[(12, 2, b"XYZ")]).unwrap();
+            assert_eq!(got, b"abXYZbcc");
+        }
+        let spill = Spill::in_memory();
+        let n = Counts::default();
+        spill.put(&chunk(0, 10), b"a", vec![], n.clone()).unwrap();
+        // The data goes on past the last chunk.
+        assert!(emitted(&spill, (0, 40), &[]).is_err());
+        let gap = Spill::in_memory();
+        gap.put(&chunk(0, 10), b"a", vec![], n.clone()).unwrap();
+        gap.put(&chunk(20, 30), b"c", vec![], n).unwrap();
+        assert!(emitted(&gap, (0, 30), &[]).is_err());
     }
 }

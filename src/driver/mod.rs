@@ -565,7 +565,6 @@ fn with_facts<R>(engine: &Engine<'_>, f: impl FnOnce(&Facts<'_>) -> R) -> R {
         unaligned_records: engine.unaligned_records(),
         passes_on: &passes_on,
         output_kept: &output_kept,
-        conversion: engine.conversion(),
-        pool: engine.pool(),
+        spill: engine.spill(),
     })
 }

@@ -68,6 +68,11 @@ pub fn run_stream(cx: Context<'_>, input: StreamInput<'_>, sink: &mut dyn Sink) 
     let got = read_full(reader, &mut head).map_err(|e| Error::io(&name, e))?;
     let e = header_endian(&head[..got], &name)?;
     let mut engine = Engine::for_stream(cx, &name, e, dating);
+    // --convert-callchain: each batch is converted by its resolve into memory, and
+    // taken by the sink before the next.
+    if cx.opts.callchains == crate::options::Callchains::Converted {
+        engine.convert_into(Arc::new(crate::convert::Spill::in_memory()));
+    }
     let stop = Arc::new(AtomicBool::new(false));
     sink.begin(
         &Begin::Stream {

@@ -84,16 +84,7 @@ impl<'f> Beside<'f> {
         stop: &'f AtomicBool,
     ) -> Self {
         Beside {
-            // A conversion in the sink unwinds every chunk again after the last
-            // resolve (crate::convert), which must therefore have them all; one into
-            // the resolve's spill converts each batch as it is resolved.
-            every: every
-                .filter(|_| {
-                    files.len() == 1
-                        && (engine.opts().callchains == crate::options::Callchains::AsRecorded
-                            || engine.spill().is_some())
-                })
-                .map(|n| n.max(1)),
+            every: every.filter(|_| files.len() == 1).map(|n| n.max(1)),
             spill: engine.spill.clone(),
             files,
             stop,
@@ -163,20 +154,22 @@ impl<'f> Beside<'f> {
             if let Some(cfg) = ahead.unwind {
                 resolver = resolver.with_unwinding(cfg, &t);
             }
-            let how = crate::convert::How {
-                model: &ahead.model,
-                tables: &t,
-                unwind: ahead.unwind,
-                time_mode: ahead.time_mode,
-                local: None,
-            };
             let hits = self
                 .spill
                 .as_deref()
-                .map(|spill| crate::convert::SpillTap::new(spill, how, &self.attrs, self.e))
+                .map(|spill| {
+                    crate::convert::Converter::new(
+                        &ahead.model,
+                        ahead.unwind,
+                        None,
+                        &self.attrs,
+                        self.e,
+                    )
+                    .map(|conv| crate::convert::SpillTap::new(spill, conv))
+                })
                 .transpose()
                 .and_then(|tap| {
-                    let tap = tap.as_ref().map(|t| t as &dyn crate::resolve::Tap);
+                    let tap = tap.as_ref().map(|t| t as &dyn crate::resolve::Rewrite);
                     resolver.run(self.files, &batch, &|_| {}, self.stop, tap)
                 });
             drop(resolver);

@@ -308,11 +308,8 @@ pub(crate) struct Engine<'a> {
     kept: StreamKept,
     kept_peak: AtomicU64,
     output_kept: AtomicU64,
-    /// `--convert-callchain`: what the last resolve saw, for the sink to unwind the
-    /// same records again into callchains.
-    conversion: Option<crate::convert::Seen>,
     /// Where the resolve writes the records it converts, when it converts them
-    /// ([`Engine::convert_into`]).
+    /// (`--convert-callchain`, [`Engine::convert_into`]).
     spill: Option<std::sync::Arc<crate::convert::Spill>>,
 }
 
@@ -390,13 +387,12 @@ impl<'a> Engine<'a> {
             kept: StreamKept::default(),
             kept_peak: AtomicU64::new(0),
             output_kept: AtomicU64::new(0),
-            conversion: None,
             spill: None,
         }
     }
 
-    /// `--convert-callchain` with the resolve converting each chunk into `spill`
-    /// (a file input into a file in the table form; see [`crate::convert`]).
+    /// `--convert-callchain`: the resolve converts each chunk into `spill`, which the
+    /// sink writes (see [`crate::convert`]).
     pub(crate) fn convert_into(&mut self, spill: std::sync::Arc<crate::convert::Spill>) {
         self.spill = Some(spill);
     }
@@ -404,16 +400,6 @@ impl<'a> Engine<'a> {
     /// The spill the resolve converts into, if any.
     pub(crate) fn spill(&self) -> Option<&crate::convert::Spill> {
         self.spill.as_deref()
-    }
-
-    /// `--convert-callchain`: what the last resolve saw, and the unwind tables.
-    pub(crate) fn conversion(&self) -> Option<(&crate::convert::Seen, &UnwindTables)> {
-        Some((self.conversion.as_ref()?, self.tables.as_ref()?))
-    }
-
-    /// The worker pool.
-    pub(crate) fn pool(&self) -> &rayon::ThreadPool {
-        self.pool
     }
 
     /// The input's name in messages.
@@ -965,18 +951,18 @@ impl<'a> Engine<'a> {
             resolver = resolver.with_unwinding(cfg, &*tables);
         }
         let local = batch.trust.local.clone().err().map(|(_, why)| why);
-        let how = crate::convert::How {
-            model,
-            tables: &*tables,
-            unwind,
-            time_mode,
-            local: local.as_deref(),
-        };
         let tap = match &self.spill {
-            Some(spill) if self.scan.compressed == 0 => Some(
-                crate::convert::SpillTap::new(spill, how, &self.attrs, self.e)
-                    .map_err(|e| e.in_file(&self.name))?,
-            ),
+            Some(spill) if self.scan.compressed == 0 => {
+                let conv = crate::convert::Converter::new(
+                    model,
+                    unwind,
+                    local.as_deref(),
+                    &self.attrs,
+                    self.e,
+                )
+                .map_err(|e| e.in_file(&self.name))?;
+                Some(crate::convert::SpillTap::new(spill, conv))
+            }
             _ => None,
         };
         let hits = if self.scan.compressed > 0 {
@@ -988,23 +974,13 @@ impl<'a> Engine<'a> {
             self.flat_walker = Some(w);
             r?
         } else {
-            let tap = tap.as_ref().map(|t| t as &dyn crate::resolve::Tap);
+            let tap = tap.as_ref().map(|t| t as &dyn crate::resolve::Rewrite);
             self.pool
                 .install(|| resolver.run(files, chunks, progress, stop, tap))?
         };
         drop(tap);
         drop(resolver);
         self.add_time("resolve", t.elapsed());
-        if self.opts.callchains == crate::options::Callchains::Converted {
-            self.conversion = Some(crate::convert::Seen {
-                model: model.clone(),
-                chunks: chunks.to_vec(),
-                unwind,
-                time_mode,
-                local,
-                spill: self.spill.clone(),
-            });
-        }
         let mut hits = hits;
         if let Some(prior) = self.prior.take() {
             hits.merge(prior);

@@ -47,6 +47,8 @@ pub struct Sample<'a> {
     pub regs_user: &'a [u8],
     /// The valid part (`dyn_size`) of the user stack copy.
     pub stack_user: &'a [u8],
+    /// Where the fields a rewrite replaces lie in the record.
+    pub spans: Spans,
 }
 
 /// Why a sample could not be decoded.
@@ -166,6 +168,7 @@ impl SampleLayout {
                 c.skip(per_value + times, "truncated read value")?;
             }
         }
+        s.spans.callchain = c.at;
         if t & st::CALLCHAIN != 0 {
             let nr = c.u64("truncated callchain count")?;
             let len = nr.checked_mul(8).ok_or(SampleError {
@@ -174,6 +177,7 @@ impl SampleLayout {
             })?;
             s.callchain = c.take(len, "callchain larger than the sample")?;
         }
+        s.spans.callchain_end = c.at;
         if t & st::RAW != 0 {
             let size = e.u32(rec, c.at).ok_or(SampleError {
                 at: c.at,
@@ -195,6 +199,7 @@ impl SampleLayout {
                 c.skip(nr * 8, "branch counters larger than the sample")?;
             }
         }
+        s.spans.regs = c.at;
         if t & st::REGS_USER != 0 {
             s.regs_abi = c.u64("truncated user regs abi")?;
             if s.regs_abi != 0 {
@@ -212,13 +217,14 @@ impl SampleLayout {
                 s.stack_user = &data[..(dyn_size.min(size)) as usize];
             }
         }
+        s.spans.stack_end = c.at;
         Ok(s)
     }
 }
 
 /// Where the fields that `--convert-callchain` rewrites lie in a sample record:
-/// offsets from the record's start (header included).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// offsets from the record's start (header included), found by the one decode.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Spans {
     /// Where the callchain's `nr` is (or, without PERF_SAMPLE_CALLCHAIN, where the
     /// field would go: after READ).
@@ -229,87 +235,6 @@ pub struct Spans {
     pub regs: usize,
     /// One past STACK_USER (its `dyn_size` when the stack has bytes).
     pub stack_end: usize,
-}
-
-impl SampleLayout {
-    /// The [`Spans`] of sample `rec`; the same checks as [`SampleLayout::decode`].
-    pub fn spans(&self, rec: &[u8], e: Endian) -> Result<Spans, SampleError> {
-        let t = self.sample_type;
-        let s = self.decode(rec, e)?;
-        let at = |f: &[u8]| f.as_ptr() as usize - rec.as_ptr() as usize;
-        // decode() took every field; only positions are worked out again, from the
-        // slices it returned and the fixed fields around them.
-        let fixed = [
-            st::IDENTIFIER,
-            st::IP,
-            st::TID,
-            st::TIME,
-            st::ADDR,
-            st::ID,
-            st::STREAM_ID,
-            st::CPU,
-            st::PERIOD,
-        ]
-        .iter()
-        .filter(|&&b| t & b != 0)
-        .count();
-        let mut c = Cur {
-            d: rec,
-            at: 8 + 8 * fixed,
-            e,
-        };
-        if t & st::READ != 0 {
-            let rfm = self.read_format;
-            let per_value = 8 * (1 + u64::from(rfm & rf::ID != 0) + u64::from(rfm & rf::LOST != 0));
-            let times = 8
-                * (u64::from(rfm & rf::TOTAL_TIME_ENABLED != 0)
-                    + u64::from(rfm & rf::TOTAL_TIME_RUNNING != 0));
-            if rfm & rf::GROUP != 0 {
-                let nr = c.u64("truncated read group count")?;
-                c.skip(nr.saturating_mul(per_value).saturating_add(times), "read")?;
-            } else {
-                c.skip(per_value + times, "truncated read value")?;
-            }
-        }
-        let callchain = c.at;
-        let callchain_end = if t & st::CALLCHAIN != 0 {
-            at(s.callchain) + s.callchain.len()
-        } else {
-            callchain
-        };
-        c.at = callchain_end;
-        if t & st::RAW != 0 {
-            let size = e.u32(rec, c.at).unwrap_or(0);
-            c.skip(4 + size as u64, "raw data larger than the sample")?;
-        }
-        if t & st::BRANCH_STACK != 0 {
-            let nr = c.u64("truncated branch stack count")?;
-            if self.branch_hw_index {
-                c.u64("truncated branch hw_index")?;
-            }
-            c.skip(nr.saturating_mul(24), "branch stack")?;
-            if self.branch_counters {
-                c.skip(nr.saturating_mul(8), "branch counters")?;
-            }
-        }
-        let regs = c.at;
-        if t & st::REGS_USER != 0 && c.u64("truncated user regs abi")? != 0 {
-            c.skip(8 * self.regs_user_count as u64, "user regs")?;
-        }
-        if t & st::STACK_USER != 0 {
-            let size = c.u64("truncated user stack size")?;
-            if size != 0 {
-                c.skip(size, "user stack larger than the sample")?;
-                c.u64("truncated user stack dyn_size")?;
-            }
-        }
-        Ok(Spans {
-            callchain,
-            callchain_end,
-            regs,
-            stack_end: c.at,
-        })
-    }
 }
 
 /// Iterates the u64 entries of a raw callchain in the file's byte order.

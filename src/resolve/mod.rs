@@ -10,7 +10,7 @@ pub mod unwind;
 use crate::format::Endian;
 use crate::format::attr::Attr;
 use crate::format::record::{misc, rt};
-use crate::format::sample::{SampleLayout, sample_id, u64s};
+use crate::format::sample::{Sample, SampleLayout, sample_id, u64s};
 use crate::format::walk::{Chunk, Rec, Walker};
 use crate::input::DataFile;
 use crate::model::{DsoId, KERNEL_PID, Key, MapEntry, Model, Seen, Space};
@@ -21,35 +21,37 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use unwind::{Frame, Outcome, SampleStack, UnwindConfig, UnwindMode, UnwindTables};
 
-/// Another pass that walks each chunk together with the resolve, so that the records
-/// are read and the user stacks unwound once for both: `--convert-callchain`'s
-/// converter ([`crate::convert`]) writes each chunk converted while the resolve counts
-/// its hits from the same frames.
-pub trait Tap: Sync {
-    /// The pass over one chunk, handed every record of it in order.
-    fn chunk<'t>(&'t self, c: &Chunk) -> Box<dyn ChunkTap + 't>;
+/// A rewrite of the records the resolve walks (`--convert-callchain`): each chunk's
+/// records are handed to it in order, each sample with what the resolve decoded and
+/// unwound, so that a record is decoded and a stack unwound once for both.
+pub trait Rewrite: Sync {
+    /// Whether user stacks are unwound with each frame's address for the rewrite
+    /// (the resolve alone needs only the DSOs).
+    fn wants_frames(&self) -> bool;
+    /// The pass over one chunk.
+    fn chunk<'t>(&'t self, c: &Chunk) -> Box<dyn ChunkRewrite + 't>;
 }
 
-/// [`Tap`]'s pass over one chunk.
-pub trait ChunkTap {
-    /// Takes record `r`. For a sample whose user stack it unwound, it leaves the frames
-    /// in `frames` and returns the outcome: the resolve counts those, and unwinds no
-    /// sample itself when there is a tap.
-    fn record(
-        &mut self,
-        r: &Rec<'_>,
-        w: Option<&mut unwind::Worker>,
-        frames: &mut Vec<Frame>,
-    ) -> Result<Option<Outcome>>;
+/// [`Rewrite`]'s pass over one chunk.
+pub trait ChunkRewrite {
+    /// Takes record `r`, with its sample as the resolve decoded it when it is a
+    /// sample of a known event (`None` for every other record).
+    fn record(&mut self, r: &Rec<'_>, s: Option<&Decoded<'_, '_>>) -> Result<()>;
     /// The chunk's records are all taken.
     fn done(self: Box<Self>) -> Result<()>;
 }
 
-/// How the resolve gets a sample's user stack: unwinds it, or takes what a [`Tap`]
-/// unwound (nothing when the tap did not unwind it).
-enum Stack<'f> {
-    Unwind,
-    Tapped(Option<(&'f [Frame], Outcome)>),
+/// A sample as the resolve decoded it, for a [`Rewrite`].
+pub struct Decoded<'s, 'r> {
+    /// Its event's index among the attrs.
+    pub attr: usize,
+    /// Its fields.
+    pub sample: &'s Sample<'r>,
+    /// Its key in the model.
+    pub key: Key,
+    /// Its user stack unwound, each frame with its address (the IP; a return address
+    /// minus one), when the rewrite wants frames and the stack was walked.
+    pub unwound: Option<(&'s [(Frame, u64)], Outcome)>,
 }
 
 /// What the workers need besides the chunk.
@@ -134,6 +136,8 @@ struct Scratch<'m> {
     seen: Vec<Option<(u32, MapEntry, Seen)>>,
     /// The sample's address spaces (kernel, process), found once per sample.
     spaces: [Option<(u32, Option<Space<'m>>)>; 2],
+    /// The frames of the last stack unwound for a rewrite, with their addresses.
+    frames: Vec<(Frame, u64)>,
 }
 
 impl<'m> Scratch<'m> {
@@ -237,14 +241,14 @@ impl<'a> Resolver<'a> {
 
     /// Resolves every chunk on the current rayon pool and merges in chunk order;
     /// chunks not begun when `stop` turns true end the run with [`Error::Stopped`].
-    /// With a `tap`, each chunk's records go through it too (see [`Tap`]).
+    /// With a `rewrite`, each chunk's records go through it too (see [`Rewrite`]).
     pub fn run(
         &self,
         files: &[DataFile],
         chunks: &[Chunk],
         progress: &(dyn Fn(u64) + Sync),
         stop: &AtomicBool,
-        tap: Option<&dyn Tap>,
+        rewrite: Option<&dyn Rewrite>,
     ) -> Result<Hits> {
         let workers = unwind::WorkerSlots::new(rayon::current_num_threads());
         let arch = self.unwind.map(|(cfg, tables)| (cfg.arch, tables));
@@ -254,7 +258,7 @@ impl<'a> Resolver<'a> {
                 if stop.load(Ordering::Relaxed) {
                     return Err(Error::Stopped);
                 }
-                let r = workers.with(arch, |w| self.chunk(files, c, w, tap));
+                let r = workers.with(arch, |w| self.chunk(files, c, w, rewrite));
                 progress(c.end - c.start);
                 r
             })
@@ -269,13 +273,13 @@ impl<'a> Resolver<'a> {
         Ok(total)
     }
 
-    /// Resolves one chunk (its records handed to `tap` too, when there is one).
+    /// Resolves one chunk (its records handed to `rewrite` too, when there is one).
     pub fn chunk(
         &self,
         files: &[DataFile],
         c: &Chunk,
         mut w: Option<&mut unwind::Worker>,
-        tap: Option<&dyn Tap>,
+        rewrite: Option<&dyn Rewrite>,
     ) -> Result<Hits> {
         let df = files
             .get(c.file)
@@ -286,22 +290,18 @@ impl<'a> Resolver<'a> {
             last: None,
             seen: vec![None; SEEN_SLOTS],
             spaces: [None, None],
+            frames: Vec::new(),
         };
         let mut walker = Walker::new(self.e, c.first_seq);
-        let mut tap = tap.map(|t| t.chunk(c));
-        let mut frames = Vec::new();
+        let mut rw = rewrite.map(|t| t.chunk(c));
+        let wants = rewrite.is_some_and(|t| t.wants_frames());
         let mut on_rec = |r: &Rec<'_>| -> Result<()> {
-            let stack = match &mut tap {
-                Some(t) => {
-                    let o = t.record(r, w.as_deref_mut(), &mut frames)?;
-                    Stack::Tapped(o.map(|o| (frames.as_slice(), o)))
-                }
-                None => Stack::Unwind,
-            };
+            let rw = rw.as_deref_mut();
             if r.header.kind == rt::SAMPLE {
-                self.sample(r, &mut hits, &mut sc, w.as_deref_mut(), stack)?;
+                self.sample(r, &mut hits, &mut sc, w.as_deref_mut(), rw, wants)
+            } else {
+                rw.map_or(Ok(()), |t| t.record(r, None))
             }
-            Ok(())
         };
         walker
             .walk(
@@ -314,32 +314,37 @@ impl<'a> Resolver<'a> {
                 &mut |_, _| Ok(()),
             )
             .map_err(|e| e.in_file(&df.path))?;
-        if let Some(t) = tap {
+        if let Some(t) = rw {
             t.done()?;
         }
         Ok(hits)
     }
 
+    /// The event of sample `r`, by its id (`None`: an event not declared).
+    fn event_of(&self, r: &Rec<'_>) -> Option<usize> {
+        if self.layouts.len() == 1 {
+            return Some(0);
+        }
+        sample_id(r.bytes, self.e, self.sample_type0)
+            .and_then(|id| self.id_to_attr.get(&id).copied())
+    }
+
+    /// One sample: its DSOs counted into `hits`, then the record handed to the
+    /// rewrite with what was decoded and unwound.
     fn sample(
         &self,
         r: &Rec<'_>,
         hits: &mut Hits,
         sc: &mut Scratch<'a>,
         w: Option<&mut unwind::Worker>,
-        stack: Stack<'_>,
+        rw: Option<&mut (dyn ChunkRewrite + '_)>,
+        wants: bool,
     ) -> Result<()> {
         let e = self.e;
         prefetch_after(r.bytes);
-        let ai = if self.layouts.len() == 1 {
-            0
-        } else {
-            match sample_id(r.bytes, e, self.sample_type0).and_then(|id| self.id_to_attr.get(&id)) {
-                Some(&i) => i,
-                None => {
-                    hits.unknown_event += 1;
-                    return Ok(());
-                }
-            }
+        let Some(ai) = self.event_of(r) else {
+            hits.unknown_event += 1;
+            return rw.map_or(Ok(()), |t| t.record(r, None));
         };
         let s = self.layouts[ai].decode(r.bytes, e).map_err(|err| {
             Error::format(
@@ -358,11 +363,6 @@ impl<'a> Resolver<'a> {
             hits.min_time = Some(hits.min_time.map_or(t, |m| m.min(t)));
             hits.max_time = Some(hits.max_time.map_or(t, |m| m.max(t)));
         }
-        let cpumode = r.header.cpumode();
-        if matches!(cpumode, misc::GUEST_KERNEL | misc::GUEST_USER) {
-            hits.guest_samples += 1;
-            return Ok(());
-        }
         let key = Key::new(
             if self.time_mode {
                 s.time.unwrap_or(0)
@@ -371,11 +371,46 @@ impl<'a> Resolver<'a> {
             },
             r.seq,
         );
-        let pid = s.pid;
-        let model = self.model;
         sc.reset();
+        let guest = matches!(r.header.cpumode(), misc::GUEST_KERNEL | misc::GUEST_USER);
+        let unwound = if guest {
+            hits.guest_samples += 1;
+            None
+        } else {
+            self.addresses(r, &s, key, hits, sc);
+            self.unwind_stack(ai, &s, key, hits, sc, w, wants && rw.is_some())
+        };
+        for &d in &sc.touched {
+            if let Some(h) = hits.per_dso.get_mut(d as usize) {
+                *h += 1;
+            }
+        }
+        match rw {
+            Some(t) => {
+                let d = Decoded {
+                    attr: ai,
+                    sample: &s,
+                    key,
+                    unwound: unwound.map(|o| (sc.frames.as_slice(), o)),
+                };
+                t.record(r, Some(&d))
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// Looks up the sample's IP, callchain entries and branch ends.
+    fn addresses(
+        &self,
+        r: &Rec<'_>,
+        s: &Sample<'_>,
+        key: Key,
+        hits: &mut Hits,
+        sc: &mut Scratch<'a>,
+    ) {
+        let (e, model, pid) = (self.e, self.model, s.pid);
         if let Some(ip) = s.ip {
-            match (cpumode, pid) {
+            match (r.header.cpumode(), pid) {
                 (misc::KERNEL, _) => sc.look(model, KERNEL_PID, ip, key, &mut hits.unmapped),
                 (misc::USER, Some(pid)) => sc.look(model, pid, ip, key, &mut hits.unmapped),
                 _ => {}
@@ -406,52 +441,54 @@ impl<'a> Resolver<'a> {
                 sc.look(model, space, addr, key, &mut hits.unmapped);
             }
         }
-        if let (Some((cfg, tables)), Some(w), Some(pid)) = (self.unwind, w, pid)
-            && s.regs_abi != 0
-            && !s.stack_user.is_empty()
-        {
-            let mut on_frame = |f: Frame| match f {
+    }
+
+    /// Unwinds the sample's user stack when it has one and unwinding is on, its
+    /// frames looked up; with `keep`, the frames and their addresses are left in
+    /// `sc.frames` for the rewrite.
+    #[allow(clippy::too_many_arguments)]
+    fn unwind_stack(
+        &self,
+        ai: usize,
+        s: &Sample<'_>,
+        key: Key,
+        hits: &mut Hits,
+        sc: &mut Scratch<'a>,
+        w: Option<&mut unwind::Worker>,
+        keep: bool,
+    ) -> Option<Outcome> {
+        let (Some((cfg, tables)), Some(w), Some(pid)) = (self.unwind, w, s.pid) else {
+            return None;
+        };
+        if s.regs_abi == 0 || s.stack_user.is_empty() {
+            return None;
+        }
+        let stack = SampleStack {
+            pid,
+            key,
+            regs_mask: self.regs_masks[ai],
+            regs: s.regs_user,
+            stack: s.stack_user,
+            e: self.e,
+        };
+        let model = self.model;
+        let mut frames = std::mem::take(&mut sc.frames);
+        frames.clear();
+        let o = unwind::unwind_at(&cfg, model, tables, w, &stack, &mut |f, addr| {
+            if keep {
+                frames.push((f, addr));
+            }
+            match f {
                 Frame::Dso(d) => sc.touch(d),
-                Frame::Address(addr) => sc.look(model, pid, addr, key, &mut hits.unmapped),
-            };
-            let o = match stack {
-                Stack::Unwind => {
-                    let stack = SampleStack {
-                        pid,
-                        key,
-                        regs_mask: self.regs_masks[ai],
-                        regs: s.regs_user,
-                        stack: s.stack_user,
-                        e,
-                    };
-                    Some(unwind::unwind(
-                        &cfg,
-                        model,
-                        tables,
-                        w,
-                        &stack,
-                        &mut on_frame,
-                    ))
-                }
-                Stack::Tapped(Some((frames, o))) => {
-                    frames.iter().for_each(|&f| on_frame(f));
-                    Some(o)
-                }
-                Stack::Tapped(None) => None,
-            };
-            if let Some(o) = o {
-                hits.unwound_samples += 1;
-                hits.unwound_frames += o.frames as u64;
-                hits.over_budget += u64::from(o.over_budget);
-                hits.frame_capped += u64::from(o.frame_capped);
+                Frame::Address(a) => sc.look(model, pid, a, key, &mut hits.unmapped),
             }
-        }
-        for &d in &sc.touched {
-            if let Some(h) = hits.per_dso.get_mut(d as usize) {
-                *h += 1;
-            }
-        }
-        Ok(())
+        });
+        sc.frames = frames;
+        hits.unwound_samples += 1;
+        hits.unwound_frames += o.frames as u64;
+        hits.over_budget += u64::from(o.over_budget);
+        hits.frame_capped += u64::from(o.frame_capped);
+        Some(o)
     }
 }
 

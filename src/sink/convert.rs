@@ -1,27 +1,26 @@
-//! `--convert-callchain` output ([`crate::convert`]): the records with each DWARF
-//! sample's stack dump unwound into its callchain, in any output form, with the
-//! build-ID table (or, with the MMAP2 flags, build-ID mapping records) of the run.
+//! `--convert-callchain` output ([`crate::convert`]): the records as the resolve
+//! converted them into its spill, in any output form, with the build-ID table (or,
+//! with the MMAP2 flags, build-ID mapping records) of the run.
 //!
-//! * a file to a file: the header and what precedes the data copied, the data
-//!   written converted (it shrinks), the feature tail written after it
+//! * a file to a file: the header and what precedes the data copied, the spill
+//!   written as the data (it shrinks), the feature tail written after it
 //!   ([`crate::write::write_tail_at`]); the attrs are rewritten in the finished
 //!   file by the caller ([`crate::convert::convert_file_attrs`]), as for every
 //!   file output;
 //! * a file to a stream: the stream sink's header records (HEADER_ATTR rewritten),
-//!   then the converted data;
-//! * a stream to either: each batch converted (HEADER_ATTR records too) and handed
-//!   to the table or stream sink.
+//!   then the spill;
+//! * a stream to either: each batch's spill handed to the table or stream sink.
 //!
-//! Records that MMAP2 forms rewrite are replaced by the converter as it passes
-//! them ([`crate::sink::mmap2::plan`] decides which), so one pass writes both.
+//! Records that the MMAP2 forms rewrite ([`crate::sink::mmap2::plan`] decides
+//! which) are laid over the spill as it is written, so one pass writes both.
 
 use super::mmap2::{Splice, mapping_note, plan, read_record};
 use super::stream::StreamSink;
 use super::table::{TableSink, table_plan};
 use super::{Batch, Begin, Facts, Sink};
-use crate::convert::{Converter, Counts, convert_attr};
+use crate::convert::{Counts, Spill, convert_attr};
 use crate::format::record::rt;
-use crate::format::walk::{InMemory, frame};
+use crate::format::walk::frame;
 use crate::input::PerfInput;
 use crate::options::Form;
 use crate::report::SinkReport;
@@ -106,13 +105,8 @@ impl<'w> ConvertSink<'w> {
 
     /// A file input, converted into a file output.
     fn file_to_file(&mut self, input: &PerfInput, facts: &Facts<'_>, out: &Path) -> Result<()> {
-        let (seen, tables) = facts
-            .conversion
-            .ok_or_else(|| Error::Internal("conversion: nothing resolved".into()))?;
+        let spill = spill_of(facts)?;
         let splices = self.file_splices(input, facts);
-        let replaced = replacements(&splices);
-        let conv = Converter::new(seen, tables, facts.attrs, input.header.endian, &replaced)
-            .map_err(|e| e.in_file(&input.header_path))?;
         let t = Instant::now();
         let plan_t = table_plan(input, facts);
         self.report.ids_new = plan_t.ids_new;
@@ -134,13 +128,9 @@ impl<'w> ConvertSink<'w> {
             size += b.len() as u64;
             w.write_all(b).map_err(io)
         };
-        let counts = match &seen.spill {
-            Some(spill) => spill.emit((from, to), &mut emit)?,
-            None => conv.run(facts.pool, df, (from, to), &seen.chunks, &mut emit)?,
-        };
+        self.counts = spill.emit((from, to), &replacements(&splices), &mut emit)?;
         w.flush().map_err(io)?;
         drop(w);
-        self.counts = counts;
         self.report.timings.insert("convert", t.elapsed());
         let t = Instant::now();
         write_tail_at(input, out, plan_t.payload.as_deref(), from + size)
@@ -164,14 +154,9 @@ impl<'w> ConvertSink<'w> {
         let Batch::File { new, .. } = batch else {
             return Err(Error::Internal("conversion: not a file batch".into()));
         };
-        let (seen, tables) = facts
-            .conversion
-            .ok_or_else(|| Error::Internal("conversion: nothing resolved".into()))?;
+        let spill = spill_of(facts)?;
         let splices = self.file_splices(input, facts);
         let e = input.header.endian;
-        let replaced = replacements(&splices);
-        let conv = Converter::new(seen, tables, facts.attrs, e, &replaced)
-            .map_err(|err| err.in_file(&input.header_path))?;
         let Inner::Stream(s) = &mut self.inner else {
             return Err(Error::Internal("conversion: no stream sink".into()));
         };
@@ -181,12 +166,12 @@ impl<'w> ConvertSink<'w> {
         let df = &input.data_files[0];
         let range = (df.range.offset, df.range.offset + df.range.size);
         let t = Instant::now();
-        self.counts = conv.run(facts.pool, df, range, &seen.chunks, &mut |b| s.write_raw(b))?;
+        self.counts = spill.emit(range, &replacements(&splices), &mut |b| s.write_raw(b))?;
         self.report.timings.insert("convert", t.elapsed());
         Ok(())
     }
 
-    /// Bytes of a stream, converted and handed on.
+    /// Bytes of a stream, as the resolve converted them, handed on.
     fn stream_bytes(
         &mut self,
         bytes: &[u8],
@@ -214,22 +199,9 @@ impl<'w> ConvertSink<'w> {
         self.count_maps(&sp);
         let mut out = Vec::new();
         let t = Instant::now();
-        match facts.conversion {
-            Some((seen, tables)) => {
-                let replaced = replacements(&sp);
-                let conv = Converter::new(seen, tables, facts.attrs, e, &replaced)
-                    .map_err(|err| err.in_file(facts.name))?;
-                let chunks: Vec<_> = seen
-                    .chunks
-                    .iter()
-                    .filter(|c| c.start >= offset && c.end <= end)
-                    .cloned()
-                    .collect();
-                let src = InMemory {
-                    bytes,
-                    base: offset,
-                };
-                let counts = conv.run(facts.pool, &src, (offset, end), &chunks, &mut |b| {
+        match facts.spill {
+            Some(spill) => {
+                let counts = spill.emit((offset, end), &replacements(&sp), &mut |b| {
                     out.extend_from_slice(b);
                     Ok(())
                 })?;
@@ -259,11 +231,18 @@ impl<'w> ConvertSink<'w> {
     }
 }
 
-/// The records `splices` replace (one data file), as the converter takes them.
-fn replacements(splices: &[Splice]) -> Vec<(u64, &[u8])> {
+/// The spill the resolve converted into.
+fn spill_of<'f>(facts: &Facts<'f>) -> Result<&'f Spill> {
+    facts
+        .spill
+        .ok_or_else(|| Error::Internal("conversion: nothing resolved".into()))
+}
+
+/// The records `splices` replace (one data file), as the spill lays them over.
+fn replacements(splices: &[Splice]) -> Vec<crate::convert::spill::Replaced<'_>> {
     splices
         .iter()
-        .map(|s| (s.offset, s.new.as_slice()))
+        .map(|s| (s.offset, s.old_len, s.new.as_slice()))
         .collect()
 }
 
@@ -291,17 +270,16 @@ fn convert_attr_records(recs: &mut [u8], e: crate::format::Endian) -> Result<()>
 
 impl Sink for ConvertSink<'_> {
     fn spill_dir(&self) -> Option<PathBuf> {
-        match (&self.inner, self.form) {
-            // The MMAP2 forms replace records by build-ID ones known only after the
-            // resolve; a stream output converts as it writes.
-            (Inner::File { out }, Form::Table) => Some(
-                out.parent()
-                    .filter(|d| !d.as_os_str().is_empty())
-                    .unwrap_or(Path::new("."))
-                    .to_path_buf(),
-            ),
-            _ => None,
-        }
+        Some(match &self.inner {
+            Inner::File { out } => out
+                .parent()
+                .filter(|d| !d.as_os_str().is_empty())
+                .unwrap_or(Path::new("."))
+                .to_path_buf(),
+            // A file input into a stream: the spill has no output directory to go
+            // beside (a stream's own batches spill into memory).
+            Inner::Stream(_) | Inner::Table(_) => std::env::temp_dir(),
+        })
     }
 
     fn begin(&mut self, begin: &Begin<'_>, stop: &Arc<AtomicBool>) -> Result<()> {

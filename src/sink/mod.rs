@@ -104,14 +104,8 @@ pub struct Facts<'a> {
     /// checks them, with everything the stream keeps, against its budget; the second
     /// argument is the offset of the record that grew them.
     pub output_kept: &'a dyn Fn(u64, u64) -> Result<()>,
-    /// `--convert-callchain`: the model, chunks and unwind tables of the last
-    /// resolve, to unwind its samples again into callchains ([`crate::convert`]).
-    pub conversion: Option<(
-        &'a crate::convert::Seen,
-        &'a crate::resolve::unwind::UnwindTables,
-    )>,
-    /// The run's worker pool (the conversion unwinds on it).
-    pub pool: &'a rayon::ThreadPool,
+    /// `--convert-callchain`: the records as the resolve converted them.
+    pub spill: Option<&'a crate::convert::Spill>,
 }
 
 impl<'a> Facts<'a> {
@@ -154,10 +148,9 @@ pub trait Sink {
     fn mapped_beside(&self) -> u64 {
         0
     }
-    /// A file input's `--convert-callchain` output that the resolve may convert
-    /// itself, into a spill in the directory returned ([`crate::convert::Spill`]):
-    /// the sink then copies the spilled records instead of unwinding every stack a
-    /// second time. `None` (the default) for the forms that cannot take it.
+    /// Where a file input's `--convert-callchain` spill goes (the resolve converts
+    /// into it, [`crate::convert::Spill`]); `None` (the default): the sink does not
+    /// convert.
     fn spill_dir(&self) -> Option<std::path::PathBuf> {
         None
     }
