@@ -289,9 +289,19 @@ struct Proc {
     /// Leaves of the segment tree (a power of two above the last version).
     width: usize,
     /// Node `i`'s pieces are `ids[offsets[i]..offsets[i + 1]]`, sorted by start; node
-    /// `1` is the root, node `width + v` the leaf of version `v`.
+    /// `1` is the root, node `width + v` the leaf of version `v`. Only pieces that a
+    /// later event cuts or hides go into the tree.
     offsets: Vec<u32>,
     ids: Vec<u32>,
+    /// The pieces visible from their version to the end, sorted by start (they never
+    /// overlap): most of a process's, and nearly all of a JIT's code loads, found by
+    /// one search and their first version, with no tree (indexing a JIT's 53,000
+    /// code loads into the tree was a fifth of a --jit run).
+    lasting: Vec<u32>,
+    /// A tree of the lasting pieces' first versions (the least of each node's
+    /// leaves; leaf `n + i` is `lasting[i]`'s): the nearest piece visible at a
+    /// version on either side of an address, in a logarithmic search.
+    lasting_born: Vec<u32>,
 }
 
 impl Proc {
@@ -364,6 +374,22 @@ impl Proc {
             .map(|(id, born, died)| (pieces[id as usize].start, id, born, died))
             .collect();
         runs.sort_unstable_by_key(|r| r.0);
+        let lasting: Vec<u32> = runs
+            .iter()
+            .filter(|r| r.3 as usize == width)
+            .map(|r| r.1)
+            .collect();
+        runs.retain(|r| (r.3 as usize) < width);
+        // A perfect tree (its leaves padded with pieces never visible): a node's
+        // neighbour on its level is then the next range of leaves.
+        let n = lasting.len().next_power_of_two();
+        let mut lasting_born = vec![u32::MAX; 2 * n];
+        for (i, &id) in lasting.iter().enumerate() {
+            lasting_born[n + i] = spans[id as usize].0;
+        }
+        for i in (1..n).rev() {
+            lasting_born[i] = lasting_born[2 * i].min(lasting_born[2 * i + 1]);
+        }
         let mut offsets = vec![0u32; 2 * width + 1];
         let mut nodes = Vec::new();
         for &(_, _, born, died) in &runs {
@@ -395,7 +421,51 @@ impl Proc {
             width,
             offsets,
             ids,
+            lasting,
+            lasting_born,
         }
+    }
+
+    /// The index in `lasting` of the nearest piece before index `k` (`back`) or from
+    /// `k` on visible at `version`.
+    fn nearest_lasting(&self, k: usize, version: usize, back: bool) -> Option<usize> {
+        let n = self.lasting_born.len() / 2;
+        let t = &self.lasting_born;
+        let ok = |i: usize| t[i] as usize <= version;
+        // Walk up from the leaf next to the boundary to the first node on the wanted
+        // side with a visible leaf, then down to its nearest one.
+        let mut i = if back {
+            (k > 0).then(|| n + k - 1)?
+        } else {
+            (k < self.lasting.len()).then_some(n + k)?
+        };
+        loop {
+            if ok(i) {
+                break;
+            }
+            // Move to the neighbouring subtree on the wanted side.
+            loop {
+                let at_edge = if back { i & 1 == 0 } else { i & 1 == 1 };
+                if i <= 1 {
+                    return None;
+                }
+                if !at_edge {
+                    i = if back { i - 1 } else { i + 1 };
+                    break;
+                }
+                i /= 2;
+            }
+        }
+        while i < n {
+            i = if back {
+                if ok(2 * i + 1) { 2 * i + 1 } else { 2 * i }
+            } else if ok(2 * i) {
+                2 * i
+            } else {
+                2 * i + 1
+            };
+        }
+        Some(i - n)
     }
 
     /// The pieces of tree node `node`, sorted by start.
@@ -415,6 +485,23 @@ impl Proc {
     /// Searches the process's own layer at `version` for `addr`.
     fn stab(&self, version: usize, addr: u64) -> Stab {
         let (mut below, mut above) = (0u64, u64::MAX);
+        // The lasting pieces first: the one holding the address, if visible at
+        // `version`; else the nearest visible ones on either side bound the gap.
+        let k = self
+            .lasting
+            .partition_point(|&id| self.pieces[id as usize].start <= addr);
+        if let Some(&id) = k.checked_sub(1).and_then(|j| self.lasting.get(j)) {
+            let p = self.pieces[id as usize];
+            if addr < p.end && self.spans[id as usize].0 as usize <= version {
+                return Stab::Found(id);
+            }
+        }
+        if let Some(j) = self.nearest_lasting(k, version, true) {
+            below = self.pieces[self.lasting[j] as usize].end;
+        }
+        if let Some(j) = self.nearest_lasting(k, version, false) {
+            above = self.pieces[self.lasting[j] as usize].start;
+        }
         for ids in self.path(version) {
             let k = ids.partition_point(|&id| self.pieces[id as usize].start <= addr);
             if let Some((id, p)) = k
@@ -455,9 +542,11 @@ impl Proc {
 
     /// The process's own mappings at `version`, sorted, non-overlapping.
     fn layer(&self, version: usize) -> Vec<MapEntry> {
+        let born = |id: &&u32| self.spans[**id as usize].0 as usize <= version;
         let mut maps: Vec<MapEntry> = self
             .path(version)
             .flatten()
+            .chain(self.lasting.iter().filter(born))
             .map(|&id| self.pieces[id as usize])
             .collect();
         maps.sort_unstable_by_key(|m| m.start);
@@ -726,6 +815,45 @@ impl ModelBuilder {
         self.index.insert(k, id);
         self.last = Some(id);
         Ok(id)
+    }
+
+    /// The DSO of `name` with `ident` (a JIT image, which no record names), added if
+    /// new. Err when the model would go over its memory budget.
+    pub fn intern_dso(
+        &mut self,
+        kind: DsoKind,
+        name: &str,
+        ident: FileIdent,
+    ) -> Result<DsoId, Exceeded> {
+        self.intern(kind, Cow::Borrowed(name), ident)
+    }
+
+    /// Records a mapping of `pid` at `key` that no record of the input made (a JIT's
+    /// code load). Err when the model would go over its memory budget.
+    pub fn map(&mut self, pid: u32, key: Key, m: MapEntry) -> Result<(), Exceeded> {
+        self.charge(crate::limits::MODEL_EVENT_COST)?;
+        if let (Some(d), true) = (m.dso, m.exec)
+            && let Some(dso) = self.dsos.get_mut(d as usize)
+        {
+            dso.exec_maps.add(m.pgoff, m.end - m.start);
+        }
+        self.events.push((
+            pid,
+            Event {
+                key,
+                kind: EventKind::Map(m),
+            },
+        ));
+        Ok(())
+    }
+
+    /// Forgets the mappings made by the records numbered in `seqs` (a JIT's marker
+    /// and the anonymous maps after it, which perf drops when it injects the JIT's
+    /// code).
+    pub fn forget(&mut self, seqs: &std::collections::HashSet<u64>) {
+        self.events
+            .retain(|(_, e)| !(matches!(e.kind, EventKind::Map(_)) && seqs.contains(&e.key.seq)));
+        self.indexed.clear();
     }
 
     /// Records that `pid` exec'd at `key`: its old mappings are gone.
@@ -1230,7 +1358,8 @@ mod replay_tests {
 
     /// Bytes of a process's index beside its events (pieces, tree entries, offsets).
     fn index_bytes(p: &Proc) -> usize {
-        p.pieces.len() * std::mem::size_of::<MapEntry>() + 4 * (p.ids.len() + p.offsets.len())
+        p.pieces.len() * std::mem::size_of::<MapEntry>()
+            + 4 * (p.ids.len() + p.offsets.len() + p.lasting.len())
     }
 
     #[test]

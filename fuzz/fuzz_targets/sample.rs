@@ -29,6 +29,7 @@ fuzz_target!(|data: &[u8]| {
         branch_sample_type: word(head, 2),
         sample_regs_user: word(head, 3),
         sample_stack_user: 0,
+        clockid: 0,
         sample_regs_intr: 0,
         ids: Vec::new(),
     };

@@ -78,6 +78,8 @@ pub enum Source {
     /// The ELF note of a file under `--symfs`, not modified since the recording
     /// started (no device/inode proof applies to a sysroot copy).
     Symfs,
+    /// The image `--jit` wrote from the process's jitdump.
+    Jit,
 }
 
 /// Whether local files may be opened for a proof at all (the recording is of this
@@ -227,6 +229,18 @@ impl Outcome {
         match self {
             Outcome::Found(f) => f.contradiction.as_ref(),
             Outcome::Refused(r) => r.contradiction.as_ref(),
+        }
+    }
+
+    /// The same answer with `file`, the file its ID was read from, open (the build-ID
+    /// cache links or copies it).
+    pub fn with_file(self, file: File) -> Self {
+        match self {
+            Outcome::Found(f) => Outcome::Found(Found {
+                file: Some(Arc::new(file)),
+                ..f
+            }),
+            r => r,
         }
     }
 

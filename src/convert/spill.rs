@@ -5,13 +5,11 @@
 //! worker is held in memory, whatever the input's size); a stream's batch spills into
 //! memory and is taken whole before the next batch is resolved.
 //!
-//! The spill also notes where each mapping record of a chunk went: the MMAP2 forms
-//! replace some of them by build-ID records once the IDs are decided, which is after
-//! the resolve, so the replacement is laid over the spill as it is taken
-//! ([`Spill::emit`]).
+//! Each part keeps its chunk's first record number: the converter writes one record
+//! for each it takes, so a sink that edits the data (build-ID mapping records,
+//! `--jit`'s records) walks a part's records by the numbers the scan gave them.
 
 use super::{Converter, Counts};
-use crate::format::record::rt;
 use crate::format::walk::{Chunk, Rec};
 use crate::resolve::{ChunkRewrite, Decoded, Rewrite};
 use crate::{Error, Result};
@@ -29,9 +27,8 @@ struct Part {
     /// Where its output lies in the spill, and its length.
     at: u64,
     len: u64,
-    /// Each mapping record of the chunk: its input offset and where it begins in
-    /// the part's output.
-    maps: Vec<(u64, u64)>,
+    /// The number of the chunk's first record.
+    first_seq: u64,
     counts: Counts,
 }
 
@@ -52,10 +49,6 @@ pub struct Spill {
     /// batches resolved beside the scan may be resolved again at its end).
     parts: Mutex<(u64, Vec<Part>)>,
 }
-
-/// A record that replaces one of the input's in the output (a mapping record in
-/// build-ID form): the input record at `offset`, of `old_len` bytes, becomes `new`.
-pub(crate) type Replaced<'s> = (u64, u64, &'s [u8]);
 
 impl Spill {
     /// An empty spill in `dir` (the output's directory: a temp directory on tmpfs
@@ -80,7 +73,7 @@ impl Spill {
         }
     }
 
-    fn put(&self, c: &Chunk, bytes: &[u8], maps: Vec<(u64, u64)>, counts: Counts) -> Result<()> {
+    fn put(&self, c: &Chunk, bytes: &[u8], counts: Counts) -> Result<()> {
         let len = bytes.len() as u64;
         let at = match &self.backing {
             Backing::File(file, path) => {
@@ -108,7 +101,7 @@ impl Spill {
             end: c.end,
             at,
             len,
-            maps,
+            first_seq: c.first_seq,
             counts,
         });
         Ok(())
@@ -135,16 +128,16 @@ impl Spill {
         }
     }
 
-    /// Hands the converted records of `[from, to)` to `emit` in data order, each
-    /// record `replaced` names (sorted by offset) replaced. The resolve's chunks tile
-    /// the data; a range no part holds (which would go out unconverted, its attr
-    /// saying it has no stack dumps) is an internal error. Returns what the
-    /// conversion did. The parts taken leave a spill in memory (the next batch's).
-    pub(crate) fn emit(
+    /// Hands the converted records of `[from, to)` to `each` in data order, a part
+    /// (one chunk's records) at a time with the number of its first record. The
+    /// resolve's chunks tile the data; a range no part holds (which would go out
+    /// unconverted, its attr saying it has no stack dumps) is an internal error.
+    /// Returns what the conversion did. The parts taken leave a spill in memory
+    /// (the next batch's).
+    pub(crate) fn take(
         &self,
         (from, to): (u64, u64),
-        replaced: &[Replaced<'_>],
-        emit: &mut dyn FnMut(&[u8]) -> Result<()>,
+        each: &mut dyn FnMut(&[u8], u64) -> Result<()>,
     ) -> Result<Counts> {
         let mut parts: Vec<Part> = {
             let mut g = self.lock()?;
@@ -155,7 +148,7 @@ impl Spill {
         parts.sort_by_key(|p| p.start);
         let mut total = Counts::default();
         let mut pos = from;
-        let mut buf = vec![0u8; 1 << 20];
+        let mut buf = Vec::new();
         for p in &parts {
             if p.start != pos {
                 return Err(Error::Internal(format!(
@@ -163,20 +156,9 @@ impl Spill {
                     p.start, p.end
                 )));
             }
-            let a = replaced.partition_point(|r| r.0 < p.start);
-            let b = replaced.partition_point(|r| r.0 < p.end);
-            let mut done = 0;
-            for &(offset, old_len, new) in &replaced[a..b] {
-                // Where the replaced record went in the part (the converter passes
-                // mapping records through as they are).
-                let Some(&(_, rel)) = p.maps.iter().find(|m| m.0 == offset) else {
-                    continue;
-                };
-                self.copy_part(p, done, rel, &mut buf, emit)?;
-                emit(new)?;
-                done = rel + old_len;
-            }
-            self.copy_part(p, done, p.len, &mut buf, emit)?;
+            buf.resize(p.len as usize, 0);
+            self.read(p, 0, &mut buf)?;
+            each(&buf, p.first_seq)?;
             total.merge(&p.counts);
             pos = p.end;
         }
@@ -191,24 +173,6 @@ impl Spill {
             m.lock().map_err(|_| poisoned())?.clear();
         }
         Ok(total)
-    }
-
-    /// Hands bytes `[from, to)` of part `p` to `emit`, a buffer at a time.
-    fn copy_part(
-        &self,
-        p: &Part,
-        mut from: u64,
-        to: u64,
-        buf: &mut [u8],
-        emit: &mut dyn FnMut(&[u8]) -> Result<()>,
-    ) -> Result<()> {
-        while from < to {
-            let n = (to - from).min(buf.len() as u64) as usize;
-            self.read(p, from, &mut buf[..n])?;
-            emit(&buf[..n])?;
-            from += n as u64;
-        }
-        Ok(())
     }
 }
 
@@ -239,7 +203,6 @@ impl Rewrite for SpillTap<'_> {
             tap: self,
             chunk: c.clone(),
             out: Vec::with_capacity(((c.end - c.start) / 16) as usize),
-            maps: Vec::new(),
             counts: Counts::default(),
             chain: Vec::new(),
         })
@@ -250,16 +213,12 @@ struct ChunkSpill<'t, 'a> {
     tap: &'t SpillTap<'a>,
     chunk: Chunk,
     out: Vec<u8>,
-    maps: Vec<(u64, u64)>,
     counts: Counts,
     chain: Vec<u64>,
 }
 
 impl ChunkRewrite for ChunkSpill<'_, '_> {
     fn record(&mut self, r: &Rec<'_>, s: Option<&Decoded<'_, '_>>) -> Result<()> {
-        if matches!(r.header.kind, rt::MMAP | rt::MMAP2) {
-            self.maps.push((r.offset, self.out.len() as u64));
-        }
         self.tap
             .conv
             .record(r, s, &mut self.out, &mut self.counts, &mut self.chain)
@@ -270,11 +229,10 @@ impl ChunkRewrite for ChunkSpill<'_, '_> {
             tap,
             chunk,
             out,
-            maps,
             counts,
             ..
         } = *self;
-        tap.spill.put(&chunk, &out, maps, counts)
+        tap.spill.put(&chunk, &out, counts)
     }
 }
 
@@ -282,28 +240,28 @@ impl ChunkRewrite for ChunkSpill<'_, '_> {
 mod tests {
     use super::*;
 
-    fn chunk(start: u64, end: u64) -> Chunk {
+    fn chunk(start: u64, end: u64, first_seq: u64) -> Chunk {
         Chunk {
             file: 0,
             start,
             end,
-            first_seq: 0,
+            first_seq,
         }
     }
 
-    fn emitted(spill: &Spill, range: (u64, u64), replaced: &[Replaced<'_>]) -> Result<Vec<u8>> {
-        let mut out = Vec::new();
-        spill.emit(range, replaced, &mut |b| {
+    fn taken(spill: &Spill, range: (u64, u64)) -> Result<(Vec<u8>, Vec<u64>)> {
+        let (mut out, mut seqs) = (Vec::new(), Vec::new());
+        spill.take(range, &mut |b, seq| {
             out.extend_from_slice(b);
+            seqs.push(seq);
             Ok(())
         })?;
-        Ok(out)
+        Ok((out, seqs))
     }
 
-    /// Chunks done in any order come out in data order, a chunk converted again
-    /// replaces its first conversion, a replaced record is laid over where its
-    /// chunk's output holds it, and a chunk that is missing is an error, never a
-    /// range passed on unconverted.
+    /// Chunks done in any order come out in data order with their first record
+    /// numbers, a chunk converted again replaces its first conversion, and a chunk
+    /// that is missing is an error, never a range passed on unconverted.
     #[test]
     fn parts_come_out_in_data_order_and_must_tile_the_data() {
         let dir = tempfile::tempdir().unwrap();
@@ -314,25 +272,22 @@ mod tests {
                 samples: 1,
                 ..Counts::default()
             };
-            spill.put(&chunk(20, 30), b"cc", vec![], n.clone()).unwrap();
-            spill.put(&chunk(0, 10), b"a", vec![], n.clone()).unwrap();
-            spill
-                .put(&chunk(10, 20), b"stale", vec![], n.clone())
-                .unwrap();
-            spill
-                .put(&chunk(10, 20), b"bbbb", vec![(12, 1)], n.clone())
-                .unwrap();
-            let got = emitted(&spill, (0, 30), &[(12, 2, b"XYZ")]).unwrap();
-            assert_eq!(got, b"abXYZbcc");
+            spill.put(&chunk(20, 30, 7), b"cc", n.clone()).unwrap();
+            spill.put(&chunk(0, 10, 0), b"a", n.clone()).unwrap();
+            spill.put(&chunk(10, 20, 3), b"stale", n.clone()).unwrap();
+            spill.put(&chunk(10, 20, 3), b"bbbb", n.clone()).unwrap();
+            let (got, seqs) = taken(&spill, (0, 30)).unwrap();
+            assert_eq!(got, b"abbbbcc");
+            assert_eq!(seqs, [0, 3, 7]);
         }
         let spill = Spill::in_memory();
         let n = Counts::default();
-        spill.put(&chunk(0, 10), b"a", vec![], n.clone()).unwrap();
+        spill.put(&chunk(0, 10, 0), b"a", n.clone()).unwrap();
         // The data goes on past the last chunk.
-        assert!(emitted(&spill, (0, 40), &[]).is_err());
+        assert!(taken(&spill, (0, 40)).is_err());
         let gap = Spill::in_memory();
-        gap.put(&chunk(0, 10), b"a", vec![], n.clone()).unwrap();
-        gap.put(&chunk(20, 30), b"c", vec![], n).unwrap();
-        assert!(emitted(&gap, (0, 30), &[]).is_err());
+        gap.put(&chunk(0, 10, 0), b"a", n.clone()).unwrap();
+        gap.put(&chunk(20, 30, 9), b"c", n).unwrap();
+        assert!(taken(&gap, (0, 30)).is_err());
     }
 }

@@ -21,7 +21,7 @@ use crate::format::header::PIPE_HEADER_SIZE;
 use crate::input::PerfInput;
 use crate::options::{AttrsFor, Callchains, Form, Options, UnwindChoice};
 use crate::report::Report;
-use crate::sink::convert::ConvertSink;
+use crate::sink::edited::EditedSink;
 use crate::sink::inplace::InplaceSink;
 use crate::sink::mmap2::Mmap2Sink;
 use crate::sink::stream::StreamSink;
@@ -156,61 +156,54 @@ enum Output {
 }
 
 /// The sink that writes `target` in `form`: the one place outputs and forms meet.
-fn sink_for(
-    target: &Output,
-    form: Form,
-    attrs_for: AttrsFor,
-    callchains: Callchains,
-) -> Box<dyn Sink> {
+/// Data that changes (`--convert-callchain`, `--jit`) is written by the editing
+/// sink in any form.
+fn sink_for(target: &Output, opts: &Options) -> Box<dyn Sink> {
+    let (form, callchains) = (opts.form, opts.callchains);
+    let edits = callchains == Callchains::Converted || opts.jit != crate::options::JitChoice::Off;
     match target {
         Output::Stdout => {
             let w = BufWriter::with_capacity(1 << 20, std::io::stdout().lock());
-            let mut sink = StreamSink::new(Box::new(w), Path::new("<stdout>"));
-            sink.set_attrs_for(attrs_for);
-            match (callchains, form) {
-                (Callchains::Converted, form) => Box::new(ConvertSink::stream(sink, form)),
-                (Callchains::AsRecorded, Form::Table) => Box::new(sink),
-                (Callchains::AsRecorded, Form::Mmap2) => Box::new(Mmap2Sink::stream(sink)),
-            }
+            stream_sink(Box::new(w), Path::new("<stdout>"), opts)
         }
         Output::File { tmp, dir } => {
             let header_out = tmp.header_file_path();
             let dir = dir.then_some(tmp.path.as_path());
-            match (callchains, form) {
-                (Callchains::Converted, form) => Box::new(ConvertSink::file(&header_out, form)),
-                (Callchains::AsRecorded, Form::Table) => Box::new(TableSink::new(&header_out, dir)),
-                (Callchains::AsRecorded, Form::Mmap2) => {
-                    Box::new(Mmap2Sink::file(&header_out, dir))
-                }
+            match (edits, form) {
+                (true, form) => Box::new(EditedSink::file(&header_out, dir, form, callchains)),
+                (false, Form::Table) => Box::new(TableSink::new(&header_out, dir)),
+                (false, Form::Mmap2) => Box::new(Mmap2Sink::file(&header_out, dir)),
             }
         }
         Output::InPlace => Box::new(InplaceSink::new(form)),
     }
 }
 
+/// The sink that writes a stream to `w` in the options' form.
+fn stream_sink<'w>(
+    w: Box<dyn std::io::Write + 'w>,
+    name: &Path,
+    opts: &Options,
+) -> Box<dyn Sink + 'w> {
+    let edits =
+        opts.callchains == Callchains::Converted || opts.jit != crate::options::JitChoice::Off;
+    let mut sink = StreamSink::new(w, name);
+    sink.set_attrs_for(opts.attrs_for);
+    match (edits, opts.form) {
+        (true, form) => Box::new(EditedSink::stream(sink, form, opts.callchains)),
+        (false, Form::Table) => Box::new(sink),
+        (false, Form::Mmap2) => Box::new(Mmap2Sink::stream(sink)),
+    }
+}
+
 /// The run into a new output (a file or stdout), with a file output left in its temp
-/// file for the caller to commit. With `--jit`, the jitdumps are injected first into
-/// an intermediate recording beside the output ([`crate::jit`]), which the run then
-/// reads.
+/// file for the caller to commit.
 fn run_uncommitted(
     cx: Context<'_>,
     input: &Path,
     output: &Path,
 ) -> Result<(Report, Option<TempOutput>)> {
-    let crate::options::JitChoice::Inject(maps) = cx.opts.jit else {
-        return run_plain(cx, input, output);
-    };
-    if !is_dash(input) && !is_dash(output) && (input == output || same_file(input, output)) {
-        return Err(Error::Usage(format!(
-            "{}: output would overwrite the input; write to another file",
-            output.display()
-        )));
-    }
-    let prepared = crate::jit::prepare(input, output, maps, cx.pool)?;
-    let (mut report, tmp) = run_plain(cx, prepared.input(input), output)?;
-    crate::jit::conclude(&prepared, &mut report);
-    report.input = input.display().to_string();
-    Ok((report, tmp))
+    run_plain(cx, input, output)
 }
 
 /// The run itself.
@@ -268,7 +261,7 @@ fn run_plain(cx: Context<'_>, input: &Path, output: &Path) -> Result<(Report, Op
         let tmp = TempOutput::create_with_mode(output, dir, mode)?;
         Output::File { tmp, dir }
     };
-    let mut sink = sink_for(&target, cx.opts.form, cx.opts.attrs_for, cx.opts.callchains);
+    let mut sink = sink_for(&target, cx.opts);
     let r = drive(cx, &in_name, src, sink.as_mut());
     drop(sink);
     let (mut report, tmp) = match target {
@@ -381,7 +374,7 @@ pub fn run_in_place_in(cx: Context<'_>, path: &Path) -> Result<Report> {
             path.display()
         )));
     }
-    let mut sink = sink_for(&Output::InPlace, opts.form, opts.attrs_for, opts.callchains);
+    let mut sink = sink_for(&Output::InPlace, opts);
     let mut report = drive(cx, path, src, sink.as_mut())?;
     if restored {
         report.notes.insert(
@@ -506,7 +499,7 @@ pub fn stream(
     batch: usize,
 ) -> Result<Report> {
     let pool = opts.pool()?;
-    let mut sink = StreamSink::new(Box::new(w), Path::new("<output>"));
+    let mut sink = stream_sink(Box::new(w), Path::new("<output>"), opts);
     let input = StreamInput {
         name: PathBuf::from("<stdin>"),
         reader: r,
@@ -521,7 +514,7 @@ pub fn stream(
         pool: &pool,
         host: Host::Consult,
     };
-    let mut report = run_stream(cx, input, &mut sink)?;
+    let mut report = run_stream(cx, input, sink.as_mut())?;
     report.pipe = true;
     Ok(report)
 }
@@ -566,5 +559,7 @@ fn with_facts<R>(engine: &Engine<'_>, f: impl FnOnce(&Facts<'_>) -> R) -> R {
         passes_on: &passes_on,
         output_kept: &output_kept,
         spill: engine.spill(),
+        splices: engine.splices(),
+        first_seqs: engine.first_seqs(),
     })
 }

@@ -229,6 +229,11 @@ fn flush(
     }
     engine.note_carried(end.saturating_sub(upto.offset.max(s.base)));
     if upto.offset <= s.base {
+        if eof && engine.edits_data() {
+            // The stream ended on a batch already written: its end still decides
+            // (--jit chooses its records at the end of the input).
+            engine.resolve(&[], &[], ending, &AtomicBool::new(false), &|_| {})?;
+        }
         if s.bytes.len() > carry_limit(batch) {
             return Err(Error::format(
                 s.base,

@@ -84,7 +84,9 @@ impl<'f> Beside<'f> {
         stop: &'f AtomicBool,
     ) -> Self {
         Beside {
-            every: every.filter(|_| files.len() == 1).map(|n| n.max(1)),
+            every: every
+                .filter(|_| files.len() == 1 && !engine.edits_data())
+                .map(|n| n.max(1)),
             spill: engine.spill.clone(),
             files,
             stop,

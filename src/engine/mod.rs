@@ -107,6 +107,8 @@ pub struct MappingRecord {
     pub file: usize,
     /// Offset of the record.
     pub offset: u64,
+    /// Its number in the input (what a sink that edits the data goes by).
+    pub seq: u64,
     /// The DSO it maps.
     pub dso: DsoId,
 }
@@ -311,6 +313,12 @@ pub(crate) struct Engine<'a> {
     /// Where the resolve writes the records it converts, when it converts them
     /// (`--convert-callchain`, [`Engine::convert_into`]).
     spill: Option<std::sync::Arc<crate::convert::Spill>>,
+    /// `--jit`: the stage that reads jitdumps into the model and chooses the records
+    /// the sink splices in ([`crate::jit`]), and those records once chosen.
+    jit: Option<crate::jit::Stage>,
+    splices: Option<crate::jit::Splices>,
+    /// The number of the first record of each data file scanned.
+    first_seqs: Vec<u64>,
 }
 
 impl<'a> Engine<'a> {
@@ -388,6 +396,12 @@ impl<'a> Engine<'a> {
             kept_peak: AtomicU64::new(0),
             output_kept: AtomicU64::new(0),
             spill: None,
+            jit: match cx.opts.jit {
+                crate::options::JitChoice::Inject(maps) => Some(crate::jit::Stage::new(maps)),
+                crate::options::JitChoice::Off => None,
+            },
+            splices: None,
+            first_seqs: Vec::new(),
         }
     }
 
@@ -400,6 +414,17 @@ impl<'a> Engine<'a> {
     /// The spill the resolve converts into, if any.
     pub(crate) fn spill(&self) -> Option<&crate::convert::Spill> {
         self.spill.as_deref()
+    }
+
+    /// `--jit`: the records to splice into the data, once chosen.
+    pub(crate) fn splices(&self) -> Option<&crate::jit::Splices> {
+        self.splices.as_ref()
+    }
+
+    /// Whether the data may change (`--jit`): a file is then resolved after its
+    /// whole scan, once the jitdumps are read into the model.
+    pub(crate) fn edits_data(&self) -> bool {
+        self.jit.is_some()
     }
 
     /// The input's name in messages.
@@ -524,6 +549,12 @@ impl<'a> Engine<'a> {
     /// The scan goes on in another data file of a directory ([`Walker::begin_file`]).
     pub(crate) fn begin_file(&mut self) {
         self.walker.begin_file();
+        self.first_seqs.push(self.walker.seq);
+    }
+
+    /// The number of the first record of each data file scanned.
+    pub(crate) fn first_seqs(&self) -> &[u64] {
+        &self.first_seqs
     }
 
     /// What the run is asked to do.
@@ -799,10 +830,14 @@ impl<'a> Engine<'a> {
             self.span.note(t);
         }
         let dso = match parse_mmap(&r.header, r.bytes, body_end, e) {
-            Some(m) => self
-                .builder
-                .mmap(at.key(sid.time), r.header.cpumode(), &m)
-                .map_err(|l| l.at(r.offset))?,
+            Some(m) => {
+                if let Some(j) = &mut self.jit {
+                    j.mapping(r.seq, r.header.cpumode(), &m, sid.time);
+                }
+                self.builder
+                    .mmap(at.key(sid.time), r.header.cpumode(), &m)
+                    .map_err(|l| l.at(r.offset))?
+            }
             None => None,
         };
         if let Some(dso) = dso
@@ -811,6 +846,7 @@ impl<'a> Engine<'a> {
             self.mappings.push(MappingRecord {
                 file: self.file,
                 offset: r.offset,
+                seq: r.seq,
                 dso,
             });
         }
@@ -881,6 +917,33 @@ impl<'a> Engine<'a> {
         self.check_kept(r.offset)
     }
 
+    /// `--jit`, once the input is scanned: the jitdumps its markers name are read
+    /// into the model ([`crate::jit::Stage::read`]).
+    fn read_jitdumps(&mut self, last: bool) -> Result<()> {
+        let Some(mut j) = self.jit.take() else {
+            return Ok(());
+        };
+        let t = Instant::now();
+        let meta = self.metadata();
+        let keep_all = if self.scan.has_aux {
+            Some("the recording has AUX data (a decoder walks the code)")
+        } else if self.attrs.iter().any(|a| a.sample_type & st::ADDR != 0) {
+            Some("the recording has data addresses (perf mem names them by the mappings)")
+        } else {
+            None
+        };
+        let rec = crate::jit::Recording {
+            attrs: &self.attrs,
+            hostname: meta.hostname.as_deref(),
+            end_time: self.span.max.unwrap_or(0),
+            keep_all,
+        };
+        let r = j.read(&rec, &mut self.builder, self.pool, last);
+        self.jit = Some(j);
+        self.add_time("jit-dumps", t.elapsed());
+        r.map_err(|e| e.in_file(&self.name))
+    }
+
     /// Resolves `chunks` of `files` against the model so far (all of it when the
     /// input has ended), then identifies the DSOs decided for the first time; returns
     /// those decisions, which the sink must make known before the resolved bytes.
@@ -895,6 +958,11 @@ impl<'a> Engine<'a> {
         if self.attrs.is_empty() {
             // Nothing can have been sampled or mapped without an event.
             return Ok(Vec::new());
+        }
+        // A file's jitdumps are read once it is scanned; a stream's on from batch to
+        // batch.
+        if ending == Ending::Ended || self.from_records {
+            self.read_jitdumps(ending == Ending::Ended)?;
         }
         let t = Instant::now();
         let model = std::sync::Arc::new(match ending {
@@ -912,6 +980,23 @@ impl<'a> Engine<'a> {
             start: &start,
         };
         let hits = self.resolve_hits(&batch, files, chunks, stop, progress)?;
+        if let Some(j) = &mut self.jit {
+            let t = Instant::now();
+            j.resolved(&hits.offsets, hits.max_time);
+            let ended = ending == Ending::Ended;
+            if ended {
+                j.choose(self.pool);
+            }
+            let stream = self.from_records.then_some(ended);
+            let splices = j.splices(self.e, &self.attrs, stream);
+            if !splices.inserts.is_empty() && self.scan.compressed > 0 {
+                j.notes.push(
+                    "--jit: the recording's compressed records (perf record -z) are written expanded, as perf inject writes them: the JIT records go between them by time".into(),
+                );
+            }
+            self.splices = Some(splices);
+            self.add_time("jit-images", t.elapsed());
+        }
         let (groups, fresh) = self.undecided_groups(&model, hits);
         self.claims = buildid::Claims::gather(&model, &meta.table, &self.scan.stream_build_ids);
         let groups = self.with_contested(groups);
@@ -949,6 +1034,9 @@ impl<'a> Engine<'a> {
         let mut resolver = Resolver::new(model, &self.attrs, time_mode, self.e);
         if let Some(cfg) = unwind {
             resolver = resolver.with_unwinding(cfg, &*tables);
+        }
+        if let Some(j) = &self.jit {
+            resolver = resolver.with_offsets(&j.offset_dsos());
         }
         let local = batch.trust.local.clone().err().map(|(_, why)| why);
         let tap = match &self.spill {
@@ -1075,6 +1163,20 @@ impl<'a> Engine<'a> {
             .zip(groups)
             .map(|(o, g)| encodable(g, o, self.e))
             .collect();
+        // The JIT images are answered by the stage that wrote them.
+        let outcomes = match &self.jit {
+            Some(j) => outcomes
+                .into_iter()
+                .zip(groups)
+                .map(|(o, g)| {
+                    g.dsos
+                        .iter()
+                        .find_map(|&d| j.outcome(d))
+                        .map_or(o, |jo| encodable(g, jo, self.e))
+                })
+                .collect(),
+            None => outcomes,
+        };
         self.add_time("identify", t.elapsed());
         outcomes
     }
@@ -1161,6 +1263,9 @@ impl<'a> Engine<'a> {
     pub(crate) fn finish(mut self, sink: SinkReport, jobs: usize) -> Report {
         let mut r = self.counts(&sink, jobs);
         r.notes.append(&mut self.notes);
+        if let Some(j) = &mut self.jit {
+            r.notes.append(&mut j.notes);
+        }
         let meta = self.meta.take().unwrap_or_default();
         if meta.table.legacy {
             r.notes.push(

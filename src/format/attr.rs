@@ -68,6 +68,9 @@ pub struct Attr {
     pub sample_stack_user: u32,
     /// Mask of interrupt registers in PERF_SAMPLE_REGS_INTR.
     pub sample_regs_intr: u64,
+    /// `attr.clockid` (0 if beyond `attr.size`): the clock of the times when the
+    /// `use_clockid` flag is set.
+    pub clockid: u32,
     /// The sample ids of this event (from its ids section).
     pub ids: Vec<u64>,
 }
@@ -115,6 +118,11 @@ impl Attr {
                 0
             },
             sample_regs_intr: get64(96, size),
+            clockid: if size >= 96 {
+                e.u32(bytes, 92).unwrap_or(0)
+            } else {
+                0
+            },
             ids: Vec::new(),
         })
     }

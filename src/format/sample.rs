@@ -337,3 +337,53 @@ mod tests {
         assert!(SampleLayout::new(&a).decode(&r, Endian::Little).is_err());
     }
 }
+
+/// The time of any record: a sample's from its event's layout (found by its sample
+/// id, which the first event's layout locates, as perf reads it), any other kernel
+/// record's from its sample-id trailer; `None` for perf's own records.
+#[derive(Clone, Debug)]
+pub struct Times {
+    e: Endian,
+    types: Vec<u64>,
+    ids: std::collections::HashMap<u64, usize>,
+    trailer: super::record::TrailerLayout,
+}
+
+impl Times {
+    /// The times of records of `attrs`.
+    pub fn new(attrs: &[Attr], e: Endian) -> Self {
+        let mut ids = std::collections::HashMap::new();
+        for (i, a) in attrs.iter().enumerate() {
+            for &id in &a.ids {
+                ids.entry(id).or_insert(i);
+            }
+        }
+        Times {
+            e,
+            types: attrs.iter().map(|a| a.sample_type).collect(),
+            ids,
+            trailer: attrs
+                .first()
+                .map(|a| super::record::TrailerLayout::new(a.sample_type, a.sample_id_all()))
+                .unwrap_or_default(),
+        }
+    }
+
+    /// The time of record `rec` of `kind`.
+    pub fn of(&self, kind: u32, rec: &[u8]) -> Option<u64> {
+        use super::record::rt;
+        if kind == rt::SAMPLE {
+            let first = *self.types.first()?;
+            let t = if self.types.len() == 1 {
+                first
+            } else {
+                self.types[*self.ids.get(&sample_id(rec, self.e, first)?)?]
+            };
+            return sample_time(rec, self.e, t);
+        }
+        if kind >= rt::USER_START {
+            return None;
+        }
+        self.trailer.read(rec, self.e).time
+    }
+}

@@ -16,7 +16,7 @@ use crate::input::DataFile;
 use crate::model::{DsoId, KERNEL_PID, Key, MapEntry, Model, Seen, Space};
 use crate::{Error, Result};
 use rayon::prelude::*;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use unwind::{Frame, Outcome, SampleStack, UnwindConfig, UnwindMode, UnwindTables};
@@ -64,6 +64,8 @@ pub struct Resolver<'a> {
     time_mode: bool,
     e: Endian,
     unwind: Option<(UnwindConfig, &'a UnwindTables)>,
+    /// Which DSOs' offsets are asked for, by id.
+    want: Vec<bool>,
 }
 
 /// Per-chunk (and, merged, per-run) counts.
@@ -87,6 +89,9 @@ pub struct Hits {
     pub over_budget: u64,
     /// Samples whose unwinding reached the frame cap.
     pub frame_capped: u64,
+    /// Where samples' addresses lie in the DSOs whose offsets were asked for (JIT
+    /// images): DSO, file offset, and the mapping's start less its pgoff.
+    pub offsets: Vec<(DsoId, u64, u64)>,
     /// Smallest and largest non-zero sample time.
     pub min_time: Option<u64>,
     /// See `min_time`.
@@ -117,6 +122,11 @@ impl Hits {
         self.unwound_frames += o.unwound_frames;
         self.over_budget += o.over_budget;
         self.frame_capped += o.frame_capped;
+        if !o.offsets.is_empty() {
+            self.offsets.extend(o.offsets);
+            self.offsets.sort_unstable();
+            self.offsets.dedup();
+        }
         self.min_time = [self.min_time, o.min_time].into_iter().flatten().min();
         self.max_time = [self.max_time, o.max_time].into_iter().flatten().max();
     }
@@ -138,6 +148,9 @@ struct Scratch<'m> {
     spaces: [Option<(u32, Option<Space<'m>>)>; 2],
     /// The frames of the last stack unwound for a rewrite, with their addresses.
     frames: Vec<(Frame, u64)>,
+    /// Which DSOs' offsets are asked for, by id; the offsets found in the chunk.
+    want: Vec<bool>,
+    offsets: HashSet<(DsoId, u64, u64)>,
 }
 
 impl<'m> Scratch<'m> {
@@ -198,6 +211,28 @@ impl<'m> Scratch<'m> {
         // library's .data) is a stray stack word, not a frame of that file.
         if let Some(d) = m.dso.filter(|_| m.exec) {
             self.touch(d);
+            self.offset(d, &m, addr);
+        }
+    }
+
+    /// Notes where `addr` lies in DSO `d` by mapping `m`, if its offsets are asked for.
+    #[inline]
+    fn offset(&mut self, d: DsoId, m: &MapEntry, addr: u64) {
+        if self.want.get(d as usize) == Some(&true) {
+            let off = m.pgoff.wrapping_add(addr - m.start);
+            self.offsets.insert((d, off, m.start.wrapping_sub(m.pgoff)));
+        }
+    }
+
+    /// Notes the offset of a return address less one (perf looks a callchain's
+    /// return addresses up so too), in a DSO whose offsets are asked for only: it
+    /// counts no hit.
+    fn offset_before(&mut self, model: &'m Model, space: u32, addr: u64, key: Key) {
+        let Some(a) = addr.checked_sub(1) else { return };
+        if let Some((m, _)) = self.space(model, space, key).and_then(|s| s.lookup_seen(a))
+            && let Some(d) = m.dso.filter(|_| m.exec)
+        {
+            self.offset(d, &m, a);
         }
     }
 
@@ -228,7 +263,20 @@ impl<'a> Resolver<'a> {
             time_mode,
             e,
             unwind: None,
+            want: Vec::new(),
         }
+    }
+
+    /// Also say where samples' addresses lie in `dsos` (JIT images, whose records
+    /// are kept for the loads samples touch).
+    pub fn with_offsets(mut self, dsos: &[DsoId]) -> Self {
+        for &d in dsos {
+            if self.want.len() <= d as usize {
+                self.want.resize(d as usize + 1, false);
+            }
+            self.want[d as usize] = true;
+        }
+        self
     }
 
     /// Also unwind user stacks of samples that carry them.
@@ -291,6 +339,8 @@ impl<'a> Resolver<'a> {
             seen: vec![None; SEEN_SLOTS],
             spaces: [None, None],
             frames: Vec::new(),
+            want: self.want.clone(),
+            offsets: HashSet::new(),
         };
         let mut walker = Walker::new(self.e, c.first_seq);
         let mut rw = rewrite.map(|t| t.chunk(c));
@@ -317,6 +367,8 @@ impl<'a> Resolver<'a> {
         if let Some(t) = rw {
             t.done()?;
         }
+        hits.offsets = sc.offsets.into_iter().collect();
+        hits.offsets.sort_unstable();
         Ok(hits)
     }
 
@@ -422,7 +474,10 @@ impl<'a> Resolver<'a> {
                     sc.look(model, KERNEL_PID, addr, key, &mut hits.unmapped)
                 }
                 (callchain::Space::User, Some(pid)) => {
-                    sc.look(model, pid, addr, key, &mut hits.unmapped)
+                    sc.look(model, pid, addr, key, &mut hits.unmapped);
+                    if !sc.want.is_empty() {
+                        sc.offset_before(model, pid, addr, key);
+                    }
                 }
                 _ => {}
             });

@@ -55,6 +55,8 @@ pub(crate) struct Splice {
     pub file: usize,
     /// Offset of the record.
     pub offset: u64,
+    /// Its number in the input.
+    pub seq: u64,
     /// Its size in the input.
     pub old_len: u64,
     /// The record in build-ID form.
@@ -169,6 +171,7 @@ pub(crate) fn plan(
             out.push(Splice {
                 file: m.file,
                 offset: m.offset,
+                seq: m.seq,
                 old_len: rec.len() as u64,
                 new,
             });
@@ -612,6 +615,7 @@ mod tests {
         Splice {
             file: 0,
             offset,
+            seq: 0,
             old_len,
             new: new.to_vec(),
         }

@@ -20,7 +20,7 @@
 //! engine's plain data (`engine::{Decision, MappingRecord}`); never the engine itself
 //! or the driver.
 
-pub(crate) mod convert;
+pub(crate) mod edited;
 pub(crate) mod inplace;
 pub(crate) mod mmap2;
 pub(crate) mod stream;
@@ -106,6 +106,11 @@ pub struct Facts<'a> {
     pub output_kept: &'a dyn Fn(u64, u64) -> Result<()>,
     /// `--convert-callchain`: the records as the resolve converted them.
     pub spill: Option<&'a crate::convert::Spill>,
+    /// `--jit`: the records spliced into the data and those dropped from it.
+    pub splices: Option<&'a crate::jit::Splices>,
+    /// The number of the first record of each data file (an editing sink walks a
+    /// file's records by the numbers the scan gave them).
+    pub first_seqs: &'a [u64],
 }
 
 impl<'a> Facts<'a> {
