@@ -5,9 +5,10 @@
 //! * `#[test]` is `it_macros::test` in every module of this binary (`#[macro_use]`
 //!   in main.rs puts it before the built-in one): it registers the function under
 //!   `module::function`, the name libtest would give it, so filters, `--exact`,
-//!   `--list`, `--ignored`, `--include-ignored`, `--skip` and `--test-threads` work
-//!   as before. `#[ignore]` is kept as a flag. [`every_test_is_registered`] checks
-//!   the sources against what registered.
+//!   `--list`, `--ignored`, `--include-ignored`, `--skip`, `--test-threads` (and
+//!   `RUST_TEST_THREADS`) work as before, several filters too. `#[ignore]` is kept
+//!   as a flag. [`every_test_is_registered`] checks the sources against what
+//!   registered.
 //! * A test returns `()` or [`Outcome`]. `Err(Skip)` ([`skip`], or `?` on a helper
 //!   that needs a tool, such as `common::perf73()?`) ends it as ignored with the
 //!   reason; under `PDINJECT_TEST_STRICT=1` (what `.ci/run` sets) as a failure
@@ -212,6 +213,13 @@ fn arguments() -> (Arguments, Vec<String>) {
         }
     }
     let mut args = Arguments::from_iter(rest);
+    // libtest's variable, which libtest-mimic does not read.
+    if args.test_threads.is_none() {
+        args.test_threads = std::env::var("RUST_TEST_THREADS")
+            .ok()
+            .and_then(|n| n.parse().ok())
+            .filter(|&n| n > 0);
+    }
     if filters.len() == 1 {
         args.filter = filters.pop();
     }
