@@ -714,9 +714,9 @@ mod tests {
     #[test]
     fn zstd_module_id_is_read_from_the_decompressed_image() {
         let exe = File::open("/proc/self/exe").unwrap();
-        let Ok(id) = read_build_id(&exe) else {
-            return; // a test binary linked without a build ID
-        };
+        // Linux toolchains link with --build-id; without one there is nothing to
+        // compare, and the test says so instead of passing.
+        let id = read_build_id(&exe).expect("this test binary has a build ID");
         let data = std::fs::read("/proc/self/exe").unwrap();
         let z = zstd::encode_all(&data[..], 1).unwrap();
         let p = std::env::temp_dir().join(format!("pdinject-zst-{}.ko.zst", std::process::id()));

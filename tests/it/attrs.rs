@@ -90,10 +90,10 @@ fn to_stream(input: &Path, out: &Path, args: &[&str]) -> std::process::Output {
 /// without the option perf 6.1 still refuses it (the default keeps attrs verbatim).
 /// `--attrs-for 6.12` does the same for perf 6.12.
 #[test]
-fn attrs_for_makes_perf73_recordings_readable_by_older_perfs() {
+fn attrs_for_makes_perf73_recordings_readable_by_older_perfs() -> Outcome {
     const T: &str = "attrs_for_makes_perf73_recordings_readable_by_older_perfs";
-    let Some(p73) = perf73(T) else { return };
-    let Some(st) = setup(T) else { return };
+    let p73 = perf73()?;
+    let st = setup(T)?;
     let p61 = st.perf.clone();
     let file = st.dir.join("f73.data");
     record_in(&p73, &st.dir, &file, &["-g", "--", "./prog"]);
@@ -172,7 +172,7 @@ fn attrs_for_makes_perf73_recordings_readable_by_older_perfs() {
         assert_eq!(samples(&p73, &out), *want, "{name}: perf 7.3 on the output");
     }
     // perf 6.12: 136 bytes.
-    if let Some(p612) = perf612(T) {
+    if let Some(p612) = part(perf612()) {
         assert!(refused(&p612, &file), "perf 6.12 reads perf 7.3's file");
         let out = st.dir.join("f2f612.data");
         pdinject_ok(&file, &out, &["-N", "--attrs-for", "6.12"]);
@@ -184,6 +184,7 @@ fn attrs_for_makes_perf73_recordings_readable_by_older_perfs() {
             "136-byte attrs are still too large for 6.1"
         );
     }
+    Ok(())
 }
 
 /// `testdata/pipe/demo.pdata` (perf 6.1, 128-byte attrs) with every HEADER_ATTR's
@@ -275,7 +276,7 @@ fn attrs_for_refuses_a_non_zero_newer_field() {
         .arg(&out));
     assert!(o.status.success(), "{}", tail(&o.stderr));
     assert_eq!(attr_entry_size(&out), 152);
-    if let Some(p612) = perf612("attrs_for_refuses_a_non_zero_newer_field") {
+    if let Some(p612) = part(perf612()) {
         run_ok(
             p612.cmd()
                 .args(["script", "-i"])
@@ -319,8 +320,7 @@ fn attrs_for_refuses_a_non_zero_newer_field() {
 /// Zeros beyond 128 bytes: `--attrs-for 6.1` writes 128-byte attrs in every form, and
 /// perf 6.1 reads what it wrote (a perf 7.3 stream, without perf 7.3).
 #[test]
-fn attrs_for_cuts_zero_tails_in_every_form() {
-    const T: &str = "attrs_for_cuts_zero_tails_in_every_form";
+fn attrs_for_cuts_zero_tails_in_every_form() -> Outcome {
     let d = tempfile::tempdir().unwrap();
     let dir = d.path();
     let zero = stream_with_144_byte_attrs(dir, 0, 0, "z.pdata");
@@ -342,11 +342,12 @@ fn attrs_for_cuts_zero_tails_in_every_form() {
     let o = to_stream(&file, &f2s, &["--attrs-for", "6.1"]);
     assert!(o.status.success(), "{}", tail(&o.stderr));
     assert!(stream_attr_sizes(&f2s).iter().all(|&n| n == 128));
-    let Some(p61) = perf(T) else { return };
+    let p61 = perf()?;
     let want = samples(&p61, &manifest_dir().join("testdata/pipe/demo.pdata"));
     for out in [&file, &s2s, &f2s] {
         assert_eq!(samples(&p61, out), want, "{}", out.display());
     }
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------
@@ -423,9 +424,9 @@ fn kernel_maps(perf: &Perf, file: &Path) -> Vec<String> {
 /// takes the kernel from MMAP records and drops MMAP2 records without PROT_EXEC, so
 /// a kernel map in build-ID MMAP2 form lost the kernel from its library list.
 #[test]
-fn mmap2_buildid_all_keeps_the_kernels_map() {
+fn mmap2_buildid_all_keeps_the_kernels_map() -> Outcome {
     const T: &str = "mmap2_buildid_all_keeps_the_kernels_map";
-    let Some(st) = setup(T) else { return };
+    let st = setup(T)?;
     // Without -B: perf writes the table, the kernel's ID included.
     let input = record_prog(&st, &["-g"], "fp.data");
     let maps = kernel_maps(&st.perf, &input);
@@ -435,8 +436,7 @@ fn mmap2_buildid_all_keeps_the_kernels_map() {
         .filter(|i| !i.is_empty())
         .cloned()
     else {
-        skip(T, &format!("perf wrote no kernel ID here: {table:?}"));
-        return;
+        return skip(format!("perf wrote no kernel ID here: {table:?}"));
     };
     assert!(
         maps.iter().any(|l| l.contains("PERF_RECORD_MMAP ")),
@@ -476,11 +476,7 @@ fn mmap2_buildid_all_keeps_the_kernels_map() {
     );
 
     let Some(samply) = samply() else {
-        skip(
-            T,
-            "samply not found (cargo install samply --locked) - the samply check is skipped",
-        );
-        return;
+        return skip("samply not found (cargo install samply --locked --version 0.13.1)");
     };
     let want = samply_libs(&samply, &input, &st.dir);
     assert!(
@@ -491,4 +487,5 @@ fn mmap2_buildid_all_keeps_the_kernels_map() {
         let got = samply_libs(&samply, f, &st.dir);
         assert_eq!(got, want, "samply's libraries of {}", f.display());
     }
+    Ok(())
 }

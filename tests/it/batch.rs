@@ -435,7 +435,7 @@ fn k8s_job_pod_command() {
         "PDINJECT_SHARD_COUNT must equal completions"
     );
     // The YAML as a YAML parser reads it, where one is at hand (not the oracle of
-    // the run below, so its absence is a note, not a SKIP).
+    // the run below, so its absence is a note, not a skip).
     let parse = std::process::Command::new("python3")
         .args([
             "-c",
@@ -566,10 +566,8 @@ fn k8s_job_pod_command() {
 /// whole batch (as many files read as for one copy), the other five copies are
 /// answered from the memo, and the outputs are those of single-file runs.
 #[test]
-fn batch_memo_reads_each_dso_once() {
-    let Some(st) = setup("batch_memo_reads_each_dso_once") else {
-        return;
-    };
+fn batch_memo_reads_each_dso_once() -> Outcome {
+    let st = setup("batch_memo_reads_each_dso_once")?;
     let rec = st.dir.join("rec.data");
     record_in(&st.perf, &st.dir, &rec, &["-B", "-g", "--", "./prog"]);
     let fl = st.dir.join("fleet");
@@ -660,6 +658,7 @@ fn batch_memo_reads_each_dso_once() {
             "h{i}: the batch output differs from the single-file run's"
         );
     }
+    Ok(())
 }
 
 /// `--in-place`: each recording rewritten itself (the crash-safe in-place writer);

@@ -53,10 +53,8 @@ fn report_syms(perf: &Perf, file: &Path, home: &Path) -> String {
 /// The cache pdinject fills has perf inject -b's layout, file for file (types, modes,
 /// link targets); pdinject also caches the vdso, as perf record does.
 #[test]
-fn cache_tree_is_perf_injects() {
-    let Some(st) = setup("cache_tree_is_perf_injects") else {
-        return;
-    };
+fn cache_tree_is_perf_injects() -> Outcome {
+    let st = setup("cache_tree_is_perf_injects")?;
     let rec = record_prog(&st, &["-N"], "rec.data");
     let (perf_dir, ours) = (st.dir.join("perf-cache"), st.dir.join("our-cache"));
     run_ok(
@@ -129,15 +127,14 @@ fn cache_tree_is_perf_injects() {
     pdinject_ok(&rec, &st.dir.join("out4.data"), &[]);
     assert!(cfg.join(".build-id/c0").is_dir(), "buildid.dir not used");
     fs::remove_file(test_home().join(".perfconfig")).unwrap();
+    Ok(())
 }
 
 /// The defect of issue 8: with an empty cache, perf names vdso frames of pdinject's
 /// output as it names them in the input.
 #[test]
-fn empty_cache_vdso_frames_are_named() {
-    let Some(st) = setup("empty_cache_vdso_frames_are_named") else {
-        return;
-    };
+fn empty_cache_vdso_frames_are_named() -> Outcome {
+    let st = setup("empty_cache_vdso_frames_are_named")?;
     let src = st.dir.join("clock.c");
     fs::write(
         &src,
@@ -159,11 +156,7 @@ fn empty_cache_vdso_frames_are_named() {
         .filter(|l| l.contains("[vdso]") && !l.contains("[unknown]"))
         .count();
     if vdso_named == 0 {
-        skip(
-            "empty_cache_vdso_frames_are_named",
-            "no sample fell in the vdso here",
-        );
-        return;
+        return skip("no sample fell in the vdso here");
     }
     assert!(!cache_dir().exists());
     let out = st.dir.join("out.data");
@@ -184,15 +177,14 @@ fn empty_cache_vdso_frames_are_named() {
         after.contains("[unknown] ([vdso])"),
         "perf named vdso frames without the cache: the test no longer shows the defect"
     );
+    Ok(())
 }
 
 /// tools/perf/tests/shell/buildid.sh: record into an empty HOME, add the IDs, delete
 /// the program: perf report still names its functions, from the cache.
 #[test]
-fn deleted_program_is_symbolised_from_the_cache() {
-    let Some(st) = setup("deleted_program_is_symbolised_from_the_cache") else {
-        return;
-    };
+fn deleted_program_is_symbolised_from_the_cache() -> Outcome {
+    let st = setup("deleted_program_is_symbolised_from_the_cache")?;
     let rec = record_prog(&st, &["-B"], "rec.data");
     let out = st.dir.join("out.data");
     let (_, r) = pdinject_ok(&rec, &out, &[]);
@@ -205,12 +197,9 @@ fn deleted_program_is_symbolised_from_the_cache() {
     for f in [&st.fx.prog, &st.fx.libfix, &st.fx.libunused] {
         fs::remove_file(f).unwrap();
     }
-    for perf in [
-        Some(st.perf.clone()),
-        perf612("deleted_program_is_symbolised_from_the_cache"),
-    ]
-    .into_iter()
-    .flatten()
+    for perf in [Some(st.perf.clone()), part(perf612())]
+        .into_iter()
+        .flatten()
     {
         let rep = report_syms(&perf, &out, &test_home());
         assert!(
@@ -224,15 +213,14 @@ fn deleted_program_is_symbolised_from_the_cache() {
             perf.name
         );
     }
+    Ok(())
 }
 
 /// Hard links move the DSO's ctime; a second run over the same recording still
 /// proves the files and finds the entries present.
 #[test]
-fn second_run_after_hard_links_keeps_every_id() {
-    let Some(st) = setup("second_run_after_hard_links_keeps_every_id") else {
-        return;
-    };
+fn second_run_after_hard_links_keeps_every_id() -> Outcome {
+    let st = setup("second_run_after_hard_links_keeps_every_id")?;
     let rec = record_prog(&st, &["-B"], "rec.data");
     let (_, a) = pdinject_ok(&rec, &st.dir.join("a.data"), &[]);
     let nlink = {
@@ -252,15 +240,14 @@ fn second_run_after_hard_links_keeps_every_id() {
     if nlink < 2 {
         eprintln!("note: the cache is on another filesystem here (copies, no hard links)");
     }
+    Ok(())
 }
 
 /// --symfs: IDs come from the sysroot's copies as they were when recorded, though
 /// the host's files changed since.
 #[test]
-fn symfs_ids_are_the_recorded_ones() {
-    let Some(st) = setup("symfs_ids_are_the_recorded_ones") else {
-        return;
-    };
+fn symfs_ids_are_the_recorded_ones() -> Outcome {
+    let st = setup("symfs_ids_are_the_recorded_ones")?;
     let root = st.dir.join("sysroot");
     let inside = root.join(s(&st.dir).trim_start_matches('/'));
     fs::create_dir_all(&inside).unwrap();
@@ -307,15 +294,14 @@ fn symfs_ids_are_the_recorded_ones() {
     );
     let prog = report_dso(&r, &s(&st.fx.prog)).unwrap();
     assert_eq!(prog["reason"], "stale", "{}", report_summary(&r));
+    Ok(())
 }
 
 /// --archive: unpacked into another HOME's ~/.debug, with the program and the
 /// original cache gone, perf report names the program's functions.
 #[test]
-fn archive_unpacked_elsewhere_symbolises() {
-    let Some(st) = setup("archive_unpacked_elsewhere_symbolises") else {
-        return;
-    };
+fn archive_unpacked_elsewhere_symbolises() -> Outcome {
+    let st = setup("archive_unpacked_elsewhere_symbolises")?;
     let rec = record_prog(&st, &["-B"], "rec.data");
     let out = st.dir.join("out.data");
     let tar = st.dir.join("out.tar");
@@ -342,6 +328,7 @@ fn archive_unpacked_elsewhere_symbolises() {
     let rep = report_syms(&st.perf, &out, &home2);
     assert!(rep.contains("prog_spin"), "perf report:\n{rep}");
     assert!(rep.contains("fix_spin"), "perf report:\n{rep}");
+    Ok(())
 }
 
 struct Server(std::process::Child);
@@ -357,7 +344,7 @@ impl Drop for Server {
 /// Debian's debuginfod (started here over a directory of the fixtures) into the
 /// cache, and perf report names the program's functions.
 #[test]
-fn debuginfod_fetches_a_missing_program() {
+fn debuginfod_fetches_a_missing_program() -> Outcome {
     let test = "debuginfod_fetches_a_missing_program";
     if Command::new("debuginfod")
         .arg("--version")
@@ -367,12 +354,9 @@ fn debuginfod_fetches_a_missing_program() {
         .map(|s| !s.success())
         .unwrap_or(true)
     {
-        skip(test, "debuginfod is not installed (apt install debuginfod)");
-        return;
+        return skip("debuginfod is not installed (apt install debuginfod)");
     }
-    let Some(st) = setup(test) else {
-        return;
-    };
+    let st = setup(test)?;
     let rec = record_prog(&st, &["-B"], "rec.data");
     let served = st.dir.join("served");
     fs::create_dir_all(&served).unwrap();
@@ -393,8 +377,7 @@ fn debuginfod_fetches_a_missing_program() {
         .stderr(Stdio::null())
         .spawn();
     let Ok(child) = child else {
-        skip(test, "debuginfod does not start");
-        return;
+        return skip("debuginfod does not start");
     };
     let _server = Server(child);
     let url = format!("http://127.0.0.1:{port}");
@@ -408,8 +391,7 @@ fn debuginfod_fetches_a_missing_program() {
         std::thread::sleep(Duration::from_millis(100));
     }
     if !ready {
-        skip(test, "debuginfod did not serve the fixture within 30 s");
-        return;
+        return skip("debuginfod did not serve the fixture within 30 s");
     }
     let out = st.dir.join("out.data");
     let known = format!("{PROG_ID} {}", s(&st.fx.prog));
@@ -449,6 +431,7 @@ fn debuginfod_fetches_a_missing_program() {
             report_summary(&r)
         );
     }
+    Ok(())
 }
 
 /// Every file name of the cache that perf reads is complete: each `.build-id` link
@@ -514,10 +497,8 @@ fn assert_consistent(dir: &Path, what: &str) {
 /// A run killed (SIGKILL) before any of its cache commits leaves only complete
 /// entries; the next run completes the cache and perf reads it.
 #[test]
-fn killed_runs_leave_only_complete_entries() {
-    let Some(st) = setup("killed_runs_leave_only_complete_entries") else {
-        return;
-    };
+fn killed_runs_leave_only_complete_entries() -> Outcome {
+    let st = setup("killed_runs_leave_only_complete_entries")?;
     let rec = record_prog(&st, &["-B"], "rec.data");
     let dir = st.dir.join("c");
     let mut killed = 0;
@@ -551,15 +532,14 @@ fn killed_runs_leave_only_complete_entries() {
             .args(["buildid-cache", "-l"]),
     );
     assert!(String::from_utf8_lossy(&o.stdout).contains(PROG_ID));
+    Ok(())
 }
 
 /// Four runs filling one cache at once: every run succeeds, each entry is added by
 /// exactly one of them, and the cache is complete.
 #[test]
-fn concurrent_runs_fill_one_cache() {
-    let Some(st) = setup("concurrent_runs_fill_one_cache") else {
-        return;
-    };
+fn concurrent_runs_fill_one_cache() -> Outcome {
+    let st = setup("concurrent_runs_fill_one_cache")?;
     let rec = record_prog(&st, &["-B"], "rec.data");
     let dir = st.dir.join("c");
     let children: Vec<_> = (0..4)
@@ -585,14 +565,14 @@ fn concurrent_runs_fill_one_cache() {
     }
     assert_eq!(added, 1, "prog added by {added} runs");
     assert_consistent(&dir, "after concurrent runs");
+    Ok(())
 }
 
 /// Recordings made on other machines (the quipper corpus) never put this machine's
 /// kernel symbols or vdso into the cache, and what they do cache is complete.
 #[test]
-fn other_hosts_never_cache_this_kernel_or_vdso() {
-    let test = "other_hosts_never_cache_this_kernel_or_vdso";
-    let Some(dir) = shared_dir(test) else { return };
+fn other_hosts_never_cache_this_kernel_or_vdso() -> Outcome {
+    let dir = shared_dir()?;
     let tmp = tempfile::tempdir().unwrap();
     let cache = tmp.path().join("c");
     let mut names: Vec<String> = fs::read_dir(&dir)
@@ -615,15 +595,14 @@ fn other_hosts_never_cache_this_kernel_or_vdso() {
             "a recording of another machine cached this machine's {special}"
         );
     }
+    Ok(())
 }
 
 /// Pipe mode fills the cache as it decides each DSO: a live pipeline into an empty
 /// cache, then the program deleted, and perf report names its functions.
 #[test]
-fn pipe_mode_fills_the_cache() {
-    let Some(st) = setup("pipe_mode_fills_the_cache") else {
-        return;
-    };
+fn pipe_mode_fills_the_cache() -> Outcome {
+    let st = setup("pipe_mode_fills_the_cache")?;
     let out = st.dir.join("out.data");
     let mut rec = st
         .perf
@@ -652,4 +631,5 @@ fn pipe_mode_fills_the_cache() {
     fs::remove_file(&st.fx.prog).unwrap();
     let syms = report_syms(&st.perf, &out, &test_home());
     assert!(syms.contains("prog_spin"), "perf report:\n{syms}");
+    Ok(())
 }

@@ -1,11 +1,13 @@
-//! Helpers shared by the integration tests (tests/record.rs, tests/quipper.rs).
+//! Helpers shared by the integration tests (tests/it/*.rs).
 //!
-//! Tools that may be missing (perf, perf 6.12, the right to record, the shared
-//! corpus) are probed by functions that print a visible `SKIP <test>: ...` notice to
-//! stderr and return `None`/`false`; the test then returns early. Run by hand, a
+//! Tools that may be missing (perf, perf 6.12 and 7.3, the right to record, the
+//! shared corpus) are probed by functions that return `Result<_, Skip>`: `?` on one
+//! ends the test as ignored, saying what is missing (see `harness`). Run by hand, a
 //! missing tool never fails a test. Under `PDINJECT_TEST_STRICT=1` (what `.ci/run`
-//! sets) a SKIP is a failure that names what is missing: a CI run in which a test
-//! could not run its oracle or start its service does not pass.
+//! sets) it is a failure that names what is missing: a CI run in which a test could
+//! not run its oracle or start its service does not pass.
+
+pub use crate::harness::{Outcome, Skip, part, skip};
 
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
@@ -38,34 +40,16 @@ pub fn fixtures_src() -> PathBuf {
 }
 
 /// `../shared/testdata/quipper` relative to the crate root, if present.
-pub fn shared_dir(test: &str) -> Option<PathBuf> {
+pub fn shared_dir() -> Result<PathBuf, Skip> {
     let d = PathBuf::from(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../shared/testdata/quipper"
     ));
     if d.is_dir() {
-        Some(d)
+        Ok(d)
     } else {
-        skip(test, &format!("shared corpus {} not found", d.display()));
-        None
+        skip(format!("shared corpus {} not found", d.display()))
     }
-}
-
-/// Prints a SKIP notice. Written to the stderr handle directly (not `eprintln!`), so
-/// the test harness does not capture it and it shows in a plain `cargo test` run.
-pub fn skip(test: &str, why: &str) {
-    use std::io::Write;
-    if strict() {
-        panic!(
-            "{test} cannot run its oracle or service: {why} (PDINJECT_TEST_STRICT is set, so this fails instead of SKIPping)"
-        );
-    }
-    let _ = writeln!(std::io::stderr(), "\n*** SKIP {test}: {why} ***");
-}
-
-/// `PDINJECT_TEST_STRICT=1`: every SKIP fails (set by `.ci/run`).
-pub fn strict() -> bool {
-    std::env::var_os("PDINJECT_TEST_STRICT").is_some_and(|v| v != "0" && !v.is_empty())
 }
 
 /// A perf binary, plus the library path some side-installed copies need.
@@ -116,24 +100,22 @@ fn find_perf() -> Option<Perf> {
 }
 
 /// The system perf (6.1 here). `PDINJECT_TEST_PERF` overrides the binary.
-pub fn perf(test: &str) -> Option<Perf> {
+pub fn perf() -> Result<Perf, Skip> {
     static P: OnceLock<Option<Perf>> = OnceLock::new();
-    let p = P.get_or_init(find_perf).clone();
-    if p.is_none() {
-        skip(test, "perf not found or not working (install linux-perf)");
+    match P.get_or_init(find_perf) {
+        Some(p) => Ok(p.clone()),
+        None => skip("perf not found or not working (install linux-perf)"),
     }
-    p
 }
 
 /// A perf unpacked beside the system one by a script of ../shared/tools: `bin` (and
 /// its libraries, `lib`) under `root`, or under the root the variable `var` names.
-/// `None` (with a SKIP, a failure under PDINJECT_TEST_STRICT) when it does not run.
+/// A `Skip` naming the script when it does not run.
 fn side_perf(
-    test: &str,
     found: &OnceLock<Option<Perf>>,
     (var, root, bin, lib): (&str, &str, &str, Option<&str>),
     (name, script): (&'static str, &str),
-) -> Option<Perf> {
+) -> Result<Perf, Skip> {
     let p = found
         .get_or_init(|| {
             let root = PathBuf::from(std::env::var_os(var).unwrap_or_else(|| root.into()));
@@ -145,23 +127,18 @@ fn side_perf(
             (p.bin.exists() && p.works()).then_some(p)
         })
         .clone();
-    if p.is_none() {
-        skip(
-            test,
-            &format!(
-                "{name} not found at {root} (bash ../shared/tools/{script}) - its checks skipped"
-            ),
-        );
-    }
-    p
+    p.ok_or_else(|| {
+        Skip::new(format!(
+            "{name} not found at {root} (bash ../shared/tools/{script})"
+        ))
+    })
 }
 
 /// perf 6.12 unpacked at /tmp/p612 by ../shared/tools/perf612.sh;
 /// `PDINJECT_TEST_PERF612` names another root.
-pub fn perf612(test: &str) -> Option<Perf> {
+pub fn perf612() -> Result<Perf, Skip> {
     static P: OnceLock<Option<Perf>> = OnceLock::new();
     side_perf(
-        test,
         &P,
         (
             "PDINJECT_TEST_PERF612",
@@ -175,10 +152,9 @@ pub fn perf612(test: &str) -> Option<Perf> {
 
 /// perf 7.3 unpacked at /tmp/p73 by ../shared/tools/perf73.sh (run through its own
 /// loader by the `/tmp/p73/perf` wrapper); `PDINJECT_TEST_PERF73` names another root.
-pub fn perf73(test: &str) -> Option<Perf> {
+pub fn perf73() -> Result<Perf, Skip> {
     static P: OnceLock<Option<Perf>> = OnceLock::new();
     side_perf(
-        test,
         &P,
         ("PDINJECT_TEST_PERF73", "/tmp/p73", "perf", None),
         ("perf 7.3", "perf73.sh"),
@@ -239,7 +215,7 @@ pub fn test_home() -> PathBuf {
 }
 
 /// Perf usable for recording: perf exists and `perf record -o tmp -- true` works.
-pub fn can_record(test: &str) -> Option<Perf> {
+pub fn can_record() -> Result<Perf, Skip> {
     static OK: OnceLock<Result<Perf, String>> = OnceLock::new();
     let r = OK.get_or_init(|| {
         let Some(p) = find_perf() else {
@@ -273,11 +249,8 @@ pub fn can_record(test: &str) -> Option<Perf> {
         }
     });
     match r {
-        Ok(p) => Some(p.clone()),
-        Err(why) => {
-            skip(test, why);
-            None
-        }
+        Ok(p) => Ok(p.clone()),
+        Err(why) => skip(why.clone()),
     }
 }
 
@@ -916,15 +889,16 @@ pub struct Setup {
     pub fx: Fixtures,
 }
 
-pub fn setup(test: &str) -> Option<Setup> {
-    let perf = can_record(test)?;
+/// A `Skip` when perf cannot record here; `test` names the temp dir.
+pub fn setup(test: &str) -> Result<Setup, Skip> {
+    let perf = can_record()?;
     let tmp = tempfile::Builder::new()
         .prefix(&format!("pdinject-{test}-"))
         .tempdir()
         .unwrap();
     let dir = tmp.path().to_path_buf();
     let fx = build_fixtures(&dir);
-    Some(Setup {
+    Ok(Setup {
         perf,
         _tmp: tmp,
         dir,

@@ -141,11 +141,8 @@ fn convert(input: &Path, output: &Path, extra: &[&str]) -> serde_json::Value {
 }
 
 #[test]
-fn converted_chains_are_perfs_unwinding_for_perf_6_1_6_12_and_7_3() {
-    let t = "converted_chains_are_perfs_unwinding_for_perf_6_1_6_12_and_7_3";
-    let Some(perf) = can_record(t) else {
-        return;
-    };
+fn converted_chains_are_perfs_unwinding_for_perf_6_1_6_12_and_7_3() -> Outcome {
+    let perf = can_record()?;
     let cv = build();
     let input = record(&perf, &cv, "in.data", &[]);
     let out = cv.dir.path().join("out.data");
@@ -184,20 +181,18 @@ fn converted_chains_are_perfs_unwinding_for_perf_6_1_6_12_and_7_3() {
         "{ids:?}"
     );
     assert_chains_match(&perf, &input, &out);
-    if let Some(p) = perf612(t) {
+    if let Some(p) = part(perf612()) {
         assert_chains_match(&p, &input, &out);
     }
-    if let Some(p) = perf73(t) {
+    if let Some(p) = part(perf73()) {
         assert_chains_match(&p, &input, &out);
     }
+    Ok(())
 }
 
 #[test]
-fn conversion_is_the_same_for_every_thread_count_and_form() {
-    let t = "conversion_is_the_same_for_every_thread_count_and_form";
-    let Some(perf) = can_record(t) else {
-        return;
-    };
+fn conversion_is_the_same_for_every_thread_count_and_form() -> Outcome {
+    let perf = can_record()?;
     let cv = build();
     let d = cv.dir.path();
     let input = record(&perf, &cv, "in.data", &[]);
@@ -238,13 +233,12 @@ fn conversion_is_the_same_for_every_thread_count_and_form() {
         Some(CVMAIN_ID),
         "{ids:?}"
     );
+    Ok(())
 }
 
 #[test]
-fn conversion_in_place_is_refused_and_leaves_the_file() {
-    let Some(perf) = can_record("conversion_in_place_is_refused_and_leaves_the_file") else {
-        return;
-    };
+fn conversion_in_place_is_refused_and_leaves_the_file() -> Outcome {
+    let perf = can_record()?;
     let cv = build();
     let input = record(&perf, &cv, "in.data", &[]);
     let before = std::fs::read(&input).unwrap();
@@ -255,13 +249,12 @@ fn conversion_in_place_is_refused_and_leaves_the_file() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("cannot rewrite a file in place"), "{err}");
     assert!(std::fs::read(&input).unwrap() == before, "the file changed");
+    Ok(())
 }
 
 #[test]
-fn samples_without_stack_dumps_pass_through_byte_for_byte() {
-    let Some(perf) = can_record("samples_without_stack_dumps_pass_through_byte_for_byte") else {
-        return;
-    };
+fn samples_without_stack_dumps_pass_through_byte_for_byte() -> Outcome {
+    let perf = can_record()?;
     let cv = build();
     let d = cv.dir.path();
     let input = d.join("fp.data");
@@ -279,13 +272,12 @@ fn samples_without_stack_dumps_pass_through_byte_for_byte() {
         std::fs::read(&plain).unwrap() == std::fs::read(&conv).unwrap(),
         "a recording without DWARF samples changed"
     );
+    Ok(())
 }
 
 #[test]
-fn linux_perf_data_reads_the_converted_file() {
-    let Some(perf) = can_record("linux_perf_data_reads_the_converted_file") else {
-        return;
-    };
+fn linux_perf_data_reads_the_converted_file() -> Outcome {
+    let perf = can_record()?;
     let cv = build();
     let input = record(&perf, &cv, "in.data", &[]);
     let out = cv.dir.path().join("out.data");
@@ -315,13 +307,12 @@ fn linux_perf_data_reads_the_converted_file() {
     };
     let n_in = count(&input, false);
     assert_eq!(count(&out, true), n_in);
+    Ok(())
 }
 
 #[test]
-fn batch_converts_as_a_single_run_does() {
-    let Some(perf) = can_record("batch_converts_as_a_single_run_does") else {
-        return;
-    };
+fn batch_converts_as_a_single_run_does() -> Outcome {
+    let perf = can_record()?;
     let cv = build();
     let d = cv.dir.path();
     let input = record(&perf, &cv, "in.data", &[]);
@@ -347,17 +338,13 @@ fn batch_converts_as_a_single_run_does() {
         .args(["batch", "--convert-callchain", "--in-place"])
         .arg(&input));
     assert!(!o.status.success(), "{}", status_str(&o));
+    Ok(())
 }
 
 #[test]
-fn a_perf_7_3_recording_unwinds_through_files_named_by_build_id() {
-    let t = "a_perf_7_3_recording_unwinds_through_files_named_by_build_id";
-    if can_record(t).is_none() {
-        return;
-    }
-    let Some(p73) = perf73(t) else {
-        return;
-    };
+fn a_perf_7_3_recording_unwinds_through_files_named_by_build_id() -> Outcome {
+    can_record()?;
+    let p73 = perf73()?;
     let cv = build();
     let d = cv.dir.path();
     // perf 7.3 names each mapping by its build ID (no inode in the record).
@@ -373,6 +360,7 @@ fn a_perf_7_3_recording_unwinds_through_files_named_by_build_id() {
     let r = convert(&input, &out, &["-N"]);
     assert_eq!(r["convert"]["lost_unproven_dso"], 0, "{r}");
     assert_chains_match(&p73, &input, &out);
+    Ok(())
 }
 
 /// `src` as if recorded on another host: its HOSTNAME feature's string, same length,
@@ -397,11 +385,8 @@ fn other_host(src: &Path, dst: &Path) {
 }
 
 #[test]
-fn a_recording_this_host_cannot_unwind_is_refused_with_no_output() {
-    let Some(perf) = can_record("a_recording_this_host_cannot_unwind_is_refused_with_no_output")
-    else {
-        return;
-    };
+fn a_recording_this_host_cannot_unwind_is_refused_with_no_output() -> Outcome {
+    let perf = can_record()?;
     let cv = build();
     let d = cv.dir.path();
     let input = record(&perf, &cv, "in.data", &[]);
@@ -429,13 +414,12 @@ fn a_recording_this_host_cannot_unwind_is_refused_with_no_output() {
     }
     // Without the conversion, the same file is injected (its files get no ID).
     pdinject_ok(&other, &d.join("plain.data"), &["-N"]);
+    Ok(())
 }
 
 #[test]
-fn a_live_pipeline_is_converted() {
-    let Some(perf) = can_record("a_live_pipeline_is_converted") else {
-        return;
-    };
+fn a_live_pipeline_is_converted() -> Outcome {
+    let perf = can_record()?;
     let cv = build();
     let d = cv.dir.path();
     let out = d.join("live.pipe");
@@ -474,4 +458,5 @@ fn a_live_pipeline_is_converted() {
         "no chain reaches main through libcv: {:?}",
         ch.first()
     );
+    Ok(())
 }

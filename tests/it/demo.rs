@@ -11,7 +11,7 @@ const DEMO_LIBC_ID: &str = "93ac61ec5a8eb1396f9fbd350e3169a558528a40";
 const DEMO_KERNEL_ID: &str = "24a3598fd700114d0a1b1a4871badcee75d0acac";
 
 #[test]
-fn demo_recording() {
+fn demo_recording() -> Outcome {
     let input = manifest_dir().join("testdata/demo/demo.data");
     let tmp = tempfile::tempdir().unwrap();
     let output = tmp.path().join("demo-out.data");
@@ -34,9 +34,7 @@ fn demo_recording() {
             "demo: report entry {d}"
         );
     }
-    let Some(perf) = perf("demo_recording (buildid-list part)") else {
-        return;
-    };
+    let perf = perf()?;
     let table = buildid_list(&perf, &output);
     for (path, id) in [
         (DEMO_PATH, DEMO_ID),
@@ -57,4 +55,5 @@ fn demo_recording() {
         &output,
         &["-F", "comm,tid,time,event,ip,dso", "--show-mmap-events"],
     );
+    Ok(())
 }

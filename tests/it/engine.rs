@@ -113,10 +113,8 @@ fn any_input_reaches_any_sink_without_perf() {
 /// entry without counting it (the summary's "N build IDs" and `ids_written` missed
 /// it) and the stream driver wrote none: now both list it, count it, and say so.
 #[test]
-fn vdso_mapped_but_not_hit_is_listed_and_counted() {
-    let Some(perf) = can_record("vdso_mapped_but_not_hit_is_listed_and_counted") else {
-        return;
-    };
+fn vdso_mapped_but_not_hit_is_listed_and_counted() -> Outcome {
+    let perf = can_record()?;
     let d = tempfile::tempdir().unwrap();
     let data = d.path().join("true.data");
     // `true` exits before the first sample at 10 Hz: its vdso is mapped, not hit.
@@ -148,6 +146,7 @@ fn vdso_mapped_but_not_hit_is_listed_and_counted() {
         let got = received_ids(&perf, &s);
         assert_eq!(got.get("[vdso]").map(String::as_str), Some(id), "{got:?}");
     }
+    Ok(())
 }
 
 /// The input is classified once: a pipe-format file given where a file-format

@@ -9,7 +9,7 @@ use std::process::Command;
 struct Mount(PathBuf);
 
 impl Mount {
-    fn new(test: &str, opts: &str) -> Option<(tempfile::TempDir, Mount)> {
+    fn new(opts: &str) -> Result<(tempfile::TempDir, Mount), Skip> {
         let dir = tempfile::tempdir().unwrap();
         let mnt = dir.path().join("mnt");
         std::fs::create_dir(&mnt).unwrap();
@@ -17,10 +17,9 @@ impl Mount {
             .args(["-t", "tmpfs", "-o", opts, "tmpfs"])
             .arg(&mnt));
         if !o.status.success() {
-            skip(test, "cannot mount a tmpfs here (needs root)");
-            return None;
+            return skip("cannot mount a tmpfs here (needs root)");
         }
-        Some((dir, Mount(mnt)))
+        Ok((dir, Mount(mnt)))
     }
 }
 
@@ -68,10 +67,8 @@ fn check_failure(input: &Path, before: &[u8], out: &Path, o: &std::process::Outp
 }
 
 #[test]
-fn disk_full_leaves_nothing_behind() {
-    let Some((_d, m)) = Mount::new("disk_full_leaves_nothing_behind", "size=8k") else {
-        return;
-    };
+fn disk_full_leaves_nothing_behind() -> Outcome {
+    let (_d, m) = Mount::new("size=8k")?;
     let input = demo();
     let before = std::fs::read(&input).unwrap();
     assert!(
@@ -81,17 +78,15 @@ fn disk_full_leaves_nothing_behind() {
     let out = m.0.join("out.data");
     let o = run(pdinject().arg(&input).arg(&out));
     check_failure(&input, &before, &out, &o, "No space left on device");
+    Ok(())
 }
 
 /// The copy fails at once on a tiny tmpfs while the scan still has 64 MB of records to
 /// walk: the analysis stops at its next chunk, and the user sees the copy's error
 /// (not that a stage was stopped).
 #[test]
-fn disk_full_during_a_long_scan_reports_the_disk() {
-    let Some((_d, m)) = Mount::new("disk_full_during_a_long_scan_reports_the_disk", "size=64k")
-    else {
-        return;
-    };
+fn disk_full_during_a_long_scan_reports_the_disk() -> Outcome {
+    let (_d, m) = Mount::new("size=64k")?;
     let dir = tempfile::tempdir().unwrap();
     let input = dir.path().join("padded.data");
     std::fs::write(&input, padded_demo(64 << 20)).unwrap();
@@ -101,18 +96,18 @@ fn disk_full_during_a_long_scan_reports_the_disk() {
     check_failure(&input, &before, &out, &o, "No space left on device");
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!err.contains("stopped"), "stderr: {err}");
+    Ok(())
 }
 
 #[test]
-fn read_only_output_directory() {
-    let Some((_d, m)) = Mount::new("read_only_output_directory", "ro,size=64k") else {
-        return;
-    };
+fn read_only_output_directory() -> Outcome {
+    let (_d, m) = Mount::new("ro,size=64k")?;
     let input = demo();
     let before = std::fs::read(&input).unwrap();
     let out = m.0.join("out.data");
     let o = run(pdinject().arg(&input).arg(&out));
     check_failure(&input, &before, &out, &o, "Read-only file system");
+    Ok(())
 }
 
 #[test]

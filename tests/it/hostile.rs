@@ -395,13 +395,17 @@ fn run_file(dir: &Path, bytes: &[u8], extra: &[&str]) -> Run {
     r
 }
 
-/// perf (6.1, and 6.12 when present) reads `file`: `perf script` and `perf
-/// buildid-list` exit 0. Returns buildid-list's output of the first perf.
-fn perf_reads(test: &str, file: &Path) -> Option<String> {
-    let perfs: Vec<common::Perf> = [common::perf(test), common::perf612(test)]
-        .into_iter()
-        .flatten()
-        .collect();
+/// perf 6.1 and 6.12 read `file`: `perf script` and `perf buildid-list` exit 0.
+/// Returns buildid-list's output of the first perf. A perf that is missing is a
+/// part of the test left out (`common::part`).
+fn perf_reads(file: &Path) -> Option<String> {
+    let perfs: Vec<common::Perf> = [
+        common::part(common::perf()),
+        common::part(common::perf612()),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
     let mut first = None;
     for p in &perfs {
         for args in [&["script", "-i"][..], &["buildid-list", "-i"][..]] {
@@ -575,10 +579,7 @@ fn aliased_feature_sections_are_written_once() {
         "output {out} bytes from {} bytes of input",
         bytes.len()
     );
-    perf_reads(
-        "aliased_feature_sections_are_written_once",
-        &dir.path().join("out.data"),
-    );
+    perf_reads(&dir.path().join("out.data"));
     // A partial overlap is refused.
     let mut partial = bytes.clone();
     let at = data_end + (nfeat - 1) * 16;
@@ -708,7 +709,7 @@ fn threads_directory_skips_special_data_files() {
     let notes = rep["notes"].to_string();
     assert!(notes.contains("skipped 2 data.N"), "{notes}");
     assert_eq!(listing(&out), ["data", "data.2"]);
-    perf_reads("threads_directory_skips_special_data_files", &out);
+    perf_reads(&out);
 }
 
 // ---------------------------------------------------------------------------
@@ -778,7 +779,7 @@ fn report_is_never_the_input_or_output_and_commits_with_it() {
 }
 
 #[test]
-fn long_output_names_and_modes() {
+fn long_output_names_and_modes() -> common::Outcome {
     use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().unwrap();
     let input = dir.path().join("in.data");
@@ -795,9 +796,7 @@ fn long_output_names_and_modes() {
         assert_eq!(got, mode, "output mode {got:o} from input mode {mode:o}");
     }
     // Pipe mode into a file: the same rule.
-    let Some(q) = common::shared_dir("long_output_names_and_modes") else {
-        return;
-    };
+    let q = common::shared_dir()?;
     let piped = dir.path().join("in.piped");
     std::fs::copy(q.join("perf.data.piped.header_features-4.16"), &piped).unwrap();
     std::fs::set_permissions(&piped, std::fs::Permissions::from_mode(0o600)).unwrap();
@@ -809,6 +808,7 @@ fn long_output_names_and_modes() {
         got, 0o600,
         "pipe-mode output mode {got:o} from a 0600 input"
     );
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------
@@ -833,10 +833,7 @@ fn names_perf_cannot_read_are_refused() {
     let d = common::report_dso(&rep, &String::from_utf8_lossy(&name)).expect("long DSO listed");
     assert_eq!(d["reason"], "unsupported", "{d}");
     assert!(d["detail"].as_str().unwrap().contains("PATH_MAX"), "{d}");
-    if let Some(list) = perf_reads(
-        "names_perf_cannot_read_are_refused",
-        &dir.path().join("out.data"),
-    ) {
+    if let Some(list) = perf_reads(&dir.path().join("out.data")) {
         assert!(list.contains("abababab"), "{list}");
         assert!(!list.contains("cdcdcdcd"), "{list}");
     }
@@ -847,7 +844,6 @@ fn names_perf_cannot_read_are_refused() {
 /// aborts, "stack smashing detected"), so a file output's table leaves it out.
 #[test]
 fn long_stream_names_stay_out_of_the_table() {
-    const T: &str = "long_stream_names_stay_out_of_the_table";
     let dir = tempfile::tempdir().unwrap();
     let pipe = std::fs::read(common::manifest_dir().join("testdata/pipe/demo.pdata")).unwrap();
     let mut name = b"/tmp/pdi-hostile/".to_vec();
@@ -875,7 +871,7 @@ fn long_stream_names_stay_out_of_the_table() {
         "{}",
         common::tail(&o.stderr)
     );
-    if let Some(list) = perf_reads(T, &out) {
+    if let Some(list) = perf_reads(&out) {
         assert!(!list.contains("cdcdcdcd"), "{list}");
     }
 }
@@ -904,10 +900,7 @@ fn new_ids_after_a_damaged_table_are_seen_by_perf() {
     assert!(r.ok(), "{}", r.stderr());
     let rep = common::read_report(&report);
     assert_eq!(rep["ids_new"], 1, "{rep}");
-    if let Some(list) = perf_reads(
-        "new_ids_after_a_damaged_table",
-        &dir.path().join("out.data"),
-    ) {
+    if let Some(list) = perf_reads(&dir.path().join("out.data")) {
         assert!(
             list.contains(&"ab".repeat(20)),
             "perf does not see the new ID:\n{list}"

@@ -143,9 +143,9 @@ fn journal(file: &Path) -> PathBuf {
 }
 
 #[test]
-fn in_place_writes_what_a_new_file_gets() {
+fn in_place_writes_what_a_new_file_gets() -> Outcome {
     let t = "in_place_writes_what_a_new_file_gets";
-    let Some(st) = setup(t) else { return };
+    let st = setup(t)?;
     let b = record_prog(&st, &["-B", "-g"], "b.data");
     for mode in ["--buildids", "--mmap2-buildid-all"] {
         let out = st.dir.join("out.data");
@@ -186,7 +186,7 @@ fn in_place_writes_what_a_new_file_gets() {
             "{mode}: the data section keeps its place and size"
         );
         assert!(!journal(&f).exists());
-        if let Some(p612) = perf612(t) {
+        if let Some(p612) = part(perf612()) {
             if mode == "--buildids" {
                 assert_eq!(
                     buildid_list(&p612, &f),
@@ -219,6 +219,7 @@ fn in_place_writes_what_a_new_file_gets() {
     let o = in_place(&f, "--buildids", None);
     assert!(o.status.success(), "{}", tail(&o.stderr));
     assert!(!journal(&f).exists());
+    Ok(())
 }
 
 /// `file` with every string of the string features (HOSTNAME, OSRELEASE, VERSION,
@@ -289,9 +290,9 @@ fn squeeze_strings(src: &Path, dst: &Path) {
 /// (strings already tight): the table is appended and the report says by how much
 /// the file grew.
 #[test]
-fn in_place_mmap2_keeps_the_size() {
+fn in_place_mmap2_keeps_the_size() -> Outcome {
     let t = "in_place_mmap2_keeps_the_size";
-    let Some(st) = setup(t) else { return };
+    let st = setup(t)?;
     let b = record_prog(&st, &["-B", "-g"], "b.data");
     let (prog, libfix, unused) = (s(&st.fx.prog), s(&st.fx.libfix), s(&st.fx.libunused));
     for mode in ["--mmap2-buildid-all", "--mmap2-buildids"] {
@@ -359,7 +360,7 @@ fn in_place_mmap2_keeps_the_size() {
     check_mmap2_in_place(&st.perf, &b, &sq, &out, "no room");
 
     // perf 6.12's own recording, read by perf 6.12.
-    let Some(p612) = perf612(t) else { return };
+    let p612 = perf612()?;
     let c = st.dir.join("c612.data");
     let rec = run(p612
         .cmd()
@@ -369,8 +370,7 @@ fn in_place_mmap2_keeps_the_size() {
         .args(["--", "./prog"])
         .stdout(std::process::Stdio::null()));
     if !rec.status.success() {
-        skip(t, "perf 6.12 cannot record here");
-        return;
+        return skip("perf 6.12 cannot record here");
     }
     let out = st.dir.join("out612.data");
     pdinject_ok(&c, &out, &["--mmap2-buildid-all"]);
@@ -384,6 +384,7 @@ fn in_place_mmap2_keeps_the_size() {
     );
     assert_eq!(report["in_place"]["table"], "rewritten", "{report}");
     check_mmap2_in_place(&p612, &c, &f, &out, "perf 6.12 recording");
+    Ok(())
 }
 
 /// Kills pdinject at every step of an in-place run (and at the first steps of the
@@ -393,9 +394,9 @@ fn in_place_mmap2_keeps_the_size() {
 /// read the file in the old or the new state, or the next run must restore and
 /// finish it.
 #[test]
-fn in_place_survives_kill_at_every_step() {
+fn in_place_survives_kill_at_every_step() -> Outcome {
     let t = "in_place_survives_kill_at_every_step";
-    let Some(st) = setup(t) else { return };
+    let st = setup(t)?;
     let b = record_prog(&st, &["-B", "-g"], "b.data");
     let fields = ["-F", "comm,tid,time,event,ip,dso"];
     let old_script = perf_script(&st.perf, &b, &fields);
@@ -512,6 +513,7 @@ fn in_place_survives_kill_at_every_step() {
         fit_points >= 40,
         "only {fit_points} kill points on the overwrite path"
     );
+    Ok(())
 }
 
 /// Mutants of a real recording's feature tail (string lengths, CMDLINE's count, the
@@ -520,9 +522,9 @@ fn in_place_survives_kill_at_every_step() {
 /// and no journal; one that succeeds leaves a file that opens again, of the same
 /// size unless the report says by how much it grew.
 #[test]
-fn in_place_fit_mutants_never_panic() {
+fn in_place_fit_mutants_never_panic() -> Outcome {
     let t = "in_place_fit_mutants_never_panic";
-    let Some(st) = setup(t) else { return };
+    let st = setup(t)?;
     let b = record_prog(&st, &["-B", "-g"], "b.data");
     let orig = std::fs::read(&b).unwrap();
     let end = (le64(&orig, 40) + le64(&orig, 48)) as usize;
@@ -654,4 +656,5 @@ fn in_place_fit_mutants_never_panic() {
     );
     assert!(problems.is_empty(), "{}", problems.join("\n"));
     assert!(fit > 0, "no mutant went through the overwrite path");
+    Ok(())
 }

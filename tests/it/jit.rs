@@ -12,12 +12,13 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-/// The perfs to read outputs with: 6.1, and 6.12 and 7.3 where unpacked.
-fn readers(test: &str) -> Vec<Perf> {
+/// The perfs to read outputs with: 6.1, 6.12 and 7.3. One that is missing is a part
+/// of the test left out (`common::part`).
+fn readers() -> Vec<Perf> {
     let mut v = Vec::new();
-    v.extend(common::perf(test));
-    v.extend(common::perf612(test));
-    v.extend(common::perf73(test));
+    v.extend(common::part(common::perf()));
+    v.extend(common::part(common::perf612()));
+    v.extend(common::part(common::perf73()));
     v
 }
 
@@ -249,11 +250,8 @@ fn timed_jit_samples(perf: &Perf, file: &Path) -> Vec<(u64, String)> {
 }
 
 #[test]
-fn jit_minijit_address_reuse_lines_streams_and_reruns() {
-    let t = "jit_minijit_address_reuse_lines_streams_and_reruns";
-    let Some(perf) = common::can_record(t) else {
-        return;
-    };
+fn jit_minijit_address_reuse_lines_streams_and_reruns() -> common::Outcome {
+    let perf = common::can_record()?;
     let dir = tempfile::tempdir().unwrap();
     let (data, boundary) = record_minijit(&perf, dir.path(), &[("MINIJIT_LINES", "1")]);
     let theirs = dir.path().join("perf-jit.data");
@@ -282,7 +280,7 @@ fn jit_minijit_address_reuse_lines_streams_and_reruns() {
             "sample at {time} ns (fnB loaded after {boundary})"
         );
     }
-    for p in readers(t) {
+    for p in readers() {
         assert_eq!(
             symbols(&p, &ours, &[]),
             symbols(&p, &theirs, &[]),
@@ -360,6 +358,7 @@ fn jit_minijit_address_reuse_lines_streams_and_reruns() {
         bytes,
         "the stream runs wrote other bytes"
     );
+    Ok(())
 }
 
 /// COMPRESSED and COMPRESSED2 records in the data of a file or a stream
@@ -394,11 +393,8 @@ fn compressed_records(f: &Path) -> usize {
 /// perf 6.1, 6.12 and 7.3, for a file and a stream. (perf inject --jit, 6.1 and 7.3,
 /// leaves every JIT sample of such a recording `[unknown]`.)
 #[test]
-fn jit_minijit_compressed_recording() {
-    let t = "jit_minijit_compressed_recording";
-    let Some(perf) = common::can_record(t) else {
-        return;
-    };
+fn jit_minijit_compressed_recording() -> common::Outcome {
+    let perf = common::can_record()?;
     let dir = tempfile::tempdir().unwrap();
     let (data, boundary) = record_minijit_with(&perf, dir.path(), &[], &["-z"]);
     let has_compressed = |f: &Path| compressed_records(f) > 0;
@@ -431,7 +427,7 @@ fn jit_minijit_compressed_recording() {
     let timed = |f: &Path| common::perf_script(&perf, f, &["-F", "time,ip", "--ns"]);
     assert_eq!(timed(&ours), timed(&data), "the samples changed");
     let want = symbols(&perf, &ours, &[]);
-    for p in readers(t) {
+    for p in readers() {
         assert_eq!(symbols(&p, &ours, &[]), want, "{}", p.name);
     }
     // A compressed stream in, a file out.
@@ -450,14 +446,12 @@ fn jit_minijit_compressed_recording() {
     let from_stream = dir.path().join("from-stream.data");
     pdinject_jit(&stream, &from_stream, &["-N"]);
     assert_eq!(symbols(&perf, &from_stream, &[]), want, "stream to file");
+    Ok(())
 }
 
 #[test]
-fn jit_minijit_cut_dump_gives_no_wrong_symbol() {
-    let t = "jit_minijit_cut_dump_gives_no_wrong_symbol";
-    let Some(perf) = common::can_record(t) else {
-        return;
-    };
+fn jit_minijit_cut_dump_gives_no_wrong_symbol() -> common::Outcome {
+    let perf = common::can_record()?;
     let dir = tempfile::tempdir().unwrap();
     let (data, boundary) = record_minijit(&perf, dir.path(), &[("MINIJIT_CUT", "1")]);
     let ours = dir.path().join("ours.data");
@@ -490,6 +484,7 @@ fn jit_minijit_cut_dump_gives_no_wrong_symbol() {
             .any(|(t, s)| *t >= boundary && s == "[unknown]"),
         "the samples after the cut should show as [unknown]"
     );
+    Ok(())
 }
 
 /// Appends to the jitdump at `path` a copy of its last code load, named `name`,
@@ -530,11 +525,8 @@ fn append_later_load(path: &Path, name: &str, later: u64) {
 /// running) writes records the recording never sees: they are left out with a
 /// note, and the loads of the recording's time are used (the dump was left out).
 #[test]
-fn jit_minijit_dump_written_on_after_the_recording() {
-    let t = "jit_minijit_dump_written_on_after_the_recording";
-    let Some(perf) = common::can_record(t) else {
-        return;
-    };
+fn jit_minijit_dump_written_on_after_the_recording() -> common::Outcome {
+    let perf = common::can_record()?;
     let dir = tempfile::tempdir().unwrap();
     let (data, boundary) = record_minijit(&perf, dir.path(), &[]);
     let dump = fs::read_dir(dir.path())
@@ -561,14 +553,12 @@ fn jit_minijit_dump_written_on_after_the_recording() {
             assert_eq!(sym, want, "{maps}: sample at {time} ns");
         }
     }
+    Ok(())
 }
 
 #[test]
-fn jit_minijit_dump_of_another_process_is_left_out() {
-    let t = "jit_minijit_dump_of_another_process_is_left_out";
-    let Some(perf) = common::can_record(t) else {
-        return;
-    };
+fn jit_minijit_dump_of_another_process_is_left_out() -> common::Outcome {
+    let perf = common::can_record()?;
     let dir = tempfile::tempdir().unwrap();
     let (data, _) = record_minijit(&perf, dir.path(), &[("MINIJIT_BADPID", "1")]);
     let ours = dir.path().join("ours.data");
@@ -584,14 +574,12 @@ fn jit_minijit_dump_of_another_process_is_left_out() {
     );
     let syms = symbols(&perf, &ours, &[]);
     assert!(!syms.iter().any(|s| s == "fnA" || s == "fnB"));
+    Ok(())
 }
 
 #[test]
-fn jit_minijit_recording_of_another_host_is_left_out() {
-    let t = "jit_minijit_recording_of_another_host_is_left_out";
-    let Some(perf) = common::can_record(t) else {
-        return;
-    };
+fn jit_minijit_recording_of_another_host_is_left_out() -> common::Outcome {
+    let perf = common::can_record()?;
     let dir = tempfile::tempdir().unwrap();
     let (data, _) = record_minijit(&perf, dir.path(), &[]);
     // The HOSTNAME feature (`u32 len; name, NUL-padded`) after the data: the same
@@ -629,6 +617,7 @@ fn jit_minijit_recording_of_another_host_is_left_out() {
     );
     let syms = symbols(&perf, &ours, &[]);
     assert!(!syms.iter().any(|s| s == "fnA" || s == "fnB"));
+    Ok(())
 }
 
 #[test]
@@ -671,7 +660,7 @@ fn runtime(names: &[&str]) -> Option<PathBuf> {
 
 /// pdinject --jit against perf inject --jit on `data`: the same symbols with every
 /// perf.
-fn compare_with_perf(t: &str, perf: &Perf, data: &Path, dir: &Path) {
+fn compare_with_perf(perf: &Perf, data: &Path, dir: &Path) {
     let theirs = dir.join("perf-jit.data");
     perf_inject_jit(perf, data, &theirs);
     let ours = dir.join("ours.data");
@@ -681,7 +670,7 @@ fn compare_with_perf(t: &str, perf: &Perf, data: &Path, dir: &Path) {
         "no image: {}",
         notes(&report)
     );
-    for p in readers(t) {
+    for p in readers() {
         let a = symbols(&p, &ours, &[]);
         let b = symbols(&p, &theirs, &[]);
         let differ = a.iter().zip(&b).filter(|(x, y)| x != y).count();
@@ -696,13 +685,12 @@ fn compare_with_perf(t: &str, perf: &Perf, data: &Path, dir: &Path) {
     }
 }
 
-/// node and a perf that can record, for test `t` (None: it SKIPs, saying why).
-fn node_and_perf(t: &str) -> Option<(PathBuf, Perf)> {
+/// node and a perf that can record (a `Skip` saying which is missing).
+fn node_and_perf() -> Result<(PathBuf, Perf), common::Skip> {
     let Some(node) = runtime(&["node"]) else {
-        common::skip(t, "node not found");
-        return None;
+        return common::skip("node not found (apt-get install nodejs)");
     };
-    Some((node, common::can_record(t)?))
+    Ok((node, common::can_record()?))
 }
 
 /// Records NODE_JS (`w.js ARGS`: functions, milliseconds) under `node --perf-prof`
@@ -723,14 +711,11 @@ fn record_node(perf: &Perf, dir: &Path, node: &Path, opts: &[&str], args: &[&str
 }
 
 #[test]
-fn jit_node_matches_perf_inject() {
-    let t = "jit_node_matches_perf_inject";
-    let Some((node, perf)) = node_and_perf(t) else {
-        return;
-    };
+fn jit_node_matches_perf_inject() -> common::Outcome {
+    let (node, perf) = node_and_perf()?;
     let dir = tempfile::tempdir().unwrap();
     let data = record_node(&perf, dir.path(), &node, &[], &["200", "800"]);
-    compare_with_perf(t, &perf, &data, dir.path());
+    compare_with_perf(&perf, &data, dir.path());
     // One image for the process, and the same source lines as perf inject's.
     let mine = images(dir.path(), "jit-");
     assert_eq!(mine.len(), 1, "{mine:?}");
@@ -764,7 +749,7 @@ fn jit_node_matches_perf_inject() {
         touched > 0 && touched * 2 < all,
         "--jit-maps touched wrote {touched} of {all} records"
     );
-    for p in readers(t) {
+    for p in readers() {
         assert_eq!(
             symbols(&p, &ours, &[]),
             symbols(&p, &every, &[]),
@@ -773,7 +758,7 @@ fn jit_node_matches_perf_inject() {
         );
     }
     let list = jitted_hit(&perf, &theirs);
-    for p in readers(t) {
+    for p in readers() {
         same_srclines(
             &p,
             &srclines(&p, &ours, &mine[0].display().to_string()),
@@ -796,7 +781,7 @@ fn jit_node_matches_perf_inject() {
         .find_map(|pre| syms.iter().find(|s| s.starts_with(pre)).cloned())
         .expect("no JIT function in perf report of pdinject's output");
     let mut annotated_by = 0;
-    for p in readers(t) {
+    for p in readers() {
         let (a, b) = match (
             annotated(&p, &ours, &hottest),
             annotated(&p, &theirs, &hottest),
@@ -815,17 +800,15 @@ fn jit_node_matches_perf_inject() {
         annotated_by += 1;
     }
     assert!(annotated_by > 0, "no perf could annotate {hottest}");
+    Ok(())
 }
 
 /// Two node processes at once: their dumps are made on two cores, each into its own
 /// image; the output's bytes do not depend on `--jobs`, and every sample's symbol is
 /// perf inject --jit's.
 #[test]
-fn jit_two_processes_on_two_cores() {
-    let t = "jit_two_processes_on_two_cores";
-    let Some((node, perf)) = node_and_perf(t) else {
-        return;
-    };
+fn jit_two_processes_on_two_cores() -> common::Outcome {
+    let (node, perf) = node_and_perf()?;
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     fs::write(d.join("w.js"), NODE_JS).unwrap();
@@ -844,7 +827,7 @@ fn jit_two_processes_on_two_cores() {
             &format!("{node} --perf-prof w.js 100 400 & {node} --perf-prof w.js 100 400; wait"),
         ],
     );
-    compare_with_perf(t, &perf, &data, d);
+    compare_with_perf(&perf, &data, d);
     assert_eq!(images(d, "jit-").len(), 2, "{:?}", images(d, "jit-"));
     let one = d.join("one.data");
     common::pdinject_ok(&data, &one, &["--jit", "--jobs", "1"]);
@@ -852,6 +835,7 @@ fn jit_two_processes_on_two_cores() {
         fs::read(&one).unwrap() == fs::read(d.join("ours.data")).unwrap(),
         "--jit --jobs 1 and the default (every core) wrote different bytes"
     );
+    Ok(())
 }
 
 /// A `perf record --threads` directory, plain and `-z`, recorded with `-B`: pdinject
@@ -862,11 +846,8 @@ fn jit_two_processes_on_two_cores() {
 /// its second mapping of its own code (V8's builtins under --perf-prof, inside
 /// .text) is not a sign of a changed file.
 #[test]
-fn jit_threads_directory() {
-    let t = "jit_threads_directory";
-    let Some((node, perf)) = node_and_perf(t) else {
-        return;
-    };
+fn jit_threads_directory() -> common::Outcome {
+    let (node, perf) = node_and_perf()?;
     for (name, opts) in [
         ("plain", &["--threads", "-B"][..]),
         ("-z", &["--threads", "-B", "-z"][..]),
@@ -895,7 +876,7 @@ fn jit_threads_directory() {
             node_id.is_some_and(|x| x["build_id"].is_string()),
             "{name}: node has no ID: {node_id:?}"
         );
-        for p in readers(t) {
+        for p in readers() {
             let lines = |f: &Path| {
                 let mut v: Vec<String> = common::perf_script(&p, f, &["-F", "tid,time,ip,event"])
                     .lines()
@@ -918,7 +899,7 @@ fn jit_threads_directory() {
             // that cannot be read: the loads every record maps give the same symbols.
             let all = d.join("all.data");
             pdinject_jit(&data, &all, &["--jit-maps", "all"]);
-            for p in readers(t) {
+            for p in readers() {
                 let (a, b) = (symbols(&p, &ours, &[]), symbols(&p, &all, &[]));
                 assert!(
                     a == b && a.iter().any(|s| s.starts_with("JS:")),
@@ -943,7 +924,7 @@ fn jit_threads_directory() {
         common::pdinject_ok(&pipe, &flat, &["-N"]);
         // Every record of the directory, mappings and task events included, with the
         // same symbol and dso, in the one file.
-        for p in readers(t) {
+        for p in readers() {
             let all = |f: &Path| {
                 let mut v: Vec<String> = common::perf_script(
                     &p,
@@ -973,7 +954,7 @@ fn jit_threads_directory() {
         }
         let theirs = d.join("perf-jit.data");
         perf_inject_jit(&perf, &flat, &theirs);
-        for p in readers(t) {
+        for p in readers() {
             let timed = |f: &Path| {
                 let mut v: Vec<String> = common::perf_script(&p, f, &["-F", "tid,time,ip,sym"])
                     .lines()
@@ -993,6 +974,7 @@ fn jit_threads_directory() {
             );
         }
     }
+    Ok(())
 }
 
 /// node recorded with DWARF stacks: every load gets an image of its own, as perf's
@@ -1001,11 +983,8 @@ fn jit_threads_directory() {
 /// sample's whole chain, unwound by perf 6.1, 6.12 and 7.3 at report time, equals the
 /// one on perf inject --jit's output.
 #[test]
-fn jit_node_dwarf_chains_match_perf_inject() {
-    let t = "jit_node_dwarf_chains_match_perf_inject";
-    let Some((node, perf)) = node_and_perf(t) else {
-        return;
-    };
+fn jit_node_dwarf_chains_match_perf_inject() -> common::Outcome {
+    let (node, perf) = node_and_perf()?;
     let dir = tempfile::tempdir().unwrap();
     // Few samples: perf unwinds each at report time, through thousands of images.
     let data = record_node(
@@ -1040,7 +1019,7 @@ fn jit_node_dwarf_chains_match_perf_inject() {
         "{}",
         notes(&report)
     );
-    let readers = readers(t);
+    let readers = readers();
     let mine: Vec<Vec<String>> = readers.iter().map(|p| chains(p, &ours)).collect();
     let theirs = dir.path().join("perf-jit.data");
     perf_inject_jit(&perf, &data, &theirs);
@@ -1066,11 +1045,11 @@ fn jit_node_dwarf_chains_match_perf_inject() {
         "{}: no chain goes through JIT code to node::Start",
         readers[0].name
     );
+    Ok(())
 }
 
 #[test]
-fn jit_python_matches_perf_inject() {
-    let t = "jit_python_matches_perf_inject";
+fn jit_python_matches_perf_inject() -> common::Outcome {
     let home = std::env::var("HOME").unwrap_or_default();
     let pyenv = fs::read_dir(Path::new(&home).join(".pyenv/versions"))
         .ok()
@@ -1089,15 +1068,11 @@ fn jit_python_matches_perf_inject() {
     }
     let names: Vec<&str> = names.iter().map(String::as_str).collect();
     let Some(py) = runtime(&names) else {
-        common::skip(
-            t,
+        return common::skip(
             "python3.13 not found (PDINJECT_PYTHON313, python3.13 on PATH or ~/.pyenv/versions/3.13*; .ci/run looks for it)",
         );
-        return;
     };
-    let Some(perf) = common::can_record(t) else {
-        return;
-    };
+    let perf = common::can_record()?;
     let dir = tempfile::tempdir().unwrap();
     let script = dir.path().join("w.py");
     fs::write(
@@ -1138,7 +1113,7 @@ fn jit_python_matches_perf_inject() {
                     .strip_suffix(".dump")
                     .map(String::from)
             });
-        compare_with_perf(t, &perf, &data, &sub);
+        compare_with_perf(&perf, &data, &sub);
         if mode == "fp" {
             // Without DWARF stacks, every load goes into one image.
             let r = common::read_report(&sub.join("ours.report.json"));
@@ -1157,6 +1132,7 @@ fn jit_python_matches_perf_inject() {
             }
         }
     }
+    Ok(())
 }
 
 /// The JDK the Java test builds its agent and workload with: `PDINJECT_JAVA_HOME`,
@@ -1192,18 +1168,13 @@ fn jdk() -> Option<PathBuf> {
 /// for every sample as on perf inject --jit's output with perf 6.1, 6.12 and 7.3,
 /// the same source lines, and one image for the process.
 #[test]
-fn jit_java_matches_perf_inject() {
-    let t = "jit_java_matches_perf_inject";
+fn jit_java_matches_perf_inject() -> common::Outcome {
     let Some(jdk) = jdk() else {
-        common::skip(
-            t,
+        return common::skip(
             "no JDK with jvmti.h (PDINJECT_JAVA_HOME, JAVA_HOME or javac on PATH; .ci/run installs openjdk-17-jdk-headless)",
         );
-        return;
     };
-    let Some(perf) = common::can_record(t) else {
-        return;
-    };
+    let perf = common::can_record()?;
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let src = common::fixtures_src().join("jvmti");
@@ -1242,7 +1213,7 @@ fn jit_java_matches_perf_inject() {
         .args(["Hot", "1500"]);
     c.stdout(Stdio::null());
     common::run_ok(&mut c);
-    compare_with_perf(t, &perf, &data, d);
+    compare_with_perf(&perf, &data, d);
     let mine = images(d, "jit-");
     assert_eq!(mine.len(), 1, "{mine:?}");
     let ours = d.join("ours.data");
@@ -1255,7 +1226,7 @@ fn jit_java_matches_perf_inject() {
         .count();
     assert!(hot > 0, "no sample in Hot.harmonic on pdinject's output");
     let list = jitted_hit(&perf, &theirs);
-    for p in readers(t) {
+    for p in readers() {
         let a = srclines(&p, &ours, &mine[0].display().to_string());
         same_srclines(&p, &a, &srclines(&p, &theirs, &list));
         assert!(
@@ -1265,6 +1236,7 @@ fn jit_java_matches_perf_inject() {
             p.name
         );
     }
+    Ok(())
 }
 
 /// A stream read in small batches: the dump is read on from batch to batch, the
@@ -1272,11 +1244,8 @@ fn jit_java_matches_perf_inject() {
 /// sorts them in), and every sample is named after the code at its address at its
 /// time, as from a file.
 #[test]
-fn jit_minijit_stream_in_small_batches() {
-    let t = "jit_minijit_stream_in_small_batches";
-    let Some(perf) = common::can_record(t) else {
-        return;
-    };
+fn jit_minijit_stream_in_small_batches() -> common::Outcome {
+    let perf = common::can_record()?;
     let dir = tempfile::tempdir().unwrap();
     let (data, boundary) = record_minijit(&perf, dir.path(), &[]);
     let pipe = dir.path().join("m.pipe");
@@ -1320,4 +1289,5 @@ fn jit_minijit_stream_in_small_batches() {
             assert_eq!(sym, want, "batch {batch}: sample at {time} ns");
         }
     }
+    Ok(())
 }

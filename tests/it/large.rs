@@ -34,7 +34,7 @@ fn large_data_section_is_copied_exactly() {
         "{}",
         report_summary(&report)
     );
-    if let Some(perf) = perf("large_data_section_is_copied_exactly (perf part)") {
+    if let Some(perf) = part(perf()) {
         let t = buildid_list(&perf, &output);
         assert_eq!(
             t.get("/work/main/testdata/demo/demo").map(String::as_str),

@@ -7,7 +7,7 @@
 //! Inputs: testdata/demo/demo.data, testdata/mutation/ (a `perf record -z` recording,
 //! a big-endian one and the hostile structures of tests/it/hostile.rs) and ../shared/testdata/quipper files under 200 KB, piped ones
 //! (pipe mode) included;
-//! with neither present the test prints a SKIP notice and passes. Mutants come from a
+//! with neither present the test is ignored, saying so. Mutants come from a
 //! fixed-seed xorshift PRNG, so every run tests the same mutants. `PDI_MUTATION_SCALE`
 //! (a float, default 1) scales the number of random mutants per input.
 
@@ -329,13 +329,12 @@ fn scratch_dir() -> tempfile::TempDir {
 }
 
 #[test]
-fn mutants_never_panic_and_fail_cleanly() {
+fn mutants_never_panic_and_fail_cleanly() -> crate::common::Outcome {
     let inputs = inputs();
     if inputs.is_empty() {
-        eprintln!(
-            "\n*** SKIP mutation: neither testdata/demo/demo.data nor ../shared/testdata/quipper is present ***\n"
+        return crate::common::skip(
+            "neither testdata/demo/demo.data nor ../shared/testdata/quipper is present",
         );
-        return;
     }
     let scale: f64 = std::env::var("PDI_MUTATION_SCALE")
         .ok()
@@ -455,4 +454,5 @@ fn mutants_never_panic_and_fail_cleanly() {
         failures.len(),
         failures.join("\n  ")
     );
+    Ok(())
 }

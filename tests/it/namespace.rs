@@ -6,9 +6,8 @@ use super::common::*;
 const OTHER_LIB_ID: &str = "99887766554433221100ffeeddccbbaa";
 
 #[test]
-fn other_mount_namespace_never_gets_the_host_files_id() {
-    let test = "other_mount_namespace_never_gets_the_host_files_id";
-    let Some(perf) = can_record(test) else { return };
+fn other_mount_namespace_never_gets_the_host_files_id() -> Outcome {
+    let perf = can_record()?;
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     let fx = build_fixtures(dir);
@@ -19,8 +18,7 @@ fn other_mount_namespace_never_gets_the_host_files_id() {
     build_lib("libfix.c", &alt, OTHER_LIB_ID);
     let probe = run(std::process::Command::new("unshare").args(["-m", "true"]));
     if !probe.status.success() {
-        skip(test, "unshare -m is not permitted here");
-        return;
+        return skip("unshare -m is not permitted here");
     }
     let script = format!(
         "mount --bind {} {} && exec ./prog",
@@ -57,4 +55,5 @@ fn other_mount_namespace_never_gets_the_host_files_id() {
         table.get(fx.prog.to_str().unwrap()).map(String::as_str),
         Some(PROG_ID)
     );
+    Ok(())
 }

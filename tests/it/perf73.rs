@@ -65,10 +65,9 @@ fn assert_reads_clean(perf: &Perf, reference: &Path, output: &Path, ctx: &str) {
 /// form, a file) and from perf 6.1's own `inject -b -o -` stream (HEADER_BUILD_ID
 /// records of 100 bytes, which perf 7.3 refuses when it reads that stream directly).
 #[test]
-fn perf73_reads_every_stream_pdinject_writes() {
-    const T: &str = "perf73_reads_every_stream_pdinject_writes";
-    let Some(p73) = perf73(T) else { return };
-    let Some(p61) = perf(T) else { return };
+fn perf73_reads_every_stream_pdinject_writes() -> Outcome {
+    let p73 = perf73()?;
+    let p61 = perf()?;
     let d = tempfile::tempdir().unwrap();
     let pipe = manifest_dir().join("testdata/pipe/demo.pdata");
     // perf 6.1's inject -b stream: what a fleet's older post-processing left behind.
@@ -146,6 +145,7 @@ fn perf73_reads_every_stream_pdinject_writes() {
         err.contains("HEADER_BUILD_ID record(s) of the input padded"),
         "the summary does not say the input's records were repaired:\n{err}"
     );
+    Ok(())
 }
 
 /// perf 7.3's own recordings, as it makes them by default (build-ID MMAP2 records, no
@@ -154,10 +154,10 @@ fn perf73_reads_every_stream_pdinject_writes() {
 /// IDs, perf 7.3 prints the same samples, and every perf that reads the input reads
 /// the output.
 #[test]
-fn perf73_recordings_keep_working() {
+fn perf73_recordings_keep_working() -> Outcome {
     const T: &str = "perf73_recordings_keep_working";
-    let Some(st) = setup(T) else { return };
-    let Some(p73) = perf73(T) else { return };
+    let st = setup(T)?;
+    let p73 = perf73()?;
     let dir = &st.dir;
     let cases: [(&str, &[&str], bool); 4] = [
         ("fp", &["-g"], false),
@@ -218,6 +218,7 @@ fn perf73_recordings_keep_working() {
             first_diff(&want, &got)
         );
     }
+    Ok(())
 }
 
 /// A stream whose user mappings are MMAP records (perfs without `attr.mmap2`) and
@@ -226,10 +227,9 @@ fn perf73_recordings_keep_working() {
 /// longer where the scan saw them, and the repairs (padding perf 6.1's 100-byte
 /// HEADER_BUILD_ID records) must still find them.
 #[test]
-fn repairs_find_records_behind_grown_mappings() {
-    const T: &str = "repairs_find_records_behind_grown_mappings";
-    let Some(p61) = perf(T) else { return };
-    let Some(p73) = perf73(T) else { return };
+fn repairs_find_records_behind_grown_mappings() -> Outcome {
+    let p61 = perf()?;
+    let p73 = perf73()?;
     let d = tempfile::tempdir().unwrap();
     let pipe = manifest_dir().join("testdata/pipe/demo.pdata");
     let inj = d.path().join("inject61.pdata");
@@ -286,4 +286,5 @@ fn repairs_find_records_behind_grown_mappings() {
         want.lines().count(),
         "perf 7.3 sees other samples"
     );
+    Ok(())
 }

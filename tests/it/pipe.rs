@@ -1,6 +1,6 @@
 //! Pipe mode end to end: `perf record -B -o - | pdinject --buildids - - | perf ...`,
 //! pipe-format files given by path or on stdin, and what must be refused. Each test
-//! skips (with a `SKIP` notice) when perf, gcc or the right to record is missing.
+//! is ignored, saying why, when perf, gcc or the right to record is missing.
 
 use super::common::*;
 use std::fs;
@@ -77,11 +77,9 @@ fn assert_fixture_ids(perf: &Perf, st: &Setup, out: &Path, ctx: &str, compressed
 /// The brief's pipeline, live: perf record into pdinject into a file (with a copy of
 /// perf's stream kept by tee), for frame-pointer, compressed and DWARF recordings.
 #[test]
-fn live_pipeline_writes_ids_and_keeps_every_record() {
-    let Some(st) = setup("live_pipeline_writes_ids_and_keeps_every_record") else {
-        return;
-    };
-    let p612 = perf612("live_pipeline_writes_ids_and_keeps_every_record");
+fn live_pipeline_writes_ids_and_keeps_every_record() -> Outcome {
+    let st = setup("live_pipeline_writes_ids_and_keeps_every_record")?;
+    let p612 = part(perf612());
     for (name, opts) in [
         ("fp", "-g"),
         ("z", "-z -g"),
@@ -120,15 +118,14 @@ fn live_pipeline_writes_ids_and_keeps_every_record() {
         let (a, b) = (fs::read(&input).unwrap(), fs::read(&output).unwrap());
         assert!(b.len() > a.len(), "{ctx}: nothing was added");
     }
+    Ok(())
 }
 
 /// A pipe-format file given by path, on stdin as a file, and replayed through a
 /// pipe: a binary rewritten in place after the recording gets no ID in every case.
 #[test]
-fn pipe_file_inputs_and_a_stale_binary() {
-    let Some(st) = setup("pipe_file_inputs_and_a_stale_binary") else {
-        return;
-    };
+fn pipe_file_inputs_and_a_stale_binary() -> Outcome {
+    let st = setup("pipe_file_inputs_and_a_stale_binary")?;
     let input = record_pipe(&st, "-g", "in.pdata");
     std::thread::sleep(std::time::Duration::from_millis(50));
     // Unchanged: a saved stream given with a file output becomes a file-format
@@ -200,6 +197,7 @@ fn pipe_file_inputs_and_a_stale_binary() {
         );
         assert!(err.contains("stale"), "{how}: summary: {err}");
     }
+    Ok(())
 }
 
 /// Any input reaches any sink: a file-format recording written to `-` becomes a
@@ -207,11 +205,9 @@ fn pipe_file_inputs_and_a_stale_binary() {
 /// the table. perf 6.1 and 6.12 read both: `perf script` equal to the input's, the
 /// IDs listed.
 #[test]
-fn file_to_stream_and_stream_to_file() {
-    let Some(st) = setup("file_to_stream_and_stream_to_file") else {
-        return;
-    };
-    let p612 = perf612("file_to_stream_and_stream_to_file");
+fn file_to_stream_and_stream_to_file() -> Outcome {
+    let st = setup("file_to_stream_and_stream_to_file")?;
+    let p612 = part(perf612());
     let perfs: Vec<&Perf> = std::iter::once(&st.perf).chain(p612.as_ref()).collect();
     for (name, opts) in [
         ("fp", "-g"),
@@ -264,15 +260,14 @@ fn file_to_stream_and_stream_to_file() {
             assert_fixture_ids(p, &st, &s2f, &format!("{name} stream to file"), false);
         }
     }
+    Ok(())
 }
 
 /// What pipe mode rejects: a truncated stream (clear error, no output left), a
 /// stream that is not perf data.
 #[test]
-fn pipe_refusals_and_truncation() {
-    let Some(st) = setup("pipe_refusals_and_truncation") else {
-        return;
-    };
+fn pipe_refusals_and_truncation() -> Outcome {
+    let st = setup("pipe_refusals_and_truncation")?;
     let input = record_pipe(&st, "-g", "in.pdata");
     let bytes = fs::read(&input).unwrap();
     // Cut inside the body of the record that starts past two thirds of the stream
@@ -311,15 +306,14 @@ fn pipe_refusals_and_truncation() {
         err.contains("<stdin>"),
         "the message must name stdin: {err}"
     );
+    Ok(())
 }
 
 /// Many small batches (4 KiB, so every few records end a batch and the rest waits for
 /// the next round) give the same stream and the same IDs as one big batch.
 #[test]
-fn small_batches_match_one_batch() {
-    let Some(st) = setup("small_batches_match_one_batch") else {
-        return;
-    };
+fn small_batches_match_one_batch() -> Outcome {
+    let st = setup("small_batches_match_one_batch")?;
     // Small buffers (-m 4) make perf write many FINISHED_ROUNDs.
     for (name, opts) in [
         ("fp", "-g -m 4"),
@@ -357,4 +351,5 @@ fn small_batches_match_one_batch() {
             "{name}: IDs differ between one batch and 4 KiB batches"
         );
     }
+    Ok(())
 }

@@ -1,6 +1,6 @@
 //! End-to-end tests on recordings made here with `perf record` of the C fixtures in
-//! testdata/fixtures. Each test skips (with a `SKIP` notice on stderr) when perf,
-//! gcc or the right to record is missing.
+//! testdata/fixtures. Each test is ignored, saying why, when perf, gcc or the right
+//! to record is missing (a failure under PDINJECT_TEST_STRICT).
 
 use super::common::*;
 use std::collections::BTreeMap;
@@ -148,10 +148,8 @@ fn assert_source(report: &serde_json::Value, path: &str, id: &str, source: &str,
 /// Frame-pointer recording without build ids: every hit DSO gets exactly its id, perf
 /// script sees the same events, and both perf versions read the table.
 #[test]
-fn fp_recording_gets_every_hit_id() {
-    let Some(st) = setup("fp_recording_gets_every_hit_id") else {
-        return;
-    };
+fn fp_recording_gets_every_hit_id() -> Outcome {
+    let st = setup("fp_recording_gets_every_hit_id")?;
     let input = record_prog(&st, &["-B", "-g"], "fp.data");
     let output = st.dir.join("fp-out.data");
     let (o, report) = pdinject_ok(&input, &output, &["--buildids"]);
@@ -228,7 +226,7 @@ fn fp_recording_gets_every_hit_id() {
     );
 
     assert_same_script(&st.perf, &input, &output, SCRIPT_ARGS);
-    if let Some(p612) = perf612("fp_recording_gets_every_hit_id (6.12 part)") {
+    if let Some(p612) = part(perf612()) {
         assert_same_script(&p612, &input, &output, SCRIPT_ARGS);
         let t612 = buildid_list(&p612, &output);
         assert_eq!(
@@ -236,14 +234,15 @@ fn fp_recording_gets_every_hit_id() {
             "perf 6.12 buildid-list of the output differs from perf 6.1's"
         );
     }
+    Ok(())
 }
 
 /// A recording written by perf 6.12 (other header/feature layout), read by both perfs.
 #[test]
-fn perf612_recording() {
+fn perf612_recording() -> Outcome {
     let test = "perf612_recording";
-    let Some(st) = setup(test) else { return };
-    let Some(p612) = perf612(test) else { return };
+    let st = setup(test)?;
+    let p612 = perf612()?;
     let input = st.dir.join("r612.data");
     record_in(&p612, &st.dir, &input, &["-B", "-g", "--", "./prog"]);
     let output = st.dir.join("r612-out.data");
@@ -268,15 +267,14 @@ fn perf612_recording() {
         assert_no_problems(&ctx, &problems, &table, Some(&report));
         assert_same_script(perf, &input, &output, SCRIPT_ARGS);
     }
+    Ok(())
 }
 
 /// DWARF callchains (--call-graph dwarf): every DSO the sample IPs hit gets its id;
 /// DSOs seen only by unwinding may be missing but never wrong.
 #[test]
-fn dwarf_recording() {
-    let Some(st) = setup("dwarf_recording") else {
-        return;
-    };
+fn dwarf_recording() -> Outcome {
+    let st = setup("dwarf_recording")?;
     let input = record_prog(&st, &["-B", "--call-graph", "dwarf,8192"], "dwarf.data");
     let output = st.dir.join("dwarf-out.data");
     let (_, report) = pdinject_ok(&input, &output, &[]);
@@ -298,6 +296,7 @@ fn dwarf_recording() {
         }
     }
     assert_same_script(&st.perf, &input, &output, SCRIPT_ARGS);
+    Ok(())
 }
 
 /// Which way the binary is replaced after the recording.
@@ -315,8 +314,8 @@ enum Replace {
     CpPreserve,
 }
 
-fn stale_case(test: &str, how: Replace) {
-    let Some(st) = setup(test) else { return };
+fn stale_case(test: &str, how: Replace) -> Outcome {
+    let st = setup(test)?;
     let repl_dir = st.dir.join("repl");
     fs::create_dir(&repl_dir).unwrap();
     let repl = repl_dir.join("prog");
@@ -374,34 +373,33 @@ fn stale_case(test: &str, how: Replace) {
     assert_id(&table, &s(&st.fx.libfix), LIB_ID, &ctx);
     let problems = table_problems(&table, &hits, &[prog.as_str()]);
     assert_no_problems(&ctx, &problems, &table, Some(&report));
+    Ok(())
 }
 
 #[test]
-fn stale_rebuilt_binary_gets_no_id() {
-    stale_case("stale_rebuilt_binary_gets_no_id", Replace::Rebuild);
+fn stale_rebuilt_binary_gets_no_id() -> Outcome {
+    stale_case("stale_rebuilt_binary_gets_no_id", Replace::Rebuild)
 }
 
 #[test]
-fn stale_renamed_over_gets_no_id() {
-    stale_case("stale_renamed_over_gets_no_id", Replace::RebuildRename);
+fn stale_renamed_over_gets_no_id() -> Outcome {
+    stale_case("stale_renamed_over_gets_no_id", Replace::RebuildRename)
 }
 
 #[test]
-fn stale_cp_in_place_gets_no_id() {
-    stale_case("stale_cp_in_place_gets_no_id", Replace::CpInPlace);
+fn stale_cp_in_place_gets_no_id() -> Outcome {
+    stale_case("stale_cp_in_place_gets_no_id", Replace::CpInPlace)
 }
 
 #[test]
-fn stale_cp_preserving_times_gets_no_id() {
-    stale_case("stale_cp_preserving_times_gets_no_id", Replace::CpPreserve);
+fn stale_cp_preserving_times_gets_no_id() -> Outcome {
+    stale_case("stale_cp_preserving_times_gets_no_id", Replace::CpPreserve)
 }
 
 /// ctime moves but content does not (hard link, chmod): ids must still be written.
 #[test]
-fn hard_link_and_chmod_are_not_stale() {
-    let Some(st) = setup("hard_link_and_chmod_are_not_stale") else {
-        return;
-    };
+fn hard_link_and_chmod_are_not_stale() -> Outcome {
+    let st = setup("hard_link_and_chmod_are_not_stale")?;
     let input = record_prog(&st, &["-B", "-g"], "link.data");
     settle();
     let links = st.dir.join("links");
@@ -418,13 +416,12 @@ fn hard_link_and_chmod_are_not_stale() {
     let hits = hit_dsos(&st.perf, &input);
     let problems = table_problems(&table, &hits, &[]);
     assert_no_problems(ctx, &problems, &table, Some(&report));
+    Ok(())
 }
 
 #[test]
-fn missing_binary_gets_no_id() {
-    let Some(st) = setup("missing_binary_gets_no_id") else {
-        return;
-    };
+fn missing_binary_gets_no_id() -> Outcome {
+    let st = setup("missing_binary_gets_no_id")?;
     let input = record_prog(&st, &["-B", "-g"], "missing.data");
     let hits = hit_dsos(&st.perf, &input);
     fs::remove_file(&st.fx.prog).unwrap();
@@ -442,14 +439,13 @@ fn missing_binary_gets_no_id() {
         "report ids_missing should count {prog}: {}",
         report["ids_missing"]
     );
+    Ok(())
 }
 
 /// One path, two files within one recording (library replaced between two runs).
 #[test]
-fn replaced_library_is_ambiguous() {
-    let Some(st) = setup("replaced_library_is_ambiguous") else {
-        return;
-    };
+fn replaced_library_is_ambiguous() -> Outcome {
+    let st = setup("replaced_library_is_ambiguous")?;
     let dlprog = build_dlprog(&st.dir);
     build_lib("libx.c", &st.dir.join("libx.so"), LIBX_ID_A);
     build_lib("libx.c", &st.dir.join("libx_b.so"), LIBX_ID_B);
@@ -502,22 +498,19 @@ fn replaced_library_is_ambiguous() {
     assert_id(&table, &s(&dlprog), DLPROG_ID, "ambiguous (dlprog itself)");
     let problems = table_problems(&table, &hits, &[libx.as_str()]);
     assert_no_problems("ambiguous", &problems, &table, Some(&report));
+    Ok(())
 }
 
 /// The kernel's own ids (--buildid-mmap) are the oracle for what pdinject writes.
 #[test]
-fn buildid_mmap_oracle() {
-    let Some(st) = setup("buildid_mmap_oracle") else {
-        return;
-    };
+fn buildid_mmap_oracle() -> Outcome {
+    let st = setup("buildid_mmap_oracle")?;
     let bm = record_prog(&st, &["--buildid-mmap", "-g"], "bm.data");
     let kernel_ids = mmap2_build_ids(&st.perf, &bm);
     if kernel_ids.get(&s(&st.fx.prog)).map(String::as_str) != Some(PROG_ID) {
-        skip(
-            "buildid_mmap_oracle",
-            &format!("kernel did not put build ids in MMAP2 (got {kernel_ids:?})"),
-        );
-        return;
+        return skip(format!(
+            "kernel did not put build ids in MMAP2 (got {kernel_ids:?})"
+        ));
     }
     assert_eq!(
         kernel_ids.get(&s(&st.fx.libfix)).map(String::as_str),
@@ -586,13 +579,12 @@ fn buildid_mmap_oracle() {
         "--buildid-mmap report",
     );
     assert_same_script(&st.perf, &bm, &bm_out, SCRIPT_ARGS);
+    Ok(())
 }
 
 #[test]
-fn known_build_ids_for_deleted_binaries() {
-    let Some(st) = setup("known_build_ids_for_deleted_binaries") else {
-        return;
-    };
+fn known_build_ids_for_deleted_binaries() -> Outcome {
+    let st = setup("known_build_ids_for_deleted_binaries")?;
     let input = record_prog(&st, &["-B", "-g"], "known.data");
     fs::remove_file(&st.fx.prog).unwrap();
     fs::remove_file(&st.fx.libfix).unwrap();
@@ -606,13 +598,12 @@ fn known_build_ids_for_deleted_binaries() {
     assert_id(&table, &lib, LIB_ID, "--known-build-ids (16-byte id)");
     assert_source(&report, &prog, PROG_ID, "known", "--known-build-ids report");
     assert_source(&report, &lib, LIB_ID, "known", "--known-build-ids report");
+    Ok(())
 }
 
 #[test]
-fn compressed_recording() {
-    let Some(st) = setup("compressed_recording") else {
-        return;
-    };
+fn compressed_recording() -> Outcome {
+    let st = setup("compressed_recording")?;
     let input = record_prog(&st, &["-z", "-B", "-g"], "z.data");
     let output = st.dir.join("z-out.data");
     let (_, report) = pdinject_ok(&input, &output, &[]);
@@ -650,16 +641,16 @@ fn compressed_recording() {
             table.len()
         );
     }
+    Ok(())
 }
 
 #[test]
-fn big_endian_input_stays_big_endian() {
+fn big_endian_input_stays_big_endian() -> Outcome {
     let test = "big_endian_input_stays_big_endian";
-    let Some(st) = setup(test) else { return };
+    let st = setup(test)?;
     let script = manifest_dir().join("../shared/tools/swap-endian.py");
     if !script.exists() {
-        skip(test, &format!("{} not found", script.display()));
-        return;
+        return skip(format!("{} not found", script.display()));
     }
     if Command::new("python3")
         .arg("--version")
@@ -667,8 +658,7 @@ fn big_endian_input_stays_big_endian() {
         .map(|o| !o.status.success())
         .unwrap_or(true)
     {
-        skip(test, "python3 not available");
-        return;
+        return skip("python3 not available");
     }
     let le = record_prog(&st, &["-B", "-g"], "le.data");
     let be = st.dir.join("be.data");
@@ -708,6 +698,7 @@ fn big_endian_input_stays_big_endian() {
         }
     }
     assert_same_script(&st.perf, &be, &output, SCRIPT_ARGS);
+    Ok(())
 }
 
 /// `perf record --threads`, plain and `-z`: a directory in, a directory out. With
@@ -715,9 +706,9 @@ fn big_endian_input_stays_big_endian() {
 /// (one decompressor per file; carried over from the header file's, the next file's
 /// data read as corrupt).
 #[test]
-fn directory_format() {
+fn directory_format() -> Outcome {
     let test = "directory_format";
-    let Some(st) = setup(test) else { return };
+    let st = setup(test)?;
     for (name, opts) in [
         ("dir", &["--threads", "-B", "-g"][..]),
         ("dir-z", &["--threads", "-B", "-g", "-z"][..]),
@@ -738,15 +729,11 @@ fn directory_format() {
             ]);
         let o = run(&mut c);
         if !o.status.success() || !input.is_dir() {
-            skip(
-                test,
-                &format!(
-                    "perf record --threads did not make a directory ({}): {}",
-                    status_str(&o),
-                    tail(&o.stderr)
-                ),
-            );
-            return;
+            return skip(format!(
+                "perf record --threads did not make a directory ({}): {}",
+                status_str(&o),
+                tail(&o.stderr)
+            ));
         }
         if name == "dir-z" {
             let files = files_with_compressed_records(&input);
@@ -788,6 +775,7 @@ fn directory_format() {
         ]);
         assert_error(&o, 1, "data.1: offset 0x0", name);
     }
+    Ok(())
 }
 
 /// The data.N files of directory recording `dir` that hold COMPRESSED records.
@@ -836,10 +824,8 @@ fn assert_error(o: &std::process::Output, code: i32, names: &str, ctx: &str) {
 }
 
 #[test]
-fn truncated_input_fails_cleanly() {
-    let Some(st) = setup("truncated_input_fails_cleanly") else {
-        return;
-    };
+fn truncated_input_fails_cleanly() -> Outcome {
+    let st = setup("truncated_input_fails_cleanly")?;
     let input = record_prog(&st, &["-B", "-g"], "full.data");
     let (doff, dsize) = data_section(&input);
     let bytes = fs::read(&input).unwrap();
@@ -865,6 +851,7 @@ fn truncated_input_fails_cleanly() {
         left.is_empty(),
         "truncated input: files left in the output directory: {left:?}"
     );
+    Ok(())
 }
 
 #[test]
@@ -890,10 +877,8 @@ fn usage_error_exits_2() {
 }
 
 #[test]
-fn input_equal_output_is_refused() {
-    let Some(st) = setup("input_equal_output_is_refused") else {
-        return;
-    };
+fn input_equal_output_is_refused() -> Outcome {
+    let st = setup("input_equal_output_is_refused")?;
     let input = record_prog(&st, &["-B", "-g"], "same.data");
     let before = fs::read(&input).unwrap();
     let unchanged = |what: &str| match fs::read(&input) {
@@ -923,16 +908,15 @@ fn input_equal_output_is_refused() {
         "pdinject IN sub/../IN (same file) must fail, got {}",
         status_str(&o)
     );
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------
 // Flags
 
 #[test]
-fn flag_spellings_and_buildid_all() {
-    let Some(st) = setup("flag_spellings_and_buildid_all") else {
-        return;
-    };
+fn flag_spellings_and_buildid_all() -> Outcome {
+    let st = setup("flag_spellings_and_buildid_all")?;
     let input = record_prog(&st, &["-B", "-g"], "flags.data");
     let out = |n: &str| st.dir.join(n);
     let runs: Vec<(&str, Vec<std::ffi::OsString>)> = vec![
@@ -1029,13 +1013,12 @@ fn flag_spellings_and_buildid_all() {
             );
         }
     }
+    Ok(())
 }
 
 #[test]
-fn quiet_and_deterministic() {
-    let Some(st) = setup("quiet_and_deterministic") else {
-        return;
-    };
+fn quiet_and_deterministic() -> Outcome {
+    let st = setup("quiet_and_deterministic")?;
     let input = record_prog(&st, &["-B", "-g"], "det.data");
     let mut outs = Vec::new();
     for (i, extra) in [
@@ -1065,4 +1048,5 @@ fn quiet_and_deterministic() {
             outs[0].0
         );
     }
+    Ok(())
 }

@@ -5,8 +5,8 @@
 //! (examples/slurm-batch.sh) runs as `sbatch --array=0-3 --wait` over a fleet of
 //! copies; each output must exist exactly once, written by exactly one array task, and
 //! equal a single-file run's output byte for byte. Every daemon is stopped after, also
-//! when the test fails (a Drop guard). Where Slurm cannot start, the test says so and
-//! skips.
+//! when the test fails (a Drop guard). Where Slurm cannot start, the test ends
+//! ignored saying why (a failure under PDINJECT_TEST_STRICT).
 
 use super::common::*;
 use std::collections::BTreeMap;
@@ -15,11 +15,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-const TEST: &str = "slurm_array_batch";
-
 /// The daemons started, stopped (SIGTERM, then SIGKILL) in reverse order on drop.
 pub(super) struct Daemons {
-    test: &'static str,
     children: Vec<(&'static str, Child)>,
 }
 
@@ -46,7 +43,7 @@ impl Drop for Daemons {
 }
 
 impl Daemons {
-    fn start(&mut self, name: &'static str, cmd: &mut Command, log: &Path) -> bool {
+    fn start(&mut self, name: &'static str, cmd: &mut Command, log: &Path) -> Result<(), Skip> {
         let out = std::fs::File::create(log).ok();
         let err = out.as_ref().and_then(|f| f.try_clone().ok());
         match cmd
@@ -57,12 +54,9 @@ impl Daemons {
         {
             Ok(c) => {
                 self.children.push((name, c));
-                true
+                Ok(())
             }
-            Err(e) => {
-                skip(self.test, &format!("cannot start {name}: {e}"));
-                false
-            }
+            Err(e) => skip(format!("cannot start {name}: {e}")),
         }
     }
 
@@ -215,16 +209,12 @@ impl Cluster {
         );
     }
 
-    /// Starts munged, slurmctld and slurmd with every file in `t`; `None` (after
-    /// [`skip`]) where they cannot run.
-    pub(super) fn start(test: &'static str, t: &Path) -> Option<Cluster> {
+    /// Starts munged, slurmctld and slurmd with every file in `t`; a `Skip` saying
+    /// why where they cannot run.
+    pub(super) fn start(t: &Path) -> Result<Cluster, Skip> {
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } != 0 {
-            skip(
-                test,
-                "needs root (munged runs as user munge, slurmd as root)",
-            );
-            return None;
+            return skip("needs root (munged runs as user munge, slurmd as root)");
         }
         let mut bins = BTreeMap::new();
         for b in [
@@ -240,17 +230,12 @@ impl Cluster {
                     bins.insert(b, p);
                 }
                 None => {
-                    skip(
-                        test,
-                        &format!("{b} not found (apt-get install slurm-wlm munge)"),
-                    );
-                    return None;
+                    return skip(format!("{b} not found (apt-get install slurm-wlm munge)"));
                 }
             }
         }
         let Some((munge_uid, munge_gid)) = user_ids("munge") else {
-            skip(test, "no user munge (apt-get install munge)");
-            return None;
+            return skip("no user munge (apt-get install munge)");
         };
 
         // munged checks every directory on the way to its socket: readable and executable
@@ -277,7 +262,6 @@ impl Cluster {
         let socket = mrun.join("munge.socket");
 
         let mut daemons = Daemons {
-            test,
             children: Vec::new(),
         };
         let mut munged = Command::new(&bins["munged"]);
@@ -294,23 +278,16 @@ impl Cluster {
             .uid(munge_uid)
             .gid(munge_gid);
         let munged_log = t.join("munged.out");
-        if !daemons.start("munged", &mut munged, &munged_log) {
-            return None;
-        }
+        daemons.start("munged", &mut munged, &munged_log)?;
         if !wait_for(Duration::from_secs(15), || socket.exists()) {
-            skip(
-                test,
-                &format!(
-                    "munged did not start (no socket after 15 s):\n{}",
-                    log_tail(&munged_log)
-                ),
-            );
-            return None;
+            return skip(format!(
+                "munged did not start (no socket after 15 s):\n{}",
+                log_tail(&munged_log)
+            ));
         }
 
         let (Some(p_ctld), Some(p_d)) = (free_port(), free_port()) else {
-            skip(test, "no free TCP port on 127.0.0.1");
-            return None;
+            return skip("no free TCP port on 127.0.0.1");
         };
         let host = hostname();
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -366,11 +343,12 @@ PartitionName=pdinject Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         };
         let ctld_log = t.join("slurmctld.out");
         let d_log = t.join("slurmd.out");
-        if !daemons.start(
+        daemons.start(
             "slurmctld",
             slurm("slurmctld").arg("-D").arg("-f").arg(&conf),
             &ctld_log,
-        ) || !daemons.start(
+        )?;
+        daemons.start(
             "slurmd",
             slurm("slurmd")
                 .arg("-D")
@@ -379,28 +357,22 @@ PartitionName=pdinject Nodes=ALL Default=YES MaxTime=INFINITE State=UP
                 .arg("-N")
                 .arg(&host),
             &d_log,
-        ) {
-            return None;
-        }
+        )?;
         let idle = wait_for(Duration::from_secs(30), || {
             let o = slurm("sinfo").args(["-h", "-o", "%T"]).output();
             o.is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "idle")
         });
         if !idle {
-            skip(
-                test,
-                &format!(
-                    "Slurm did not come up (dead: {:?}); slurmctld:\n{}\n{}\nslurmd:\n{}\n{}",
-                    daemons.dead(),
-                    log_tail(&ctld_log),
-                    log_tail(&t.join("slurmctld.log")),
-                    log_tail(&d_log),
-                    log_tail(&t.join("slurmd.log"))
-                ),
-            );
-            return None;
+            return skip(format!(
+                "Slurm did not come up (dead: {:?}); slurmctld:\n{}\n{}\nslurmd:\n{}\n{}",
+                daemons.dead(),
+                log_tail(&ctld_log),
+                log_tail(&t.join("slurmctld.log")),
+                log_tail(&d_log),
+                log_tail(&t.join("slurmd.log"))
+            ));
         }
-        Some(Cluster {
+        Ok(Cluster {
             _daemons: daemons,
             conf,
             dir: t.to_path_buf(),
@@ -410,15 +382,13 @@ PartitionName=pdinject Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 }
 
 #[test]
-fn slurm_array_batch() {
+fn slurm_array_batch() -> Outcome {
     let tmp = tempfile::Builder::new()
         .prefix("pdinject-slurm-")
         .tempdir()
         .unwrap();
     let t = tmp.path();
-    let Some(cluster) = Cluster::start(TEST, t) else {
-        return;
-    };
+    let cluster = Cluster::start(t)?;
     // The fleet: every host's recording is called perf.data.
     let fleet = t.join("fleet");
     let sources = fleet_sources();
@@ -509,6 +479,7 @@ fn slurm_array_batch() {
         );
     }
     drop(cluster);
+    Ok(())
 }
 
 fn collect_files(root: &Path, dir: &Path, out: &mut Vec<PathBuf>) {

@@ -156,10 +156,8 @@ fn code_pages(path: &Path) -> Vec<(u64, u64)> {
 }
 
 #[test]
-fn link_and_unlink_after_the_recording_is_not_stale() {
-    let Some(st) = setup("link_and_unlink_after_the_recording_is_not_stale") else {
-        return;
-    };
+fn link_and_unlink_after_the_recording_is_not_stale() -> Outcome {
+    let st = setup("link_and_unlink_after_the_recording_is_not_stale")?;
     let rec = record(&st);
     for f in [&st.fx.prog, &st.fx.libfix] {
         // `ln lib.so x && rm x`: the link count is back to one.
@@ -171,13 +169,12 @@ fn link_and_unlink_after_the_recording_is_not_stale() {
     }
     let (table, report) = inject(&st, &rec, "out.data");
     assert_accepted(&st, &rec, &table, &report, "ln + rm");
+    Ok(())
 }
 
 #[test]
-fn chmod_after_the_recording_is_not_stale() {
-    let Some(st) = setup("chmod_after_the_recording_is_not_stale") else {
-        return;
-    };
+fn chmod_after_the_recording_is_not_stale() -> Outcome {
+    let st = setup("chmod_after_the_recording_is_not_stale")?;
     let rec = record(&st);
     for f in [&st.fx.prog, &st.fx.libfix] {
         run_ok(Command::new("chmod").arg("0700").arg(f));
@@ -185,13 +182,12 @@ fn chmod_after_the_recording_is_not_stale() {
     }
     let (table, report) = inject(&st, &rec, "out.data");
     assert_accepted(&st, &rec, &table, &report, "chmod");
+    Ok(())
 }
 
 #[test]
-fn chown_after_the_recording_is_not_stale() {
-    let Some(st) = setup("chown_after_the_recording_is_not_stale") else {
-        return;
-    };
+fn chown_after_the_recording_is_not_stale() -> Outcome {
+    let st = setup("chown_after_the_recording_is_not_stale")?;
     let rec = record(&st);
     // root gives the files away; anyone else chowns them to themselves (which moves
     // the ctime all the same).
@@ -205,24 +201,19 @@ fn chown_after_the_recording_is_not_stale() {
     }
     let (table, report) = inject(&st, &rec, "out.data");
     assert_accepted(&st, &rec, &table, &report, "chown");
+    Ok(())
 }
 
 /// pdinject's cache hard-links the proven files into ~/.debug; the user empties the
 /// cache; the next run over the same recording proves the same files.
 #[test]
-fn emptied_build_id_cache_is_not_stale() {
-    let Some(st) = setup("emptied_build_id_cache_is_not_stale") else {
-        return;
-    };
+fn emptied_build_id_cache_is_not_stale() -> Outcome {
+    let st = setup("emptied_build_id_cache_is_not_stale")?;
     let rec = record(&st);
     let (table, report) = inject(&st, &rec, "first.data");
     assert_accepted(&st, &rec, &table, &report, "first run");
     if fs::metadata(&st.fx.libfix).unwrap().nlink() < 2 {
-        skip(
-            "emptied_build_id_cache_is_not_stale",
-            "the build-ID cache is on another filesystem (copies, no hard links)",
-        );
-        return;
+        return skip("the build-ID cache is on another filesystem (copies, no hard links)");
     }
     fs::remove_dir_all(test_home().join(".debug")).unwrap();
     for f in [&st.fx.prog, &st.fx.libfix] {
@@ -231,25 +222,20 @@ fn emptied_build_id_cache_is_not_stale() {
     }
     let (table, report) = inject(&st, &rec, "second.data");
     assert_accepted(&st, &rec, &table, &report, "after the cache was emptied");
+    Ok(())
 }
 
 /// perf hard-links every hit DSO into ~/.debug at the end of a recording made
 /// without -B; emptying that cache unlinks them again. A `-B` recording made before
 /// keeps its IDs.
 #[test]
-fn emptied_perf_cache_is_not_stale() {
-    let Some(st) = setup("emptied_perf_cache_is_not_stale") else {
-        return;
-    };
+fn emptied_perf_cache_is_not_stale() -> Outcome {
+    let st = setup("emptied_perf_cache_is_not_stale")?;
     let rec = record(&st);
     let later = record_prog(&st, &[], "later.data");
     assert!(later.exists());
     if fs::metadata(&st.fx.libfix).unwrap().nlink() < 2 {
-        skip(
-            "emptied_perf_cache_is_not_stale",
-            "perf linked nothing into the test's ~/.debug",
-        );
-        return;
+        return skip("perf linked nothing into the test's ~/.debug");
     }
     fs::remove_dir_all(test_home().join(".debug")).unwrap();
     for f in [&st.fx.prog, &st.fx.libfix] {
@@ -258,15 +244,14 @@ fn emptied_perf_cache_is_not_stale() {
     }
     let (table, report) = inject(&st, &rec, "out.data");
     assert_accepted(&st, &rec, &table, &report, "perf's cache emptied");
+    Ok(())
 }
 
 /// `cp -p` of a rebuild with 8 KiB more code over the recorded library: the recorded
 /// mapping of its code is one page, the file's code segment three.
 #[test]
-fn cp_p_of_a_bigger_rebuild_is_stale() {
-    let Some(st) = setup("cp_p_of_a_bigger_rebuild_is_stale") else {
-        return;
-    };
+fn cp_p_of_a_bigger_rebuild_is_stale() -> Outcome {
+    let st = setup("cp_p_of_a_bigger_rebuild_is_stale")?;
     let big = rebuild(&st, "-DBIG", LIB_ID_BIG);
     let rec = record(&st);
     run_ok(Command::new("cp").arg("-p").arg(&big).arg(&st.fx.libfix));
@@ -284,15 +269,14 @@ fn cp_p_of_a_bigger_rebuild_is_stale() {
         ],
         "cp -p of a bigger rebuild",
     );
+    Ok(())
 }
 
 /// The same over a file that has another link (pdinject's cache entry): the link
 /// count excuses nothing.
 #[test]
-fn cp_p_over_a_file_linked_in_the_cache_is_stale() {
-    let Some(st) = setup("cp_p_over_a_file_linked_in_the_cache_is_stale") else {
-        return;
-    };
+fn cp_p_over_a_file_linked_in_the_cache_is_stale() -> Outcome {
+    let st = setup("cp_p_over_a_file_linked_in_the_cache_is_stale")?;
     let big = rebuild(&st, "-DBIG", LIB_ID_BIG);
     let rec = record(&st);
     let (table, report) = inject(&st, &rec, "first.data");
@@ -310,14 +294,13 @@ fn cp_p_over_a_file_linked_in_the_cache_is_stale() {
         &["(ctime)", "layout is not the recorded one"],
         "cp -p over a file with a link in ~/.debug",
     );
+    Ok(())
 }
 
 /// Rewritten in place (new bytes, new mtime), then `touch -d` back to the old mtime.
 #[test]
-fn touch_d_after_a_rewrite_is_stale() {
-    let Some(st) = setup("touch_d_after_a_rewrite_is_stale") else {
-        return;
-    };
+fn touch_d_after_a_rewrite_is_stale() -> Outcome {
+    let st = setup("touch_d_after_a_rewrite_is_stale")?;
     let big = rebuild(&st, "-DBIG", LIB_ID_BIG);
     let rec = record(&st);
     let old = fs::metadata(&st.fx.libfix).unwrap();
@@ -340,6 +323,7 @@ fn touch_d_after_a_rewrite_is_stale() {
         &["(ctime)", "layout is not the recorded one"],
         "rewrite + touch -d",
     );
+    Ok(())
 }
 
 /// The documented limit: `cp -p` of a rebuild whose code changed but whose segments
@@ -349,10 +333,8 @@ fn touch_d_after_a_rewrite_is_stale() {
 /// (the rebuild's, not the one recorded) is written. This asserts that it is, so a
 /// rule that starts refusing it shows here.
 #[test]
-fn cp_p_of_a_same_layout_rebuild_is_the_limit() {
-    let Some(st) = setup("cp_p_of_a_same_layout_rebuild_is_the_limit") else {
-        return;
-    };
+fn cp_p_of_a_same_layout_rebuild_is_the_limit() -> Outcome {
+    let st = setup("cp_p_of_a_same_layout_rebuild_is_the_limit")?;
     let variant = rebuild(&st, "-DVARIANT", LIB_ID_VARIANT);
     assert_ne!(
         fs::read(&variant).unwrap(),
@@ -383,4 +365,5 @@ fn cp_p_of_a_same_layout_rebuild_is_the_limit() {
         table.get(&s(&st.fx.libfix)).map(String::as_str),
         Some(LIB_ID_VARIANT)
     );
+    Ok(())
 }

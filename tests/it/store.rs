@@ -265,20 +265,15 @@ fn other_host(cmd: &Path) -> Command {
 }
 
 #[test]
-fn fleet_store_served_by_debuginfod_symbolises_elsewhere() {
-    const TEST: &str = "fleet_store_served_by_debuginfod_symbolises_elsewhere";
+fn fleet_store_served_by_debuginfod_symbolises_elsewhere() -> Outcome {
     for b in ["debuginfod", "debuginfod-find", "objcopy", "strip"] {
         if !have(b) {
-            skip(
-                TEST,
-                &format!("{b} not installed (apt install debuginfod binutils)"),
-            );
-            return;
+            return skip(format!(
+                "{b} not installed (apt install debuginfod binutils)"
+            ));
         }
     }
-    let Some(perf) = can_record(TEST) else {
-        return;
-    };
+    let perf = can_record()?;
     let tmp = tempfile::Builder::new()
         .prefix("pdinject-store-")
         .tempdir()
@@ -303,9 +298,7 @@ fn fleet_store_served_by_debuginfod_symbolises_elsewhere() {
     }
 
     fs::create_dir(t.join("slurm")).unwrap();
-    let Some(cluster) = Cluster::start(TEST, &t.join("slurm")) else {
-        return;
-    };
+    let cluster = Cluster::start(&t.join("slurm"))?;
     let store = t.join("store");
     let out = t.join("out");
     let home = t.join("home");
@@ -451,7 +444,7 @@ fn fleet_store_served_by_debuginfod_symbolises_elsewhere() {
     );
 
     // The recording host's view, with the programs in place, by each perf there is.
-    let perfs: Vec<Perf> = [Some(perf.clone()), perf612(TEST), perf73(TEST)]
+    let perfs: Vec<Perf> = [Some(perf.clone()), part(perf612()), part(perf73())]
         .into_iter()
         .flatten()
         .collect();
@@ -492,8 +485,7 @@ fn fleet_store_served_by_debuginfod_symbolises_elsewhere() {
         .stderr(Stdio::null())
         .spawn();
     let Ok(child) = child else {
-        skip(TEST, "debuginfod does not start");
-        return;
+        return skip("debuginfod does not start");
     };
     let _server = Server(child);
     let url = format!("http://127.0.0.1:{port}");
@@ -510,8 +502,7 @@ fn fleet_store_served_by_debuginfod_symbolises_elsewhere() {
         ok
     });
     if !ready {
-        skip(TEST, "debuginfod did not serve the store within 30 s");
-        return;
+        return skip("debuginfod did not serve the store within 30 s");
     }
 
     // Another machine: the programs gone, an empty HOME.
@@ -592,6 +583,7 @@ fn fleet_store_served_by_debuginfod_symbolises_elsewhere() {
             }
         }
     }
+    Ok(())
 }
 
 /// A run killed (SIGKILL) at each of its store crash points in turn (half a file
@@ -599,10 +591,8 @@ fn fleet_store_served_by_debuginfod_symbolises_elsewhere() {
 /// files: no final name is ever a partial or wrong file, and the next run completes
 /// the store. Named temp files older than an hour are removed, younger ones kept.
 #[test]
-fn killed_writers_leave_only_whole_files() {
-    let Some(st) = setup("killed_writers_leave_only_whole_files") else {
-        return;
-    };
+fn killed_writers_leave_only_whole_files() -> Outcome {
+    let st = setup("killed_writers_leave_only_whole_files")?;
     let rec = record_prog(&st, &["-B"], "rec.data");
     let mut sources = BTreeMap::new();
     for (p, id) in [(&st.fx.prog, PROG_ID), (&st.fx.libfix, LIB_ID)] {
@@ -667,16 +657,15 @@ fn killed_writers_leave_only_whole_files() {
             assert!(fs::read(f).unwrap() == fs::read(path).unwrap(), "{id}");
         }
     }
+    Ok(())
 }
 
 /// Four runs filling one store at once (named temp files, as on NFS): each ID is
 /// added by exactly one of them, every file is whole, and the second run of each
 /// costs no write.
 #[test]
-fn concurrent_writers_add_each_id_once() {
-    let Some(st) = setup("concurrent_writers_add_each_id_once") else {
-        return;
-    };
+fn concurrent_writers_add_each_id_once() -> Outcome {
+    let st = setup("concurrent_writers_add_each_id_once")?;
     let rec = record_prog(&st, &["-B"], "rec.data");
     let store = st.dir.join("store");
     for named in [true, false] {
@@ -725,4 +714,5 @@ fn concurrent_writers_add_each_id_once() {
         assert_eq!(r["store"]["added"], 0, "{}", report_summary(&r));
         assert_eq!(r["store"]["bytes_added"], 0);
     }
+    Ok(())
 }

@@ -40,18 +40,19 @@ impl Rec {
 }
 
 /// perf 7.3 when unpacked (it records build-ID MMAP2 records by default, as perf
-/// 6.17+ do), else perf 6.1 with `--buildid-mmap`.
-fn recorder(test: &str) -> Option<Perf> {
-    let p61 = can_record(test)?;
+/// 6.17+ do), else perf 6.1 with `--buildid-mmap`. A perf 7.3 that is unpacked but
+/// does not run is a part left out (`part`).
+fn recorder() -> Result<Perf, Skip> {
+    let p61 = can_record()?;
     let root = std::env::var_os("PDINJECT_TEST_PERF73").unwrap_or_else(|| "/tmp/p73".into());
     if Path::new(&root).join("perf").exists() {
-        return perf73(test).or(Some(p61));
+        return Ok(part(perf73()).unwrap_or(p61));
     }
-    Some(p61)
+    Ok(p61)
 }
 
-fn record(test: &str) -> Option<Rec> {
-    let perf = recorder(test)?;
+fn record(test: &str) -> Result<Rec, Skip> {
+    let perf = recorder()?;
     let tmp = tempfile::Builder::new()
         .prefix(&format!("pdinject-{test}-"))
         .tempdir()
@@ -87,7 +88,7 @@ fn record(test: &str) -> Option<Rec> {
             fmt_map(&ids)
         );
     }
-    Some(Rec {
+    Ok(Rec {
         perf,
         _tmp: tmp,
         dir,
@@ -263,9 +264,9 @@ fn assert_not_passed_on(perf: &Perf, out: &Path, path: &str, bad: &str, ctx: &st
 /// gets its own; no output (table, stream, build-ID MMAP2 mode) names plug1's ID for
 /// plug2.so.
 #[test]
-fn a_claim_made_for_two_files_is_proven() {
+fn a_claim_made_for_two_files_is_proven() -> Outcome {
     const T: &str = "a_claim_made_for_two_files_is_proven";
-    let Some(rec) = record(T) else { return };
+    let rec = record(T)?;
     let (p1, p2) = (rec.plug(1), rec.plug(2));
     let bad = rec.dir.join("bad.data");
     claim(&rec.data, &bad, "/plug2.so", PLUG1_ID);
@@ -339,15 +340,16 @@ fn a_claim_made_for_two_files_is_proven() {
         mmap2_records(&recs, "/plug2.so").len(),
         mmap2_records(&fs::read(&bad).unwrap(), "/plug2.so").len()
     );
+    Ok(())
 }
 
 /// The same contradiction with nothing to prove it: the plugin files gone, or the
 /// recording of another host. Both plugins are refused as `conflicting-claim`,
 /// each naming the other, and neither ID reaches the output.
 #[test]
-fn a_claim_made_for_two_files_without_proof_is_refused() {
+fn a_claim_made_for_two_files_without_proof_is_refused() -> Outcome {
     const T: &str = "a_claim_made_for_two_files_without_proof_is_refused";
-    let Some(rec) = record(T) else { return };
+    let rec = record(T)?;
     let (p1, p2) = (rec.plug(1), rec.plug(2));
     let bad = rec.dir.join("bad.data");
     claim(&rec.data, &bad, "/plug2.so", PLUG1_ID);
@@ -409,6 +411,7 @@ fn a_claim_made_for_two_files_without_proof_is_refused() {
             assert_not_passed_on(&rec.perf, &out, p, PLUG1_ID, &ctx);
         }
     }
+    Ok(())
 }
 
 /// Loaded modules with build-ID notes, as `/sys/module/NAME/notes` gives them.
@@ -449,9 +452,9 @@ fn kallsyms_readable() -> bool {
 /// the first keeps its ID, the second gets its own, and a lone module whose record
 /// disagrees with its notes gets the notes' ID.
 #[test]
-fn module_claims_of_one_id_are_refused_or_proven() {
+fn module_claims_of_one_id_are_refused_or_proven() -> Outcome {
     const T: &str = "module_claims_of_one_id_are_refused_or_proven";
-    let Some(rec) = record(T) else { return };
+    let rec = record(T)?;
     let perf = &rec.perf;
 
     // Build-ID MMAP2 records: [trustmod_a] and [trustmod_b] both claim PLUG1_ID.
@@ -555,7 +558,7 @@ fn module_claims_of_one_id_are_refused_or_proven() {
             loaded.len(),
             kallsyms_readable()
         );
-        return;
+        return Ok(());
     }
     let ((ma, ida), (mb, idb)) = (&loaded[0], &loaded[1]);
     let pa = format!("[{ma}]");
@@ -584,6 +587,7 @@ fn module_claims_of_one_id_are_refused_or_proven() {
     assert_eq!(a["build_id"], ida.as_str(), "{}", report_summary(&r));
     assert_eq!(a["claim"]["verdict"], "corrected");
     assert_not_passed_on(perf, &out, &pa, PLUG2_ID, "lone module");
+    Ok(())
 }
 
 /// A stream whose contradicting record comes batches after the claim it contradicts:
@@ -591,9 +595,9 @@ fn module_claims_of_one_id_are_refused_or_proven() {
 /// record, 5 MB of FINISHED_ROUNDs later, claims the same ID. plug1.so is decided
 /// again and refused, plug2.so proven.
 #[test]
-fn a_claim_contradicted_in_a_later_batch_is_decided_again() {
+fn a_claim_contradicted_in_a_later_batch_is_decided_again() -> Outcome {
     const T: &str = "a_claim_contradicted_in_a_later_batch_is_decided_again";
-    let Some(rec) = record(T) else { return };
+    let rec = record(T)?;
     let (p1, p2) = (rec.plug(1), rec.plug(2));
     let pipe = rec.dir.join("rec.pdata");
     let o = run(rec
@@ -661,4 +665,5 @@ fn a_claim_contradicted_in_a_later_batch_is_decided_again() {
         "{}",
         fmt_map(&got)
     );
+    Ok(())
 }

@@ -129,12 +129,8 @@ fn table(perf: &Perf, file: &Path) -> std::collections::BTreeMap<String, String>
 }
 
 #[test]
-fn unwinding_finds_callers_through_debug_frame_without_frame_pointers() {
-    let Some(perf) =
-        can_record("unwinding_finds_callers_through_debug_frame_without_frame_pointers")
-    else {
-        return;
-    };
+fn unwinding_finds_callers_through_debug_frame_without_frame_pointers() -> Outcome {
+    let perf = can_record()?;
     let uw = build();
     // The fixture is what it claims: libdbg's CFI is in .debug_frame.
     assert!(
@@ -200,13 +196,12 @@ fn unwinding_finds_callers_through_debug_frame_without_frame_pointers() {
         t.contains_key(uw.leaf.to_str().unwrap()),
         "the sampled leaf library is missing"
     );
+    Ok(())
 }
 
 #[test]
-fn stack_copy_cut_short_keeps_what_was_found() {
-    let Some(perf) = can_record("stack_copy_cut_short_keeps_what_was_found") else {
-        return;
-    };
+fn stack_copy_cut_short_keeps_what_was_found() -> Outcome {
+    let perf = can_record()?;
     let uw = build();
     // 400 levels of recursion do not fit in a 1 KiB stack copy: the unwinder runs out
     // of stack inside libdeep and never reaches libdbg or main.
@@ -228,13 +223,12 @@ fn stack_copy_cut_short_keeps_what_was_found() {
     );
     assert!(report["unwound_samples"].as_u64().unwrap_or(0) > 0);
     assert_same_script(&perf, &data, &out, SCRIPT_ARGS);
+    Ok(())
 }
 
 #[test]
-fn deep_recursion_frame_cap_and_budget_are_counted() {
-    let Some(perf) = can_record("deep_recursion_frame_cap_and_budget_are_counted") else {
-        return;
-    };
+fn deep_recursion_frame_cap_and_budget_are_counted() -> Outcome {
+    let perf = can_record()?;
     let uw = build();
     let data = record_dwarf(&perf, &uw, 65528, &["300", "200"], "deep.data");
     let out = uw.dir.path().join("out.data");
@@ -274,13 +268,12 @@ fn deep_recursion_frame_cap_and_budget_are_counted() {
         "{}",
         fmt_map(&t)
     );
+    Ok(())
 }
 
 #[test]
-fn output_does_not_depend_on_thread_count() {
-    let Some(perf) = can_record("output_does_not_depend_on_thread_count") else {
-        return;
-    };
+fn output_does_not_depend_on_thread_count() -> Outcome {
+    let perf = can_record()?;
     let uw = build();
     let data = record_dwarf(&perf, &uw, 8192, &["24", "300"], "j.data");
     let mut outs = Vec::new();
@@ -295,4 +288,5 @@ fn output_does_not_depend_on_thread_count() {
         outs.windows(2).all(|w| w[0] == w[1]),
         "outputs differ between thread counts"
     );
+    Ok(())
 }
