@@ -14,7 +14,8 @@
 //! makes perf look at them: concurrent runs and a kill at any moment leave only
 //! complete entries (at worst a stray `.NAME.pdinject-*.tmp` file perf ignores).
 //! The file linked or copied is the open file whose note was read (the proven one),
-//! through /proc/self/fd, never the path opened again.
+//! through /proc/self/fd, never the path opened again. Each hard link of a DSO is
+//! recorded in the cache's link record (`.pdinject-links`, see [`super::vouch`]).
 
 use super::elf::{open_regular, read_build_id};
 use super::{Group, HostTrust, Outcome, Source, host};
@@ -366,7 +367,14 @@ fn add(
                     }
                 };
                 mkdir(&dir)?;
-                let placed = place(&target, &content)?;
+                let placed = match &content {
+                    // A hard link moves the file's ctime: the link record says it was
+                    // this link (what lets a later run prove the file; vouch.rs).
+                    Content::File(f) => {
+                        super::vouch::record_link(&cache.dir, f, id, || place(&target, &content))?
+                    }
+                    Content::Bytes(..) => place(&target, &content)?,
+                };
                 if state != CacheState::Fetched {
                     state = placed;
                 }

@@ -21,6 +21,7 @@ pub mod host;
 pub mod memo;
 pub mod proof;
 pub mod store;
+pub mod vouch;
 
 use crate::format::buildid::{BuildId, BuildIdTable, TableEntry};
 use crate::format::record::FileIdent;
@@ -283,6 +284,8 @@ pub struct Evidence<'a> {
     pub symfs: Option<&'a Path>,
     /// The run's memo of file proofs, if it keeps one.
     pub memo: Option<&'a memo::Memo>,
+    /// What may excuse a ctime moved after the recording started.
+    pub vouchers: &'a vouch::Vouchers,
 }
 
 fn same_space(e: &TableEntry, kind: DsoKind) -> bool {
@@ -666,7 +669,14 @@ fn prove_group(
                 return Outcome::refused(why.clone());
             }
             let ident = inodes.first().map(|i| **i).unwrap_or(FileIdent::None);
-            match elf::prove_and_read(Path::new(&g.name), &ident, &maps, &ev.times, ev.memo) {
+            match elf::prove_and_read(
+                Path::new(&g.name),
+                &ident,
+                &maps,
+                &ev.times,
+                ev.memo,
+                ev.vouchers,
+            ) {
                 Ok(p) => Outcome::Found(Found {
                     file: Some(p.file),
                     ..Found::of(p.build_id, Source::Elf)

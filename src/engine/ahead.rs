@@ -100,7 +100,10 @@ impl<'f> Beside<'f> {
             attrs: engine.attrs().to_vec(),
             e: engine.endian(),
             busy: AtomicBool::new(false),
-            first_tables: Mutex::new(Some(UnwindTables::new(engine.opts().memo.clone()))),
+            first_tables: Mutex::new(Some(UnwindTables::new(
+                engine.opts().memo.clone(),
+                engine.opts().vouchers.clone(),
+            ))),
             finished: Mutex::new(Vec::new()),
         }
     }

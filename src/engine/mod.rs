@@ -950,10 +950,10 @@ impl<'a> Engine<'a> {
         let unwind = self.unwind_config(batch.meta);
         let time_mode = self.time_mode.unwrap_or(false);
         let t = Instant::now();
-        let memo = &self.opts.memo;
+        let (memo, vouchers) = (&self.opts.memo, &self.opts.vouchers);
         let tables = self
             .tables
-            .get_or_insert_with(|| UnwindTables::new(memo.clone()));
+            .get_or_insert_with(|| UnwindTables::new(memo.clone(), vouchers.clone()));
         tables.grow(model);
         // Unwind tables obey the proof the IDs obey, batch by batch.
         tables.set_proof(
@@ -1089,6 +1089,7 @@ impl<'a> Engine<'a> {
             times: batch.start.clone(),
             symfs: self.opts.symfs.as_deref(),
             memo: self.opts.memo.as_deref(),
+            vouchers: &self.opts.vouchers,
         };
         // An ID no table entry or record can carry is refused before anything uses
         // it (the cache included).

@@ -6,7 +6,8 @@
 use super::arch::Arch;
 use super::image::{Shared, Worker};
 use crate::buildid::elf::{
-    FileTimes, Place, Segment, judge, open_regular, prove_and_read, read_build_id,
+    CtimeEvidence, FileTimes, Place, Segment, Vouchers, judge, open_regular, prove_and_read,
+    read_build_id,
 };
 use crate::buildid::memo::Memo;
 use crate::buildid::{LocalFiles, RecordingStart};
@@ -45,6 +46,8 @@ pub struct DsoUnwind {
     /// Proven by its build ID alone (see [`UnwindTables::load`]): its times do not
     /// matter.
     pub(super) by_id: bool,
+    /// What excused its ctime when it was proven (see [`UnwindTables::still_proven`]).
+    pub(super) ctime: CtimeEvidence,
 }
 
 /// Unwind information for every DSO, loaded on first use by whichever worker needs it.
@@ -59,6 +62,8 @@ pub struct UnwindTables {
     pub(super) start: RecordingStart,
     /// The run's memo of file proofs, if it keeps one.
     pub(super) memo: Option<Arc<Memo>>,
+    /// What may excuse a ctime moved after the start (the run's, as for IDs).
+    pub(super) vouchers: Vouchers,
     /// Workers between two runs over these tables: their images and rule caches stay
     /// right (image addresses depend on the DSO only), so a later batch starts warm.
     pub(super) idle: Mutex<Vec<Worker>>,
@@ -73,16 +78,19 @@ impl Default for UnwindTables {
             local: LocalFiles::Refused,
             start: RecordingStart::Unknown("not dated yet".into()),
             memo: None,
+            vouchers: Vouchers::none(),
             idle: Mutex::new(Vec::new()),
         }
     }
 }
 
 impl UnwindTables {
-    /// No tables yet, proving files through `memo` (the run's, if it keeps one).
-    pub fn new(memo: Option<Arc<Memo>>) -> Self {
+    /// No tables yet, proving files through `memo` (the run's, if it keeps one) by
+    /// the rules the IDs obey, `vouchers` included.
+    pub fn new(memo: Option<Arc<Memo>>, vouchers: Vouchers) -> Self {
         UnwindTables {
             memo,
+            vouchers,
             ..UnwindTables::default()
         }
     }
@@ -150,6 +158,7 @@ impl UnwindTables {
                     &dso.exec_maps,
                     start,
                     Place::of(&dso.ident),
+                    &t.ctime,
                 )
                 .is_ok()
         })
@@ -175,6 +184,7 @@ impl UnwindTables {
             &dso.exec_maps,
             &self.start,
             self.memo.as_deref(),
+            &self.vouchers,
         ) {
             Ok(p) => (p, false),
             // A mapping the kernel named by its build ID (perf 6.17 on records them
@@ -194,6 +204,7 @@ impl UnwindTables {
                             build_id: *id,
                             file: Arc::new(file),
                             key,
+                            ctime: CtimeEvidence::default(),
                         },
                         true,
                     )
@@ -209,6 +220,7 @@ impl UnwindTables {
         let meta = proven.file.metadata().ok()?;
         let mut t = load_sections(&proven.file, FileTimes::of(&meta))?;
         t.by_id = by_id;
+        t.ctime = proven.ctime.clone();
         let t = Arc::new(t);
         Some(
             self.by_file
@@ -289,6 +301,7 @@ pub(super) fn load_sections(file: &std::fs::File, proven: FileTimes) -> Option<D
         proven,
         loads,
         by_id: false,
+        ctime: Default::default(),
     })
 }
 
@@ -379,6 +392,7 @@ mod tests {
                 },
             ],
             by_id: false,
+            ctime: Default::default(),
         };
         let tables = |d: DsoUnwind| UnwindTables {
             per_dso: vec![OnceLock::from(Some(Arc::new(d))), OnceLock::from(None)],

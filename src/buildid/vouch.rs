@@ -1,0 +1,651 @@
+//! What may excuse a ctime that moved after a recording started (docs/guarantees.md,
+//! "Never a wrong build ID").
+//!
+//! A file whose ctime is after the recording's start while its mtime is older was
+//! linked, unlinked, renamed, chmod'ed or chown'ed since, or rewritten in place with
+//! its times set back (`cp -p`, `rsync --inplace -t`, `cat new > f; touch -r old f`).
+//! The inode keeps no other trace, and a rebuild from the same sources can keep every
+//! code segment in the same pages (only the build-ID note differs), so nothing the
+//! file or the recording holds tells the two apart. What can is a record made
+//! elsewhere that a rewrite cannot forge, each giving a time since which the file's
+//! bytes are known to be the ones they are now (a [`Voucher`]):
+//!
+//! * the package manager's: the file is byte for byte what dpkg installed
+//!   (`ADMINDIR/info/PKG.md5sums`), and that package was unpacked before the
+//!   recording started (see [`dpkg_voucher`] for which time says so);
+//! * pdinject's own, kept with the build-ID cache: when it hard-links a proven file
+//!   into the cache it appends a line (device, inode, the ID, the ctime seen before
+//!   the link, the ctime the link left) to `CACHE/.pdinject-links`; a file that
+//!   still has the ctime that link left has not changed since, and was what it is
+//!   from the ctime seen before it (see [`record_link`]).
+//!
+//! `--trust-same-layout` ([`Vouchers::same_layout`]) restores the rule that took a
+//! file whose code pages are laid out as recorded; it is off by default, because a
+//! same-layout rebuild written over the file passes it.
+//!
+//! Everything here is read lazily, at most once per process (per admindir, per cache
+//! directory), and only when a proof needs an excuse; the answer for a file is kept
+//! per file state (device, inode, size, mtime, ctime), so an MD5 is computed once.
+
+use crate::format::buildid::BuildId;
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::Write;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// dpkg's own default database (`dpkg --admindir`).
+pub const DPKG_ADMINDIR: &str = "/var/lib/dpkg";
+
+/// The name of pdinject's link record inside a build-ID cache directory.
+pub const LINK_LOG: &str = ".pdinject-links";
+
+/// Where the excuses for a moved ctime may come from: part of a run's options.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Vouchers {
+    /// dpkg's database (`--dpkg-admindir`; default [`DPKG_ADMINDIR`]); `None`: not read.
+    pub dpkg: Option<PathBuf>,
+    /// The build-ID cache whose link record ([`LINK_LOG`]) is read (the run's cache,
+    /// `-N` or not); `None`: none.
+    pub cache: Option<PathBuf>,
+    /// `--trust-same-layout`: a file whose recorded executable mappings are exactly
+    /// its segments is taken as unchanged whatever its ctime (a same-layout rebuild
+    /// written over it with its times set back passes too).
+    pub same_layout: bool,
+}
+
+impl Default for Vouchers {
+    fn default() -> Self {
+        Vouchers {
+            dpkg: Some(PathBuf::from(DPKG_ADMINDIR)),
+            cache: None,
+            same_layout: false,
+        }
+    }
+}
+
+impl Vouchers {
+    /// None at all: no package database, no cache record, no opt-in.
+    pub fn none() -> Vouchers {
+        Vouchers {
+            dpkg: None,
+            cache: None,
+            same_layout: false,
+        }
+    }
+}
+
+/// A record, made elsewhere, that a file's bytes have been what they are now since
+/// `since` (ns since the epoch).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Voucher {
+    /// The file is known unchanged from this moment on.
+    pub since: i128,
+    /// Who says so, in words (for the refusal when `since` is too late).
+    pub what: String,
+}
+
+/// What a proof knows beyond a file's inode when its ctime moved after the start.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CtimeEvidence {
+    /// A record that the bytes are unchanged since some time.
+    pub voucher: Option<Voucher>,
+    /// `--trust-same-layout` was given.
+    pub same_layout: bool,
+}
+
+impl Vouchers {
+    /// The evidence for the open `file` (`meta` its fstat, `id` the ID its note
+    /// gives, if any), found at `path`. Looked up only when a proof needs it (its
+    /// ctime is after a recording's start); kept per file state.
+    pub fn evidence(
+        &self,
+        file: &File,
+        meta: &std::fs::Metadata,
+        path: &Path,
+        id: Option<BuildId>,
+    ) -> CtimeEvidence {
+        type Key = (Vouchers, u64, u64, u64, i128, i128, Option<BuildId>);
+        static KEPT: OnceLock<Mutex<HashMap<Key, Option<Voucher>>>> = OnceLock::new();
+        let key: Key = (
+            self.clone(),
+            meta.dev(),
+            meta.ino(),
+            meta.len(),
+            ns(meta.mtime(), meta.mtime_nsec()),
+            ns(meta.ctime(), meta.ctime_nsec()),
+            id,
+        );
+        let kept = KEPT.get_or_init(Default::default);
+        let known = kept.lock().ok().and_then(|m| m.get(&key).cloned());
+        let voucher = match known {
+            Some(v) => v,
+            None => {
+                let v = self.find(file, meta, path, id);
+                // Only what the link record says can change within a process, and
+                // only by a link, which moves the ctime: a new key.
+                if let Ok(mut m) = kept.lock() {
+                    m.insert(key, v.clone());
+                }
+                v
+            }
+        };
+        CtimeEvidence {
+            voucher,
+            same_layout: self.same_layout,
+        }
+    }
+
+    fn find(
+        &self,
+        file: &File,
+        meta: &std::fs::Metadata,
+        path: &Path,
+        id: Option<BuildId>,
+    ) -> Option<Voucher> {
+        // The cheaper first: a line of the link record needs no reading of the file.
+        let linked = match (&self.cache, id) {
+            (Some(dir), Some(id)) => LinkLog::for_cache(dir).voucher(meta, id),
+            _ => None,
+        };
+        let packaged = || {
+            self.dpkg
+                .as_deref()
+                .and_then(|admin| dpkg_voucher(admin, file, meta, path))
+        };
+        // The earlier of the two proves the most recordings.
+        match (linked, packaged()) {
+            (Some(a), Some(b)) => Some(if a.since <= b.since { a } else { b }),
+            (a, b) => a.or(b),
+        }
+    }
+}
+
+fn ns(s: i64, n: i64) -> i128 {
+    s as i128 * 1_000_000_000 + n as i128
+}
+
+fn ctime_of(m: &std::fs::Metadata) -> i128 {
+    ns(m.ctime(), m.ctime_nsec())
+}
+
+/// Seconds with nanoseconds, as the proof's words print times.
+fn secs(t: i128) -> String {
+    format!(
+        "{}.{:09}",
+        t.div_euclid(1_000_000_000),
+        t.rem_euclid(1_000_000_000)
+    )
+}
+
+// ---------------------------------------------------------------------------
+// dpkg
+
+/// One line of a package's `.md5sums`.
+struct PackagedFile {
+    /// Index into [`DpkgIndex::packages`].
+    package: u32,
+    /// The path as dpkg lists it, made absolute.
+    path: PathBuf,
+    md5: [u8; 16],
+}
+
+/// Every `info/*.md5sums` of one dpkg database, by file name.
+#[derive(Default)]
+struct DpkgIndex {
+    packages: Vec<String>,
+    by_name: HashMap<Box<[u8]>, Vec<PackagedFile>>,
+}
+
+/// The index of `admindir`, read once per process.
+fn dpkg_index(admindir: &Path) -> Arc<DpkgIndex> {
+    type Cell = Arc<OnceLock<Arc<DpkgIndex>>>;
+    static INDEXES: OnceLock<Mutex<HashMap<PathBuf, Cell>>> = OnceLock::new();
+    let cell = {
+        let mut all = match INDEXES.get_or_init(Default::default).lock() {
+            Ok(g) => g,
+            Err(e) => e.into_inner(),
+        };
+        all.entry(admindir.to_path_buf()).or_default().clone()
+    };
+    cell.get_or_init(|| Arc::new(read_dpkg(admindir))).clone()
+}
+
+fn read_dpkg(admindir: &Path) -> DpkgIndex {
+    let mut ix = DpkgIndex::default();
+    let Ok(list) = std::fs::read_dir(admindir.join("info")) else {
+        return ix;
+    };
+    for e in list.flatten() {
+        let name = e.file_name();
+        let Some(pkg) = name.to_str().and_then(|n| n.strip_suffix(".md5sums")) else {
+            continue;
+        };
+        // Limits policy: a package's list of digests is kilobytes (libc6's 3 KB,
+        // the largest here 1.3 MB); a larger one is not read.
+        if e.metadata()
+            .map_or(true, |m| m.len() > crate::limits::MAX_DPKG_MD5SUMS)
+        {
+            continue;
+        }
+        let Ok(text) = std::fs::read(e.path()) else {
+            continue;
+        };
+        let Ok(package) = u32::try_from(ix.packages.len()) else {
+            break;
+        };
+        ix.packages.push(pkg.to_string());
+        for line in text.split(|&b| b == b'\n') {
+            // "d41d8cd98f00b204e9800998ecf8427e  usr/lib/x/libfoo.so.1"
+            let Some((hex, rest)) = line.split_at_checked(32) else {
+                continue;
+            };
+            let Some(md5) = unhex16(hex) else {
+                continue;
+            };
+            let rel = rest.trim_ascii_start();
+            let rel = rel.strip_prefix(b"/").unwrap_or(rel);
+            let Some(base) = rel.rsplit(|&b| b == b'/').next().filter(|b| !b.is_empty()) else {
+                continue;
+            };
+            let path = Path::new("/").join(std::ffi::OsStr::from_bytes(rel));
+            ix.by_name
+                .entry(base.into())
+                .or_default()
+                .push(PackagedFile { package, path, md5 });
+        }
+    }
+    ix
+}
+
+fn unhex16(hex: &[u8]) -> Option<[u8; 16]> {
+    let mut out = [0u8; 16];
+    for (i, pair) in hex.chunks_exact(2).enumerate() {
+        let s = std::str::from_utf8(pair).ok()?;
+        *out.get_mut(i)? = u8::from_str_radix(s, 16).ok()?;
+    }
+    Some(out)
+}
+
+/// The MD5 of an open file's bytes, read at explicit offsets.
+fn md5_of(file: &File, len: u64) -> Option<[u8; 16]> {
+    use md5::Digest;
+    let mut h = md5::Md5::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut off = 0u64;
+    while off < len {
+        match file.read_at(&mut buf, off) {
+            Ok(0) => return None,
+            Ok(n) => {
+                h.update(&buf[..n]);
+                off += n as u64;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return None,
+        }
+    }
+    Some(h.finalize().into())
+}
+
+/// dpkg's word for `file` (found at `path`): a voucher when a package lists a path
+/// naming this very file (device and inode: `/lib` and `/usr/lib` are one directory
+/// on a merged /usr, and dpkg lists either) with this file's MD5.
+///
+/// Since when: the time dpkg wrote the package's `info/PKG.list`, the later of its
+/// mtime and ctime. dpkg writes that list itself, as a new file renamed into place,
+/// when it unpacks the package, after the package's files are in place and the old
+/// version's are gone (`process_archive`: "now we can write the updated
+/// files-in-this package list"), and again whenever the package's list changes; so
+/// it is never older than the files it lists. `PKG.md5sums` is no such time: it is
+/// unpacked from the package's control archive with the package build's mtime
+/// (checked on this machine: libc6's md5sums has the mtime of libc.so.6 itself). A
+/// ctime cannot be set back; an mtime can, and the later of the two is used.
+fn dpkg_voucher(
+    admindir: &Path,
+    file: &File,
+    meta: &std::fs::Metadata,
+    path: &Path,
+) -> Option<Voucher> {
+    let ix = dpkg_index(admindir);
+    let mut names: Vec<Vec<u8>> = Vec::new();
+    for p in [Some(path.to_path_buf()), std::fs::canonicalize(path).ok()]
+        .into_iter()
+        .flatten()
+    {
+        if let Some(n) = p.file_name().map(|n| n.as_bytes().to_vec())
+            && !names.contains(&n)
+        {
+            names.push(n);
+        }
+    }
+    let mut md5 = None;
+    for n in names {
+        let Some(candidates) = ix.by_name.get(n.as_slice()) else {
+            continue;
+        };
+        for c in candidates {
+            let same = std::fs::metadata(&c.path)
+                .is_ok_and(|m| (m.dev(), m.ino()) == (meta.dev(), meta.ino()));
+            if !same {
+                continue;
+            }
+            let sum = *md5.get_or_insert_with(|| md5_of(file, meta.len()));
+            if sum != Some(c.md5) {
+                continue;
+            }
+            let pkg = ix.packages.get(c.package as usize)?;
+            let list = admindir.join("info").join(format!("{pkg}.list"));
+            let lm = std::fs::metadata(&list).ok()?;
+            let since = ns(lm.mtime(), lm.mtime_nsec()).max(ctime_of(&lm));
+            return Some(Voucher {
+                since,
+                what: format!(
+                    "dpkg lists {} with these bytes in package {pkg}, unpacked by {} s ({})",
+                    c.path.display(),
+                    secs(since),
+                    list.display()
+                ),
+            });
+        }
+    }
+    None
+}
+
+// ---------------------------------------------------------------------------
+// pdinject's link record
+
+/// One line of a cache's link record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct LinkRecord {
+    id: BuildId,
+    /// The file's ctime before pdinject's link.
+    before: i128,
+    /// The ctime pdinject's link (and the renames and removals of its temporary
+    /// names) left.
+    after: i128,
+}
+
+/// A link record's lines by `(st_dev, st_ino)`.
+type Links = HashMap<(u64, u64), Vec<LinkRecord>>;
+
+/// The link record of one cache directory: the file, and its lines by
+/// `(st_dev, st_ino)`, read on first use and kept up to date with this process's
+/// own links.
+struct LinkLog {
+    path: PathBuf,
+    lines: Mutex<Option<Links>>,
+}
+
+impl LinkLog {
+    /// The one log of `dir` in this process (a batch's runs share it, so a later
+    /// input sees the links an earlier one made).
+    fn for_cache(dir: &Path) -> Arc<LinkLog> {
+        static LOGS: OnceLock<Mutex<HashMap<PathBuf, Arc<LinkLog>>>> = OnceLock::new();
+        let mut all = match LOGS.get_or_init(Default::default).lock() {
+            Ok(g) => g,
+            Err(e) => e.into_inner(),
+        };
+        all.entry(dir.to_path_buf())
+            .or_insert_with(|| {
+                Arc::new(LinkLog {
+                    path: dir.join(LINK_LOG),
+                    lines: Mutex::new(None),
+                })
+            })
+            .clone()
+    }
+
+    /// The lines, read from the file the first time.
+    fn lines(&self) -> std::sync::MutexGuard<'_, Option<Links>> {
+        let mut g = match self.lines.lock() {
+            Ok(g) => g,
+            Err(e) => e.into_inner(),
+        };
+        if g.is_none() {
+            *g = Some(read_links(&self.path));
+        }
+        g
+    }
+
+    fn voucher(&self, meta: &std::fs::Metadata, id: BuildId) -> Option<Voucher> {
+        let g = self.lines();
+        let ctime = ctime_of(meta);
+        // The earliest "before" of the links that left this very ctime.
+        let r = g
+            .as_ref()?
+            .get(&(meta.dev(), meta.ino()))?
+            .iter()
+            .filter(|r| r.after == ctime && r.id == id)
+            .min_by_key(|r| r.before)?;
+        Some(Voucher {
+            since: r.before,
+            what: format!(
+                "pdinject's link of it into the build-ID cache ({}) found it unchanged since {} s",
+                self.path.display(),
+                secs(r.before)
+            ),
+        })
+    }
+}
+
+fn read_links(path: &Path) -> Links {
+    let mut map = Links::new();
+    let Ok(f) = File::open(path) else {
+        return map;
+    };
+    let len = f.metadata().map_or(0, |m| m.len());
+    // Limits policy: one line (about 100 bytes) per file pdinject ever linked into
+    // this cache; a record past the limit is read from its newest end.
+    let from = len.saturating_sub(crate::limits::MAX_LINK_LOG);
+    let want = usize::try_from(len - from).unwrap_or(0);
+    let mut buf = vec![0u8; want];
+    if f.read_exact_at(&mut buf, from).is_err() {
+        return map;
+    }
+    let mut lines = buf.split(|&b| b == b'\n');
+    if from > 0 {
+        // The first line is cut.
+        lines.next();
+    }
+    for line in lines {
+        if let Some((k, r)) = parse_link(line) {
+            map.entry(k).or_default().push(r);
+        }
+    }
+    map
+}
+
+/// `v1 DEV INO ID BEFORE AFTER` (decimal device and inode numbers, the ID in hex,
+/// both ctimes in ns since the epoch).
+fn parse_link(line: &[u8]) -> Option<((u64, u64), LinkRecord)> {
+    let s = std::str::from_utf8(line).ok()?;
+    let mut w = s.split_ascii_whitespace();
+    if w.next()? != "v1" {
+        return None;
+    }
+    let dev = w.next()?.parse().ok()?;
+    let ino = w.next()?.parse().ok()?;
+    let id = BuildId::from_hex(w.next()?)?;
+    let before = w.next()?.parse().ok()?;
+    let after = w.next()?.parse().ok()?;
+    if w.next().is_some() || after <= before {
+        return None;
+    }
+    Some(((dev, ino), LinkRecord { id, before, after }))
+}
+
+fn format_link(dev: u64, ino: u64, r: &LinkRecord) -> String {
+    format!("v1 {dev} {ino} {} {} {}\n", r.id, r.before, r.after)
+}
+
+/// Runs `link`, which hard-links the open `file` (whose note carries `id`) into the
+/// build-ID cache `dir`, and records the link: the ctime before it and the one it
+/// left. Every link into one cache is made under one lock of this process, so a
+/// proof here that sees the new ctime finds the record too.
+///
+/// What the record claims: between the two ctimes the file changed only by this
+/// link. That holds unless another process rewrote the file within the same
+/// instants (between the first fstat and the second, a few system calls); and a
+/// file whose ctime later equals the one recorded has not changed since, unless a
+/// change fell within the same clock tick as the link (the kernel's ctime clock is
+/// coarse). The note is read again after the link, so the record never names an ID
+/// the file does not carry.
+pub fn record_link<T>(
+    dir: &Path,
+    file: &File,
+    id: BuildId,
+    link: impl FnOnce() -> Result<T, String>,
+) -> Result<T, String> {
+    let log = LinkLog::for_cache(dir);
+    let mut g = log.lines();
+    let Ok(before) = file.metadata() else {
+        return link();
+    };
+    let r = link()?;
+    let Ok(after) = file.metadata() else {
+        return Ok(r);
+    };
+    let moved = (after.dev(), after.ino()) == (before.dev(), before.ino())
+        && ctime_of(&after) > ctime_of(&before);
+    if moved && super::elf::read_build_id(file).ok() == Some(id) {
+        let rec = LinkRecord {
+            id,
+            before: ctime_of(&before),
+            after: ctime_of(&after),
+        };
+        // One short line in one write with O_APPEND: the writes of several processes
+        // never interleave. A record that cannot be written only makes a later proof
+        // stricter.
+        let line = format_link(after.dev(), after.ino(), &rec);
+        let _ = std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .mode(0o644)
+            .open(&log.path)
+            .and_then(|mut f| f.write_all(line.as_bytes()));
+        if let Some(m) = g.as_mut() {
+            m.entry((after.dev(), after.ino())).or_default().push(rec);
+        }
+    }
+    Ok(r)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn link_lines_round_trip_and_junk_is_skipped() {
+        let id = BuildId::from_hex("11223344556677889900aabbccddeeff").unwrap();
+        let r = LinkRecord {
+            id,
+            before: 1_700_000_000_123_456_789,
+            after: 1_700_000_001_000_000_000,
+        };
+        let line = format_link(2049, 77, &r);
+        assert_eq!(
+            parse_link(line.trim_end().as_bytes()),
+            Some(((2049, 77), r))
+        );
+        for bad in [
+            "",
+            "v2 1 2 aa 1 2",
+            "v1 1 2 zz 1 2",
+            "v1 1 2 aa 2 1",
+            "v1 1 2 aa 1 2 3",
+            "v1 x 2 aa 1 2",
+        ] {
+            assert_eq!(parse_link(bad.as_bytes()), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_link_is_recorded_and_vouches_for_the_ctime_it_left() {
+        let d = tempfile::tempdir().unwrap();
+        let cache = d.path().join("cache");
+        std::fs::create_dir(&cache).unwrap();
+        let exe = File::open("/proc/self/exe").unwrap();
+        let Ok(id) = super::super::elf::read_build_id(&exe) else {
+            return; // a test binary linked without a build ID
+        };
+        // A copy of this test binary (its ID, a file of the test's own).
+        let lib = d.path().join("lib.so");
+        std::fs::copy("/proc/self/exe", &lib).unwrap();
+        let f = File::open(&lib).unwrap();
+        let before = f.metadata().unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let linked = cache.join("elf");
+        record_link(&cache, &f, id, || {
+            std::fs::hard_link(&lib, &linked).map_err(|e| e.to_string())
+        })
+        .unwrap();
+        let after = f.metadata().unwrap();
+        assert!(ctime_of(&after) > ctime_of(&before));
+        let text = std::fs::read_to_string(cache.join(LINK_LOG)).unwrap();
+        assert_eq!(text.lines().count(), 1, "{text}");
+        let v = Vouchers {
+            dpkg: None,
+            cache: Some(cache.clone()),
+            same_layout: false,
+        };
+        let e = v.evidence(&f, &after, &lib, Some(id));
+        assert_eq!(e.voucher.map(|v| v.since), Some(ctime_of(&before)));
+        // Another ID, or a ctime moved again: no voucher.
+        let other = BuildId::from_hex("abcdef").unwrap();
+        assert!(v.evidence(&f, &after, &lib, Some(other)).voucher.is_none());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::fs::remove_file(&linked).unwrap();
+        let moved = f.metadata().unwrap();
+        assert!(v.evidence(&f, &moved, &lib, Some(id)).voucher.is_none());
+        // A fresh read of the file (another process) finds the same line.
+        let fresh = read_links(&cache.join(LINK_LOG));
+        assert_eq!(fresh.values().flatten().count(), 1);
+    }
+
+    #[test]
+    fn dpkg_lists_the_file_by_another_path_to_the_same_inode() {
+        let d = tempfile::tempdir().unwrap();
+        let real = d.path().join("usr/lib");
+        std::fs::create_dir_all(&real).unwrap();
+        let lib = real.join("libt.so.1");
+        std::fs::write(&lib, b"not an ELF file, only bytes to sum").unwrap();
+        // dpkg lists it under a symlinked directory (a merged /usr's /lib).
+        std::os::unix::fs::symlink(&real, d.path().join("lib")).unwrap();
+        let admin = d.path().join("dpkg");
+        std::fs::create_dir_all(admin.join("info")).unwrap();
+        let sum: [u8; 16] = {
+            use md5::Digest;
+            md5::Md5::digest(std::fs::read(&lib).unwrap()).into()
+        };
+        let hex: String = sum.iter().map(|b| format!("{b:02x}")).collect();
+        let listed = d.path().join("lib/libt.so.1");
+        let rel = listed.strip_prefix("/").unwrap().display().to_string();
+        std::fs::write(
+            admin.join("info/libt1:amd64.md5sums"),
+            format!("{}  some/other/file\n{hex}  {rel}\n", "0".repeat(32)),
+        )
+        .unwrap();
+        std::fs::write(admin.join("info/libt1:amd64.list"), format!("/{rel}\n")).unwrap();
+        let f = File::open(&lib).unwrap();
+        let meta = f.metadata().unwrap();
+        let v = dpkg_voucher(&admin, &f, &meta, &lib).expect("a voucher");
+        let list = std::fs::metadata(admin.join("info/libt1:amd64.list")).unwrap();
+        assert_eq!(
+            v.since,
+            ctime_of(&list).max(ns(list.mtime(), list.mtime_nsec()))
+        );
+        assert!(v.what.contains("libt1:amd64"), "{}", v.what);
+        // Other bytes (same inode, rewritten): no voucher.
+        let admin2 = d.path().join("dpkg2");
+        std::fs::create_dir_all(admin2.join("info")).unwrap();
+        std::fs::write(
+            admin2.join("info/libt1.md5sums"),
+            format!("{}  {rel}\n", "1".repeat(32)),
+        )
+        .unwrap();
+        std::fs::write(admin2.join("info/libt1.list"), "").unwrap();
+        assert!(dpkg_voucher(&admin2, &f, &meta, &lib).is_none());
+    }
+}
