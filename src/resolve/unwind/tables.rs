@@ -424,10 +424,26 @@ mod tests {
         assert!(!tables(t(100, 100, None)).still_proven(&two(&text), &at(99)));
         // Created after it (its mtime set back).
         assert!(!tables(t(100, 120, Some(120))).still_proven(&two(&text), &at(110)));
-        // Changed after it: not stale when the recorded mapping is the file's text
-        // segment exactly (a link, a chmod), stale when it is not (rewritten), or
-        // when the records name no inode.
-        assert!(tables(t(100, 120, Some(90))).still_proven(&two(&text), &at(110)));
+        // Changed after it: kept only with what excused that when it was loaded (a
+        // voucher from before the real start, or --trust-same-layout and the
+        // recorded mapping exactly the file's text segment), never when the layout
+        // differs or the records name no inode.
+        assert!(!tables(t(100, 120, Some(90))).still_proven(&two(&text), &at(110)));
+        let excused = |since: Option<i128>, same_layout| {
+            let mut d = t(100, 120, Some(90));
+            d.ctime = CtimeEvidence {
+                voucher: since.map(|since| crate::buildid::vouch::Voucher {
+                    since,
+                    what: "a test's".into(),
+                }),
+                same_layout,
+            };
+            tables(d)
+        };
+        assert!(excused(Some(105), false).still_proven(&two(&text), &at(110)));
+        assert!(!excused(Some(115), false).still_proven(&two(&text), &at(110)));
+        assert!(excused(None, true).still_proven(&two(&text), &at(110)));
+        assert!(!excused(None, true).still_proven(&two(&[(0x1000, 0x2000)]), &at(110)));
         assert!(!tables(t(100, 120, None)).still_proven(&two(&[(0x1000, 0x2000)]), &at(110)));
         let no_inode = vec![
             dso(crate::format::record::FileIdent::None, &text),
