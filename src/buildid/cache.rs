@@ -642,15 +642,27 @@ fn commit(tmp: &Path, target: &Path) -> Result<CacheState, String> {
 fn place(target: &Path, content: &Content) -> Result<CacheState, String> {
     remove_stale_temps(target);
     let tmp = tmp_name(target);
+    // A run killed by SIGINT, SIGTERM or SIGHUP removes it (a SIGKILL leaves it to a
+    // later run's sweep).
+    let slot = crate::signals::watch(&tmp, false);
     let made = match content {
         Content::File(f) => link_fd(f, &tmp).or_else(|_| copy_fd(f, &tmp)),
         Content::Bytes(data, mode) => write_new(&tmp, *mode, |w| w.write_all(data)),
     };
-    if let Err(e) = made {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(format!("cannot write {}: {e}", tmp.display()));
+    let r = match made {
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            Err(format!("cannot write {}: {e}", tmp.display()))
+        }
+        Ok(()) => {
+            crate::signals::hooks::pause("cache");
+            commit(&tmp, target)
+        }
+    };
+    if let Some(slot) = slot {
+        crate::signals::unwatch(slot);
     }
-    commit(&tmp, target)
+    r
 }
 
 /// A hard link to the open file itself (perf's choice: no copy, same inode),

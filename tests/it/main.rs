@@ -28,6 +28,7 @@ mod perf73;
 mod pipe;
 mod quipper;
 mod record;
+mod signals;
 mod slurm;
 mod stale;
 mod store;
