@@ -29,7 +29,7 @@
 use super::runs::Merge;
 use super::{Dump, Layout, Records, sample_attr};
 use crate::format::attr::st;
-use crate::format::record::{RecordHeader, rt};
+use crate::format::record::{CONTEXT_USER_DEFERRED, RecordHeader, rt};
 use crate::format::sample::{SampleLayout, u64s};
 use crate::{Error, Result};
 use std::collections::{BTreeMap, HashMap};
@@ -66,11 +66,10 @@ struct Dumped {
     first: u64,
 }
 
-/// perf's PERF_CONTEXT_USER_DEFERRED: the callchain's user part comes later, in a
-/// PERF_RECORD_CALLCHAIN_DEFERRED record.
-const CONTEXT_USER_DEFERRED: u64 = (-640i64) as u64;
-/// PERF_RECORD_CALLCHAIN_DEFERRED.
-const RECORD_CALLCHAIN_DEFERRED: u32 = 22;
+/// perf's PERF_RECORD_CALLCHAIN_DEFERRED: a callchain's user part comes later, in a
+/// record of its own (PERF_CONTEXT_USER_DEFERRED marks the chains that wait for one;
+/// both are defined once, beside the record's typed view in `format::record`).
+const RECORD_CALLCHAIN_DEFERRED: u32 = rt::CALLCHAIN_DEFERRED;
 
 /// One record of a dump's list, as the sweep needs it.
 #[derive(Clone, Copy)]
