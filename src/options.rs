@@ -199,6 +199,17 @@ impl std::fmt::Debug for Options {
 }
 
 impl Options {
+    /// What may excuse a moved ctime in this run: [`Options::vouchers`], with the
+    /// link record of the cache this run fills when they name none (a library caller
+    /// that fills a cache proves again what its own links moved).
+    pub fn effective_vouchers(&self) -> crate::buildid::vouch::Vouchers {
+        let mut v = self.vouchers.clone();
+        if v.cache.is_none() {
+            v.cache = self.cache.as_ref().map(|c| c.dir.clone());
+        }
+        v
+    }
+
     /// Reports progress of `stage`, if anyone listens.
     pub(crate) fn progress(&self, stage: &str, done: u64, total: u64) {
         if let Some(p) = &self.progress {

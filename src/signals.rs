@@ -211,6 +211,7 @@ impl Drop for Deferred {
 }
 
 /// Whether a signal is waiting for a [`defer`] section to end.
+#[cfg(feature = "test-hooks")]
 pub(crate) fn deferred() -> bool {
     DEFERRED.load(Ordering::SeqCst) != 0
 }

@@ -17,10 +17,10 @@
 //! Assumption this relies on (checked by the unit test below only for today's proof):
 //! the proof's use of the recording's start time is a comparison with the file's mtime,
 //! ctime and birth time, and, once the ctime is after the start, with the time of what
-//! excuses that ([`super::vouch`]): a file in that state is keyed by the start itself
-//! (and by the [`Vouchers`] consulted), so its answer is never served to a recording
-//! with another start. If the proof ever compares with a slack, the time class below
-//! must use the same.
+//! excuses that ([`super::vouch`]): a file in that state is keyed also by whether its
+//! voucher (looked up here, kept per file state by the vouchers) is from before the
+//! start, and by the [`Vouchers`] consulted. If the proof ever compares with a slack,
+//! the time class below must use the same.
 
 use super::elf::{CtimeEvidence, Proven, RecordingStart, Refusal, Vouchers};
 use crate::format::buildid::BuildId;
@@ -47,9 +47,9 @@ struct ProofKey {
     /// How the file's mtime, ctime and birth time (if known) compare with the
     /// recording's start.
     times: Option<(CmpOrdering, CmpOrdering, Option<CmpOrdering>)>,
-    /// The start itself when the ctime is after it (what excuses that has a time of
-    /// its own), and what may excuse it.
-    ctime_moved: Option<(i128, Vouchers)>,
+    /// When the ctime is after the start: what may excuse it, and whether a voucher
+    /// was found and is from before the start.
+    ctime_moved: Option<(Vouchers, Option<bool>)>,
 }
 
 /// A memoised answer: the ID and what excused a moved ctime (the open file is not
@@ -155,7 +155,12 @@ pub(crate) fn lookup(
                 .btime
                 .map(|b| b.cmp(&start)),
         )),
-        ctime_moved: (file.4 > start).then(|| (start, vouchers.clone())),
+        ctime_moved: (file.4 > start).then(|| {
+            (
+                vouchers.clone(),
+                voucher_before(path, &meta, vouchers, start),
+            )
+        }),
     };
     let cell = {
         let mut proofs = memo.proofs.lock().ok()?;
@@ -209,6 +214,23 @@ pub(crate) fn lookup(
             }))
         }
     }
+}
+
+/// Whether the voucher for the file at `path` (`meta` its stat) is from before
+/// `start` (`None`: no voucher, or the file cannot be read: the proof says why).
+fn voucher_before(
+    path: &Path,
+    meta: &std::fs::Metadata,
+    vouchers: &Vouchers,
+    start: i128,
+) -> Option<bool> {
+    let (f, m) = super::elf::open_regular(path).ok()?;
+    if (m.dev(), m.ino()) != (meta.dev(), meta.ino()) {
+        return None;
+    }
+    let id = super::elf::read_build_id(&f).ok();
+    let e = vouchers.evidence(&f, &m, path, id);
+    e.voucher.map(|v| v.since <= start)
 }
 
 #[cfg(test)]

@@ -375,7 +375,8 @@ type Links = HashMap<(u64, u64), Vec<LinkRecord>>;
 /// own links.
 struct LinkLog {
     path: PathBuf,
-    lines: Mutex<Option<Links>>,
+    /// The lines read so far, and how many bytes of the file they came from.
+    lines: Mutex<Option<(Links, u64)>>,
 }
 
 impl LinkLog {
@@ -398,27 +399,44 @@ impl LinkLog {
     }
 
     /// The lines, read from the file the first time.
-    fn lines(&self) -> std::sync::MutexGuard<'_, Option<Links>> {
+    fn lines(&self) -> std::sync::MutexGuard<'_, Option<(Links, u64)>> {
         let mut g = match self.lines.lock() {
             Ok(g) => g,
             Err(e) => e.into_inner(),
         };
         if g.is_none() {
-            *g = Some(read_links(&self.path));
+            *g = Some(read_links(&self.path, 0));
         }
         g
     }
 
     fn voucher(&self, meta: &std::fs::Metadata, id: BuildId) -> Option<Voucher> {
-        let g = self.lines();
+        let mut g = self.lines();
         let ctime = ctime_of(meta);
-        // The earliest "before" of the links that left this very ctime.
-        let r = g
-            .as_ref()?
-            .get(&(meta.dev(), meta.ino()))?
-            .iter()
-            .filter(|r| r.after == ctime && r.id == id)
-            .min_by_key(|r| r.before)?;
+        let key = (meta.dev(), meta.ino());
+        let find = |links: &Links| {
+            // The earliest "before" of the links that left this very ctime.
+            links
+                .get(&key)?
+                .iter()
+                .filter(|r| r.after == ctime && r.id == id)
+                .min_by_key(|r| r.before)
+                .copied()
+        };
+        let (links, read) = g.as_mut()?;
+        let r = match find(links) {
+            Some(r) => r,
+            None => {
+                // Another process (a batch's other shard, a concurrent run) may have
+                // linked it since the record was read: read what it appended.
+                let (more, len) = read_links(&self.path, *read);
+                for (k, v) in more {
+                    links.entry(k).or_default().extend(v);
+                }
+                *read = len.max(*read);
+                find(links)?
+            }
+        };
         Some(Voucher {
             since: r.before,
             what: format!(
@@ -430,22 +448,26 @@ impl LinkLog {
     }
 }
 
-fn read_links(path: &Path) -> Links {
+/// The lines of the record at `path` from byte `from` on (0: all of it), and how
+/// far the whole lines read reach.
+fn read_links(path: &Path, from: u64) -> (Links, u64) {
     let mut map = Links::new();
     let Ok(f) = File::open(path) else {
-        return map;
+        return (map, from);
     };
     let len = f.metadata().map_or(0, |m| m.len());
     // Limits policy: one line (about 100 bytes) per file pdinject ever linked into
     // this cache; a record past the limit is read from its newest end.
-    let from = len.saturating_sub(crate::limits::MAX_LINK_LOG);
-    let want = usize::try_from(len - from).unwrap_or(0);
+    let start = from.max(len.saturating_sub(crate::limits::MAX_LINK_LOG));
+    let want = usize::try_from(len.saturating_sub(start)).unwrap_or(0);
     let mut buf = vec![0u8; want];
-    if f.read_exact_at(&mut buf, from).is_err() {
-        return map;
+    if f.read_exact_at(&mut buf, start).is_err() {
+        return (map, from);
     }
-    let mut lines = buf.split(|&b| b == b'\n');
-    if from > 0 {
+    // Only whole lines: a line being appended is read next time.
+    let whole = buf.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+    let mut lines = buf[..whole].split(|&b| b == b'\n');
+    if start > from {
         // The first line is cut.
         lines.next();
     }
@@ -454,7 +476,7 @@ fn read_links(path: &Path) -> Links {
             map.entry(k).or_default().push(r);
         }
     }
-    map
+    (map, start + whole as u64)
 }
 
 /// `v1 DEV INO ID BEFORE AFTER` (decimal device and inode numbers, the ID in hex,
@@ -525,7 +547,7 @@ pub fn record_link<T>(
             .mode(0o644)
             .open(&log.path)
             .and_then(|mut f| f.write_all(line.as_bytes()));
-        if let Some(m) = g.as_mut() {
+        if let Some((m, _)) = g.as_mut() {
             m.entry((after.dev(), after.ino())).or_default().push(rec);
         }
     }
@@ -600,8 +622,10 @@ mod tests {
         let moved = f.metadata().unwrap();
         assert!(v.evidence(&f, &moved, &lib, Some(id)).voucher.is_none());
         // A fresh read of the file (another process) finds the same line.
-        let fresh = read_links(&cache.join(LINK_LOG));
+        let (fresh, len) = read_links(&cache.join(LINK_LOG), 0);
         assert_eq!(fresh.values().flatten().count(), 1);
+        assert_eq!(len, text.len() as u64);
+        assert!(read_links(&cache.join(LINK_LOG), len).0.is_empty());
     }
 
     #[test]

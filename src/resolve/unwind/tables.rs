@@ -64,6 +64,10 @@ pub struct UnwindTables {
     pub(super) memo: Option<Arc<Memo>>,
     /// What may excuse a ctime moved after the start (the run's, as for IDs).
     pub(super) vouchers: Vouchers,
+    /// IDs the input's table and `--known-build-ids` give user DSO names
+    /// ([`crate::buildid::claimed_user_ids`]): a file whose note carries its name's
+    /// is that build.
+    pub(super) claimed: Arc<HashMap<String, crate::format::buildid::BuildId>>,
     /// Workers between two runs over these tables: their images and rule caches stay
     /// right (image addresses depend on the DSO only), so a later batch starts warm.
     pub(super) idle: Mutex<Vec<Worker>>,
@@ -79,6 +83,7 @@ impl Default for UnwindTables {
             start: RecordingStart::Unknown("not dated yet".into()),
             memo: None,
             vouchers: Vouchers::none(),
+            claimed: Arc::default(),
             idle: Mutex::new(Vec::new()),
         }
     }
@@ -135,6 +140,11 @@ impl UnwindTables {
         self.start = start;
     }
 
+    /// Sets the IDs the input gives user DSO names ([`crate::buildid::claimed_user_ids`]).
+    pub fn set_claimed(&mut self, claimed: Arc<HashMap<String, crate::format::buildid::BuildId>>) {
+        self.claimed = claimed;
+    }
+
     /// Whether every table loaded so far would still be loaded under `start` and with
     /// the executable offsets `dsos` now record: tables loaded while a file was being
     /// scanned were proven against the recording's start as far as the scan had seen
@@ -188,11 +198,12 @@ impl UnwindTables {
         ) {
             Ok(p) => (p, false),
             // A mapping the kernel named by its build ID (perf 6.17 on records them
-            // so): a file with that very ID is the one mapped, whatever its times say
-            // (a hard link into a build-ID cache moves a library's ctime, and without
-            // an inode in the record the proof by times refuses it).
-            Err(_) => match &dso.ident {
-                crate::format::record::FileIdent::BuildId(id) => {
+            // so), or a name the input's table or --known-build-ids give an ID: a
+            // file with that very ID is that build, whatever its times say (a hard
+            // link into a build-ID cache moves a library's ctime: `perf record`
+            // links every DSO of its table).
+            Err(_) => match (&dso.ident, self.claimed.get(&dso.name)) {
+                (crate::format::record::FileIdent::BuildId(id), _) | (_, Some(id)) => {
                     let (file, meta) = open_regular(Path::new(&dso.name)).ok()?;
                     if read_build_id(&file).ok()? != *id {
                         return None;
