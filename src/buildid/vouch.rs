@@ -487,6 +487,10 @@ fn read_links(path: &Path, from: u64) -> (Links, u64) {
     let Ok(f) = File::open(path) else {
         return (map, from);
     };
+    // A link another process is making holds the record's lock from before the link
+    // to after its line is written: a file whose ctime that link moved is read with
+    // its line (see [`record_link`]).
+    let _shared = Flock::new(&f, libc::LOCK_SH);
     let len = f.metadata().map_or(0, |m| m.len());
     // Limits policy: one line (about 100 bytes) per file pdinject ever linked into
     // this cache; a record past the limit is read from its newest end.
@@ -554,6 +558,16 @@ pub fn record_link<T>(
 ) -> Result<T, String> {
     let log = LinkLog::for_cache(dir);
     let mut g = log.lines();
+    // The record itself, locked from before the link until its line is written, so
+    // another process that sees the ctime this link leaves reads the line too. A
+    // record that cannot be opened only makes a later proof stricter.
+    let rec_file = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o644)
+        .open(&log.path)
+        .ok();
+    let _exclusive = rec_file.as_ref().map(|f| Flock::new(f, libc::LOCK_EX));
     let Ok(before) = file.metadata() else {
         return link();
     };
@@ -573,17 +587,42 @@ pub fn record_link<T>(
         // never interleave. A record that cannot be written only makes a later proof
         // stricter.
         let line = format_link(after.dev(), after.ino(), &rec);
-        let _ = std::fs::OpenOptions::new()
-            .append(true)
-            .create(true)
-            .mode(0o644)
-            .open(&log.path)
-            .and_then(|mut f| f.write_all(line.as_bytes()));
+        if let Some(mut f) = rec_file.as_ref() {
+            let _ = f.write_all(line.as_bytes());
+        }
         if let Some((m, _)) = g.as_mut() {
             m.entry((after.dev(), after.ino())).or_default().push(rec);
         }
     }
     Ok(r)
+}
+
+/// An advisory lock (flock) on an open file, released when dropped. Where the
+/// filesystem has none, nothing is locked (a proof may then miss a line another
+/// process is writing, and refuse: stricter, never wrong).
+struct Flock<'f>(&'f File);
+
+impl<'f> Flock<'f> {
+    fn new(f: &'f File, how: libc::c_int) -> Flock<'f> {
+        use std::os::fd::AsRawFd;
+        // SAFETY: flock on a descriptor this process owns; an error leaves it
+        // unlocked, which the caller tolerates.
+        unsafe {
+            while libc::flock(f.as_raw_fd(), how) != 0
+                && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted
+            {
+            }
+        }
+        Flock(f)
+    }
+}
+
+impl Drop for Flock<'_> {
+    fn drop(&mut self) {
+        use std::os::fd::AsRawFd;
+        // SAFETY: as in `new`.
+        unsafe { libc::flock(self.0.as_raw_fd(), libc::LOCK_UN) };
+    }
 }
 
 #[cfg(test)]
