@@ -55,6 +55,16 @@ pub const DECOMPRESS_FLOOR: u64 = 64 << 20;
 /// of the file one chunk: mapped whole, memory would follow the file size.
 pub const MAX_RESOLVE_WINDOW: u64 = 64 << 20;
 
+/// Bytes of one dpkg `info/PKG.md5sums` read when a moved ctime needs the package
+/// manager's word (`crate::buildid::vouch`): a package's list of digests is kilobytes
+/// (libc6's 3 KB, the largest on this machine 1.3 MB); a larger one is not read.
+pub const MAX_DPKG_MD5SUMS: u64 = 16 << 20;
+
+/// Bytes of a build-ID cache's link record (`.pdinject-links`, one line of about 100
+/// bytes per file pdinject ever linked into the cache) read at most; a longer record
+/// is read from its newest end.
+pub const MAX_LINK_LOG: u64 = 64 << 20;
+
 /// Feature tail (every byte after the data section) that `--in-place` rewrites over
 /// itself at most, to fit a BUILD_ID table without growing the file: the undo journal
 /// holds the old tail, memory the old and the new. perf writes tails of kilobytes (a

@@ -126,6 +126,10 @@ pub struct Options {
     /// The memo of file proofs the run consults (a batch shares one across its
     /// inputs; `None`: every proof reads its file).
     pub memo: Option<std::sync::Arc<crate::buildid::memo::Memo>>,
+    /// What may excuse a DSO's ctime moved after the recording started: dpkg's
+    /// database (`--dpkg-admindir`), pdinject's cache links, `--trust-same-layout`
+    /// (docs/guarantees.md).
+    pub vouchers: crate::buildid::vouch::Vouchers,
 }
 
 /// What the output's samples carry of user stacks.
@@ -159,6 +163,7 @@ impl Default for Options {
             callchains: Callchains::AsRecorded,
             jit: JitChoice::Off,
             memo: None,
+            vouchers: crate::buildid::vouch::Vouchers::default(),
         }
     }
 }
@@ -188,11 +193,23 @@ impl std::fmt::Debug for Options {
             .field("attrs_for", &self.attrs_for)
             .field("callchains", &self.callchains)
             .field("jit", &self.jit)
+            .field("vouchers", &self.vouchers)
             .finish_non_exhaustive()
     }
 }
 
 impl Options {
+    /// What may excuse a moved ctime in this run: [`Options::vouchers`], with the
+    /// link record of the cache this run fills when they name none (a library caller
+    /// that fills a cache proves again what its own links moved).
+    pub fn effective_vouchers(&self) -> crate::buildid::vouch::Vouchers {
+        let mut v = self.vouchers.clone();
+        if v.cache.is_none() {
+            v.cache = self.cache.as_ref().map(|c| c.dir.clone());
+        }
+        v
+    }
+
     /// Reports progress of `stage`, if anyone listens.
     pub(crate) fn progress(&self, stage: &str, done: u64, total: u64) {
         if let Some(p) = &self.progress {

@@ -446,5 +446,6 @@ pub fn reason_word(r: Reason) -> &'static str {
         Reason::Deleted => "deleted",
         Reason::Unsupported => "unsupported",
         Reason::ConflictingClaim => "conflicting-claim",
+        Reason::CtimeMoved => "ctime-moved",
     }
 }

@@ -25,6 +25,10 @@ pub struct Fingerprint<'a> {
     attrs_for: AttrsFor,
     callchains: Callchains,
     jit: crate::options::JitChoice,
+    /// dpkg's database and --trust-same-layout (the cache's link record is the
+    /// cache's state, as a file's times are: not an option).
+    dpkg: Option<&'a Path>,
+    same_layout: bool,
 }
 
 impl<'a> Fingerprint<'a> {
@@ -55,6 +59,7 @@ impl<'a> Fingerprint<'a> {
             stream_memory: _,
             // Proofs answered from the memo are the proofs run again (it is exact).
             memo: _,
+            vouchers,
         } = o;
         Fingerprint {
             mode: *mode,
@@ -67,6 +72,8 @@ impl<'a> Fingerprint<'a> {
             attrs_for: *attrs_for,
             callchains: *callchains,
             jit: *jit,
+            dpkg: vouchers.dpkg.as_deref(),
+            same_layout: vouchers.same_layout,
         }
     }
 }
@@ -86,6 +93,8 @@ impl fmt::Display for Fingerprint<'_> {
             attrs_for,
             callchains,
             jit,
+            dpkg,
+            same_layout,
         } = self;
         let known: Vec<String> = known.iter().map(|(id, p)| format!("{id} {p}")).collect();
         write!(
@@ -110,7 +119,14 @@ impl fmt::Display for Fingerprint<'_> {
             crate::options::JitChoice::Inject(crate::options::JitMaps::Every) => {
                 write!(f, ";jit=all")
             }
+        }?;
+        if *dpkg != Some(Path::new(crate::buildid::vouch::DPKG_ADMINDIR)) {
+            write!(f, ";dpkg_admindir={dpkg:?}")?;
         }
+        if *same_layout {
+            write!(f, ";trust_same_layout")?;
+        }
+        Ok(())
     }
 }
 

@@ -14,7 +14,8 @@
 //! makes perf look at them: concurrent runs and a kill at any moment leave only
 //! complete entries (at worst a stray `.NAME.pdinject-*.tmp` file perf ignores).
 //! The file linked or copied is the open file whose note was read (the proven one),
-//! through /proc/self/fd, never the path opened again.
+//! through /proc/self/fd, never the path opened again. Each hard link of a DSO is
+//! recorded in the cache's link record (`.pdinject-links`, see [`super::vouch`]).
 
 use super::elf::{open_regular, read_build_id};
 use super::{Group, HostTrust, Outcome, Source, host};
@@ -366,7 +367,14 @@ fn add(
                     }
                 };
                 mkdir(&dir)?;
-                let placed = place(&target, &content)?;
+                let placed = match &content {
+                    // A hard link moves the file's ctime: the link record says it was
+                    // this link (what lets a later run prove the file; vouch.rs).
+                    Content::File(f) => {
+                        super::vouch::record_link(&cache.dir, f, id, || place(&target, &content))?
+                    }
+                    Content::Bytes(..) => place(&target, &content)?,
+                };
                 if state != CacheState::Fetched {
                     state = placed;
                 }
@@ -634,15 +642,27 @@ fn commit(tmp: &Path, target: &Path) -> Result<CacheState, String> {
 fn place(target: &Path, content: &Content) -> Result<CacheState, String> {
     remove_stale_temps(target);
     let tmp = tmp_name(target);
+    // A run killed by SIGINT, SIGTERM or SIGHUP removes it (a SIGKILL leaves it to a
+    // later run's sweep).
+    let slot = crate::signals::watch(&tmp, false);
     let made = match content {
         Content::File(f) => link_fd(f, &tmp).or_else(|_| copy_fd(f, &tmp)),
         Content::Bytes(data, mode) => write_new(&tmp, *mode, |w| w.write_all(data)),
     };
-    if let Err(e) = made {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(format!("cannot write {}: {e}", tmp.display()));
+    let r = match made {
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            Err(format!("cannot write {}: {e}", tmp.display()))
+        }
+        Ok(()) => {
+            crate::signals::hooks::pause("cache");
+            commit(&tmp, target)
+        }
+    };
+    if let Some(slot) = slot {
+        crate::signals::unwatch(slot);
     }
-    commit(&tmp, target)
+    r
 }
 
 /// A hard link to the open file itself (perf's choice: no copy, same inode),

@@ -10,6 +10,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 pub use super::proof::{FileTimes, Place, Proven, Reason, RecordingStart, Refusal};
+pub use super::vouch::{CtimeEvidence, Vouchers};
 
 /// The GNU build ID of an ELF image in memory (a vdso, a download, a decompressed
 /// module), by the same rules as [`read_build_id`].
@@ -466,21 +467,25 @@ pub fn read_build_id(file: &File) -> Result<BuildId, Refusal> {
 /// older mtime is what a link, unlink, rename, chmod or chown leaves (perf and
 /// pdinject hard-link every DSO into ~/.debug, and emptying that cache unlinks them)
 /// and also what a rewrite in place with its times set back leaves (`cp -p`,
-/// `touch -d`): such a file is accepted only when the records named its inode and
-/// every recorded executable mapping is exactly one of its segments as a loader maps
-/// it (see [`judge`]).
+/// `rsync --inplace -t`), even one that keeps every code page where it was: such a
+/// file is accepted only with a record made elsewhere that its bytes did not change
+/// since before the start ([`super::vouch`]: dpkg's, pdinject's own cache link), or
+/// under `--trust-same-layout` (see [`judge`]).
 pub fn prove_and_read(
     path: &Path,
     ident: &FileIdent,
     exec_maps: &ExecMaps,
     start: &RecordingStart,
     memo: Option<&super::memo::Memo>,
+    vouchers: &Vouchers,
 ) -> Result<Proven, Refusal> {
     // A run (a batch) proves each file once (the memo re-checks the file is the same).
-    if let Some(r) = memo.and_then(|m| super::memo::lookup(m, path, ident, exec_maps, start)) {
+    if let Some(r) =
+        memo.and_then(|m| super::memo::lookup(m, path, ident, exec_maps, start, vouchers))
+    {
         return r;
     }
-    prove(path, Some(ident), exec_maps, start)
+    prove(path, Some(ident), exec_maps, start, vouchers)
 }
 
 /// [`prove_and_read`] for a file under a sysroot (`--symfs`): a copy of the recorded
@@ -494,7 +499,8 @@ pub fn prove_in_sysroot(
     exec_maps: &ExecMaps,
     start: &RecordingStart,
 ) -> Result<Proven, Refusal> {
-    prove(path, None, exec_maps, start)
+    // A copy's ctime is its own: nothing to excuse.
+    prove(path, None, exec_maps, start, &Vouchers::none())
 }
 
 /// The rules on times that need nothing read from the file.
@@ -528,42 +534,31 @@ fn judge_times(t: &FileTimes, start: i128, place: Place) -> Result<(), Refusal> 
 }
 
 /// The proof's rules on a file's times and layout, given what was read of it: its
-/// times, its PT_LOAD segments and the recording's executable mappings of it. The
-/// same rules decide whether unwind tables loaded early may stay.
+/// times, its PT_LOAD segments, the recording's executable mappings of it and what
+/// excuses a moved ctime (`ctime`, looked up only when the ctime is after the start).
+/// The same rules decide whether unwind tables loaded early may stay.
 ///
 /// A ctime after the recording started, with an older mtime, is left by a link,
 /// unlink, rename, chmod or chown, and by a rewrite in place with the mtime set back;
-/// the inode keeps no other trace. What tells them apart is the recording: each
-/// executable mapping's file offset and length must be exactly those a loader gives
-/// one of the file's segments (page-rounded offset and page-rounded end), and each
-/// executable segment must be among them. A rewrite slips through only if every
-/// executable segment starts in the same file page and spans the same number of
-/// pages as before (a small change to code can); then the ID is the new file's.
+/// the inode keeps no other trace. The recording's mappings cannot tell them apart
+/// either: a rebuild from the same sources keeps every code segment in the same pages
+/// (only the build-ID note differs), and then every recorded mapping is exactly one
+/// of its segments as a loader maps it. So such a file is accepted only with a
+/// voucher (a record made elsewhere: dpkg's, pdinject's cache link) that its bytes
+/// are unchanged since before the start, or, under `--trust-same-layout`, when the
+/// records named its inode and the layout is exactly the recorded one. Refused, it is
+/// `stale` when the layout shows another file, else `ctime-moved` (it may be fine).
 pub fn judge(
     t: &FileTimes,
     loads: &[Segment],
     maps: &ExecMaps,
     start: i128,
     place: Place,
+    ctime: &CtimeEvidence,
 ) -> Result<(), Refusal> {
     judge_times(t, start, place)?;
     if place != Place::Sysroot && t.ctime > start {
-        let why = match place {
-            Place::RecordedInode => exact_layout(loads, maps, page_size()).err(),
-            // A file renamed over the mapped one after being given its old mtime
-            // would look the same.
-            _ => Some("the records name no inode to show it is the file mapped".into()),
-        };
-        if let Some(why) = why {
-            return Err((
-                Reason::Stale,
-                format!(
-                    "changed at {} s (ctime), after the recording started ({} s), with an older mtime, and {why}: rewritten in place with its times set back?",
-                    fmt_time(t.ctime),
-                    fmt_time(start)
-                ),
-            ));
-        }
+        excuse_ctime(t, loads, maps, start, place, ctime)?;
     }
     // A loader's mapping's offset is its segment's offset rounded down to the page
     // size (4 KiB to 64 KiB: a sysroot's machine may have other pages than this one).
@@ -612,6 +607,63 @@ pub fn judge(
         }
     }
     Ok(())
+}
+
+/// A ctime after the start (see [`judge`]): excused, or the refusal that says what
+/// moved and what the user can do.
+fn excuse_ctime(
+    t: &FileTimes,
+    loads: &[Segment],
+    maps: &ExecMaps,
+    start: i128,
+    place: Place,
+    ctime: &CtimeEvidence,
+) -> Result<(), Refusal> {
+    if ctime.voucher.as_ref().is_some_and(|v| v.since <= start) {
+        return Ok(());
+    }
+    let layout = match place {
+        Place::RecordedInode => exact_layout(loads, maps, page_size()),
+        // A file renamed over the mapped one after being given its old mtime would
+        // look the same.
+        _ => Err(Layout::Unknown(
+            "the records name no inode to show it is the file mapped".into(),
+        )),
+    };
+    if ctime.same_layout && layout.is_ok() {
+        return Ok(());
+    }
+    let changed = format!(
+        "changed at {} s (ctime), after the recording started ({} s), with an older mtime ({} s)",
+        fmt_time(t.ctime),
+        fmt_time(start),
+        fmt_time(t.mtime)
+    );
+    if let Err(Layout::Differs(why)) = layout {
+        return Err((
+            Reason::Stale,
+            format!("{changed}, and {why}: rewritten in place with its times set back?"),
+        ));
+    }
+    let late = match &ctime.voucher {
+        Some(v) => format!(" ({}, after the recording started)", v.what),
+        None => String::new(),
+    };
+    let no_inode = match layout {
+        Err(Layout::Unknown(why)) if place != Place::RecordedInode => format!("; {why}"),
+        _ => String::new(),
+    };
+    let opt_in = if place == Place::RecordedInode {
+        ", or --trust-same-layout to take a file whose code is laid out as recorded"
+    } else {
+        ""
+    };
+    Err((
+        Reason::CtimeMoved,
+        format!(
+            "{changed}: a link, chmod, chown or rename leaves that, and so does a rewrite in place with its times set back, and nothing shows which (no package record of these bytes, no build-ID cache link of pdinject's{late}){no_inode}. To prove such files: record with --buildid-mmap, run pdinject in the recording's pipeline while the files are mapped, give --known-build-ids{opt_in}"
+        ),
+    ))
 }
 
 /// This machine's page size.
@@ -665,33 +717,55 @@ fn loader_maps(loads: &[Segment], page: u64) -> LoaderMaps {
     }
 }
 
+/// Why the recording's executable mappings are not shown to be exactly a file's
+/// segments (see [`exact_layout`]), in words.
+#[derive(Debug, PartialEq, Eq)]
+enum Layout {
+    /// The recording has nothing to compare (no executable mapping, too many).
+    Unknown(String),
+    /// A recorded mapping is none of the file's segments, or a code segment of the
+    /// file was never mapped: not the file the recording mapped.
+    Differs(String),
+}
+
+impl Layout {
+    #[cfg(test)]
+    fn words(&self) -> &str {
+        match self {
+            Layout::Unknown(w) | Layout::Differs(w) => w,
+        }
+    }
+}
+
 /// Whether the recording's executable mappings are exactly a loader's mappings of
 /// these segments (see [`judge`]); if not, what differs, in words.
-fn exact_layout(loads: &[Segment], maps: &ExecMaps, page: u64) -> Result<(), String> {
+fn exact_layout(loads: &[Segment], maps: &ExecMaps, page: u64) -> Result<(), Layout> {
     let fmt = |v: &mut dyn Iterator<Item = (u64, u64)>| {
         v.map(|(o, l)| format!("{l:#x} bytes at {o:#x}"))
             .collect::<Vec<_>>()
             .join(", ")
     };
     if maps.maps.is_empty() {
-        return Err("the recording maps none of it executable, so nothing shows its layout".into());
+        return Err(Layout::Unknown(
+            "the recording maps none of it executable, so nothing shows its layout".into(),
+        ));
     }
     if maps.more {
-        return Err(format!(
+        return Err(Layout::Unknown(format!(
             "the recording maps it executable in more than {} ways, so not every mapping can be compared",
             ExecMaps::KEPT
-        ));
+        )));
     }
     let file = loader_maps(loads, page);
     let recorded = |m: &(u64, u64)| maps.maps.contains(m);
     for m in &maps.maps {
         if !file.segments.iter().any(|s| s.0 == *m) && file.whole.as_ref() != Some(m) {
-            return Err(format!(
+            return Err(Layout::Differs(format!(
                 "its layout is not the recorded one: the recorded mapping of {:#x} bytes at file offset {:#x} is none of its segments (which map {})",
                 m.1,
                 m.0,
                 fmt(&mut file.segments.iter().map(|s| s.0).chain(file.whole))
-            ));
+            )));
         }
     }
     // Each executable segment was mapped (ld.so and the kernel map them all): one
@@ -700,12 +774,12 @@ fn exact_layout(loads: &[Segment], maps: &ExecMaps, page: u64) -> Result<(), Str
     for &(m, exec) in &file.segments {
         let via_whole = file.first == Some(m) && file.whole.as_ref().is_some_and(recorded);
         if exec && !recorded(&m) && !via_whole {
-            return Err(format!(
+            return Err(Layout::Differs(format!(
                 "its layout is not the recorded one: its executable segment of {:#x} bytes at file offset {:#x} is none of the recorded mappings ({})",
                 m.1,
                 m.0,
                 fmt(&mut maps.maps.iter().copied())
-            ));
+            )));
         }
     }
     Ok(())
@@ -716,6 +790,7 @@ pub(super) fn prove(
     ident: Option<&FileIdent>,
     exec_maps: &ExecMaps,
     start: &RecordingStart,
+    vouchers: &Vouchers,
 ) -> Result<Proven, Refusal> {
     // An unknown start refuses before anything is opened: the proof is never skipped.
     let start = match start {
@@ -765,14 +840,26 @@ pub(super) fn prove(
     let key = (meta.dev(), meta.ino());
     let cache = reader(&file);
     let elf = parse(&cache)?;
-    judge(&times, &elf.loads(), exec_maps, start, place)?;
-    let build_id = id_of(&elf)?;
+    let id = id_of(&elf);
+    // What may excuse a moved ctime is looked up only when it moved (a package's
+    // digest means reading the whole file).
+    let ctime = if place != Place::Sysroot && times.ctime > start {
+        vouchers.evidence(&file, &meta, path, id.as_ref().ok().copied())
+    } else {
+        CtimeEvidence {
+            voucher: None,
+            same_layout: vouchers.same_layout,
+        }
+    };
+    judge(&times, &elf.loads(), exec_maps, start, place, &ctime)?;
+    let build_id = id?;
     // The reader borrows the file, which moves into the proof.
     drop(cache);
     Ok(Proven {
         build_id,
         file: Arc::new(file),
         key,
+        ctime,
     })
 }
 
@@ -836,6 +923,7 @@ mod proof_tests {
             &ExecMaps::default(),
             &unknown,
             None,
+            &Vouchers::default(),
         );
         assert_eq!(r.err().map(|e| e.0), Some(Reason::Undated));
         let r = prove_and_read(
@@ -844,6 +932,7 @@ mod proof_tests {
             &ExecMaps::default(),
             &RecordingStart::Known(0),
             None,
+            &Vouchers::default(),
         );
         assert_eq!(r.err().map(|e| e.0), Some(Reason::Missing));
     }
@@ -905,7 +994,8 @@ mod proof_tests {
             (0x27000, 0x156000),
         ] {
             let e = exact_layout(&libc, &maps(&[m]), p).unwrap_err();
-            assert!(e.contains("is none of its segments"), "{e}");
+            assert!(matches!(e, Layout::Differs(_)), "{e:?}");
+            assert!(e.words().contains("is none of its segments"), "{e:?}");
         }
         // `-z noseparate-code`: the first segment is code, mapped over the whole
         // image (0x203000 bytes here: the bss of the last one included).
@@ -920,24 +1010,33 @@ mod proof_tests {
         two.push(seg(0x4000, 0x5000, 0x100, 0x100, true));
         let e = exact_layout(&two, &maps(&[(0x1000, 0x1000)]), p).unwrap_err();
         assert!(
-            e.contains("executable segment of 0x1000 bytes at file offset 0x4000"),
-            "{e}"
+            e.words()
+                .contains("executable segment of 0x1000 bytes at file offset 0x4000"),
+            "{e:?}"
         );
         // Nothing recorded, or more than was kept: no evidence.
-        assert!(exact_layout(&separate(), &maps(&[]), p).is_err());
+        assert!(matches!(
+            exact_layout(&separate(), &maps(&[]), p),
+            Err(Layout::Unknown(_))
+        ));
         let mut many = maps(&[(0x1000, 0x1000)]);
         for i in 0..ExecMaps::KEPT as u64 {
             many.add(0x1000, 0x2000 + i);
         }
         assert!(many.more);
-        assert!(exact_layout(&separate(), &many, p).is_err());
+        assert!(matches!(
+            exact_layout(&separate(), &many, p),
+            Err(Layout::Unknown(_))
+        ));
     }
 
-    /// A ctime after the start is excused only by an exact layout and a recorded
-    /// inode; the mtime and birth time rules come first; a sysroot copy's ctime and
-    /// birth time are its own.
+    /// A ctime after the start is excused only by a voucher from before the start, or
+    /// under --trust-same-layout by an exact layout and a recorded inode; refused, it
+    /// is `stale` when the layout shows another file, else `ctime-moved`. The mtime
+    /// and birth time rules come first; a sysroot copy's ctime and birth time are its
+    /// own.
     #[test]
-    fn ctime_after_the_start_needs_the_recorded_layout() {
+    fn ctime_after_the_start_needs_a_voucher() {
         let times = |mtime, ctime, btime| FileTimes {
             mtime,
             ctime,
@@ -945,29 +1044,102 @@ mod proof_tests {
         };
         let text = maps(&[(0x1000, 0x1000)]);
         let wrong = maps(&[(0x1000, 0x2000)]);
-        let j = |t: FileTimes, m: &ExecMaps, place| {
-            judge(&t, &separate(), m, 100, place).map_err(|e| e.1)
+        let none = CtimeEvidence::default();
+        let trust = CtimeEvidence {
+            voucher: None,
+            same_layout: true,
         };
-        assert!(j(times(50, 60, Some(40)), &wrong, Place::RecordedInode).is_ok());
-        assert!(j(times(50, 160, Some(40)), &text, Place::RecordedInode).is_ok());
-        assert!(j(times(50, 160, None), &text, Place::RecordedInode).is_ok());
-        let e = j(times(50, 160, None), &wrong, Place::RecordedInode).unwrap_err();
-        assert!(
-            e.contains("(ctime)") && e.contains("0x2000 bytes at file offset 0x1000"),
-            "{e}"
-        );
-        let e = j(times(50, 160, None), &text, Place::Local).unwrap_err();
-        assert!(e.contains("name no inode"), "{e}");
-        let e = j(times(50, 160, Some(150)), &text, Place::RecordedInode).unwrap_err();
+        let vouched = |since| CtimeEvidence {
+            voucher: Some(super::super::vouch::Voucher {
+                since,
+                what: "a test's record".into(),
+            }),
+            same_layout: false,
+        };
+        let j = |t: FileTimes, m: &ExecMaps, place, c: &CtimeEvidence| {
+            judge(&t, &separate(), m, 100, place, c)
+        };
+        let ok = |r: Result<(), Refusal>| r.is_ok();
+        let reason = |r: Result<(), Refusal>| r.err().map(|e| e.0);
+        let words = |r: Result<(), Refusal>| r.err().map(|e| e.1).unwrap_or_default();
+        // No ctime after the start: nothing to excuse.
+        assert!(ok(j(
+            times(50, 60, Some(40)),
+            &wrong,
+            Place::RecordedInode,
+            &none
+        )));
+        // The exact layout alone excuses nothing any more (a same-layout rebuild has
+        // it): ctime-moved, with what the user can do.
+        let r = j(times(50, 160, Some(40)), &text, Place::RecordedInode, &none);
+        assert_eq!(reason(r.clone()), Some(Reason::CtimeMoved));
+        let w = words(r);
+        for e in [
+            "(ctime)",
+            "--buildid-mmap",
+            "--known-build-ids",
+            "--trust-same-layout",
+        ] {
+            assert!(w.contains(e), "{e}: {w}");
+        }
+        // A voucher from before the start excuses, one from after does not (and is
+        // named); the opt-in excuses the exact layout of a recorded inode.
+        for place in [Place::RecordedInode, Place::Local] {
+            assert!(ok(j(times(50, 160, None), &text, place, &vouched(90))));
+            let r = j(times(50, 160, None), &text, place, &vouched(110));
+            assert_eq!(reason(r.clone()), Some(Reason::CtimeMoved));
+            assert!(words(r).contains("a test's record"));
+        }
+        assert!(ok(j(
+            times(50, 160, None),
+            &text,
+            Place::RecordedInode,
+            &trust
+        )));
+        // Another layout: stale, whatever the opt-in.
+        for c in [&none, &trust] {
+            let r = j(times(50, 160, None), &wrong, Place::RecordedInode, c);
+            assert_eq!(reason(r.clone()), Some(Reason::Stale));
+            let e = words(r);
+            assert!(
+                e.contains("(ctime)") && e.contains("0x2000 bytes at file offset 0x1000"),
+                "{e}"
+            );
+        }
+        // No inode recorded: the opt-in does not apply.
+        let r = j(times(50, 160, None), &text, Place::Local, &trust);
+        assert_eq!(reason(r.clone()), Some(Reason::CtimeMoved));
+        assert!(words(r).contains("name no inode"));
+        let e = words(j(
+            times(50, 160, Some(150)),
+            &text,
+            Place::RecordedInode,
+            &vouched(0),
+        ));
         assert!(e.contains("birth time"), "{e}");
-        let e = j(times(150, 160, Some(40)), &text, Place::RecordedInode).unwrap_err();
+        let e = words(j(
+            times(150, 160, Some(40)),
+            &text,
+            Place::RecordedInode,
+            &vouched(0),
+        ));
         assert!(e.starts_with("modified at"), "{e}");
         // Under --symfs: the copy's times, only mtime counts (and the loose layout).
-        assert!(j(times(50, 160, Some(150)), &wrong, Place::Sysroot).is_ok());
-        assert!(j(times(150, 160, None), &text, Place::Sysroot).is_err());
+        assert!(ok(j(
+            times(50, 160, Some(150)),
+            &wrong,
+            Place::Sysroot,
+            &none
+        )));
+        assert!(!ok(j(times(150, 160, None), &text, Place::Sysroot, &none)));
         let far = maps(&[(0x9_0000, 0x1000)]);
-        assert!(j(times(50, 160, None), &far, Place::Sysroot).is_err());
-        assert!(j(times(50, 60, None), &far, Place::RecordedInode).is_err());
+        assert!(!ok(j(times(50, 160, None), &far, Place::Sysroot, &none)));
+        assert!(!ok(j(
+            times(50, 60, None),
+            &far,
+            Place::RecordedInode,
+            &none
+        )));
     }
 
     /// A process that maps part of its own code again (V8 under --perf-prof maps its
@@ -988,7 +1160,9 @@ mod proof_tests {
             ctime: 50,
             btime: None,
         };
-        let j = |m: &ExecMaps| judge(&t, &node, m, 100, Place::RecordedInode).map_err(|e| e.1);
+        let none = CtimeEvidence::default();
+        let j =
+            |m: &ExecMaps| judge(&t, &node, m, 100, Place::RecordedInode, &none).map_err(|e| e.1);
         let loader = [
             (0x76f000, 0x2000),
             (0x772000, 0x1a8c000),
@@ -1015,9 +1189,9 @@ mod proof_tests {
         newer[3].offset += 0x100000;
         newer[4].offset += 0x100000;
         for place in [Place::RecordedInode, Place::Sysroot] {
-            let r = judge(&t, &newer, &maps(&with_builtins), 100, place);
+            let r = judge(&t, &newer, &maps(&with_builtins), 100, place, &none);
             assert!(r.is_err(), "{place:?}: a longer .text passed");
-            assert!(judge(&t, &newer, &maps(&loader), 100, place).is_err());
+            assert!(judge(&t, &newer, &maps(&loader), 100, place, &none).is_err());
         }
         // A segment whose end overflows is never "around" a mapping (no panic).
         let mut hostile = node;
@@ -1029,6 +1203,7 @@ mod proof_tests {
             &maps(&with_builtins),
             100,
             Place::RecordedInode,
+            &none,
         );
     }
 }

@@ -16,10 +16,13 @@
 //!
 //! Assumption this relies on (checked by the unit test below only for today's proof):
 //! the proof's use of the recording's start time is a comparison with the file's mtime,
-//! ctime and birth time. If it ever compares with a slack, the time class below must
-//! use the same.
+//! ctime and birth time, and, once the ctime is after the start, with the time of what
+//! excuses that ([`super::vouch`]): a file in that state is keyed also by whether its
+//! voucher (looked up here, kept per file state by the vouchers) is from before the
+//! start, and by the [`Vouchers`] consulted. If the proof ever compares with a slack,
+//! the time class below must use the same.
 
-use super::elf::{Proven, RecordingStart, Refusal};
+use super::elf::{CtimeEvidence, Proven, RecordingStart, Refusal, Vouchers};
 use crate::format::buildid::BuildId;
 use crate::format::record::FileIdent;
 use crate::model::ExecMaps;
@@ -44,11 +47,14 @@ struct ProofKey {
     /// How the file's mtime, ctime and birth time (if known) compare with the
     /// recording's start.
     times: Option<(CmpOrdering, CmpOrdering, Option<CmpOrdering>)>,
+    /// When the ctime is after the start: what may excuse it, and whether a voucher
+    /// was found and is from before the start.
+    ctime_moved: Option<(Vouchers, Option<bool>)>,
 }
 
-/// A memoised answer: the ID (the open file is not kept; each hit opens it anew and
-/// checks it is still the same file) or the refusal.
-type Answer = Result<BuildId, Refusal>;
+/// A memoised answer: the ID and what excused a moved ctime (the open file is not
+/// kept; each hit opens it anew and checks it is still the same file) or the refusal.
+type Answer = Result<(BuildId, CtimeEvidence), Refusal>;
 
 /// The memo of one run or batch: hand it to the proofs in [`crate::Options::memo`].
 #[derive(Default)]
@@ -121,6 +127,7 @@ pub(crate) fn lookup(
     ident: &FileIdent,
     exec_maps: &ExecMaps,
     times: &RecordingStart,
+    vouchers: &Vouchers,
 ) -> Option<Result<Proven, Refusal>> {
     // An undated recording is refused by the proof before any file is opened.
     let RecordingStart::Known(start) = *times else {
@@ -148,6 +155,12 @@ pub(crate) fn lookup(
                 .btime
                 .map(|b| b.cmp(&start)),
         )),
+        ctime_moved: (file.4 > start).then(|| {
+            (
+                vouchers.clone(),
+                voucher_before(path, &meta, vouchers, start),
+            )
+        }),
     };
     let cell = {
         let mut proofs = memo.proofs.lock().ok()?;
@@ -157,7 +170,7 @@ pub(crate) fn lookup(
     // Only one thread proves a key; the others wait for its answer.
     let answer = cell.get_or_init(|| {
         // The proof itself, not prove_and_read (whose first step is this lookup).
-        let r = super::elf::prove(path, Some(ident), exec_maps, times);
+        let r = super::elf::prove(path, Some(ident), exec_maps, times, vouchers);
         memo.proofs_run.fetch_add(1, Ordering::Relaxed);
         if let Ok(mut files) = memo.files.lock()
             && files.insert(file)
@@ -171,7 +184,11 @@ pub(crate) fn lookup(
             Ok(p) => p.file.metadata().ok().map(|m| file_key(&m)) == Some(file),
             Err(_) => std::fs::metadata(path).ok().map(|m| file_key(&m)) == Some(file),
         };
-        let a = still.then(|| r.as_ref().map(|p| p.build_id).map_err(Clone::clone));
+        let a = still.then(|| {
+            r.as_ref()
+                .map(|p| (p.build_id, p.ctime.clone()))
+                .map_err(Clone::clone)
+        });
         mine = Some(r);
         a
     });
@@ -182,7 +199,7 @@ pub(crate) fn lookup(
     memo.hits.fetch_add(1, Ordering::Relaxed);
     match answer {
         Err(refusal) => Some(Err(refusal)),
-        Ok(build_id) => {
+        Ok((build_id, ctime)) => {
             // Hand out the file as it is now, and only if it is still the one proven.
             let f = open(path).ok()?;
             let m = f.metadata().ok()?;
@@ -193,9 +210,27 @@ pub(crate) fn lookup(
                 build_id,
                 file: std::sync::Arc::new(f),
                 key: (m.dev(), m.ino()),
+                ctime,
             }))
         }
     }
+}
+
+/// Whether the voucher for the file at `path` (`meta` its stat) is from before
+/// `start` (`None`: no voucher, or the file cannot be read: the proof says why).
+fn voucher_before(
+    path: &Path,
+    meta: &std::fs::Metadata,
+    vouchers: &Vouchers,
+    start: i128,
+) -> Option<bool> {
+    let (f, m) = super::elf::open_regular(path).ok()?;
+    if (m.dev(), m.ino()) != (meta.dev(), meta.ino()) {
+        return None;
+    }
+    let id = super::elf::read_build_id(&f).ok();
+    let e = vouchers.evidence(&f, &m, path, id);
+    e.voucher.map(|v| v.since <= start)
 }
 
 #[cfg(test)]
@@ -251,6 +286,7 @@ mod tests {
                 &ExecMaps::default(),
                 &t,
                 Some(&memo),
+                &Vouchers::default(),
             )
         };
         for _ in 0..3 {

@@ -21,6 +21,7 @@ pub mod host;
 pub mod memo;
 pub mod proof;
 pub mod store;
+pub mod vouch;
 
 use crate::format::buildid::{BuildId, BuildIdTable, TableEntry};
 use crate::format::record::FileIdent;
@@ -210,6 +211,36 @@ fn is_guest(e: &TableEntry) -> bool {
     matches!(e.cpumode, misc::GUEST_KERNEL | misc::GUEST_USER)
 }
 
+/// The user-space IDs the input's table and `--known-build-ids` give DSO names (a name
+/// given two IDs gets none). A file whose own note carries the ID given for its name
+/// is that build, whatever its inode's times: what lets the unwinder read the CFI of
+/// a library whose ctime moved because `perf record` linked it into `~/.debug` (the
+/// ID itself is the input's, written as it is; see `resolve::unwind::UnwindTables`).
+pub fn claimed_user_ids(
+    table: &BuildIdTable,
+    known: &[(BuildId, String)],
+) -> std::sync::Arc<HashMap<String, BuildId>> {
+    let mut m: HashMap<String, Option<BuildId>> = HashMap::new();
+    for e in table
+        .entries
+        .iter()
+        .filter(|e| !is_guest(e) && !e.is_kernel())
+    {
+        m.entry(e.filename.clone())
+            .and_modify(|v| {
+                if *v != Some(e.build_id) {
+                    *v = None;
+                }
+            })
+            .or_insert(Some(e.build_id));
+    }
+    // The user's word comes first, as it does for IDs.
+    for (id, name) in known {
+        m.insert(name.clone(), Some(*id));
+    }
+    std::sync::Arc::new(m.into_iter().filter_map(|(k, v)| Some((k, v?))).collect())
+}
+
 /// Whether the recording's host, and its kernel, are this machine's.
 #[derive(Clone, Debug)]
 pub struct HostTrust {
@@ -283,6 +314,8 @@ pub struct Evidence<'a> {
     pub symfs: Option<&'a Path>,
     /// The run's memo of file proofs, if it keeps one.
     pub memo: Option<&'a memo::Memo>,
+    /// What may excuse a ctime moved after the recording started.
+    pub vouchers: &'a vouch::Vouchers,
 }
 
 fn same_space(e: &TableEntry, kind: DsoKind) -> bool {
@@ -666,7 +699,14 @@ fn prove_group(
                 return Outcome::refused(why.clone());
             }
             let ident = inodes.first().map(|i| **i).unwrap_or(FileIdent::None);
-            match elf::prove_and_read(Path::new(&g.name), &ident, &maps, &ev.times, ev.memo) {
+            match elf::prove_and_read(
+                Path::new(&g.name),
+                &ident,
+                &maps,
+                &ev.times,
+                ev.memo,
+                ev.vouchers,
+            ) {
                 Ok(p) => Outcome::Found(Found {
                     file: Some(p.file),
                     ..Found::of(p.build_id, Source::Elf)

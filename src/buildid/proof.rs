@@ -40,6 +40,12 @@ pub enum Reason {
     /// The input claims this DSO's ID for another file too (or this boot's notes
     /// contradict it), and nothing proves which is right.
     ConflictingClaim,
+    /// The file's inode changed after the recording started (ctime; its mtime is
+    /// older) and nothing shows its bytes did not: a link, chmod, chown or rename
+    /// leaves that trace, and so does a rewrite in place with its times set back. The
+    /// file may well be the recorded one; it is not known to be (see
+    /// [`super::vouch`] for what excuses it).
+    CtimeMoved,
 }
 
 /// A failed proof: the reason and a sentence for the user.
@@ -299,6 +305,10 @@ pub struct Proven {
     pub file: Arc<File>,
     /// `(st_dev, st_ino)`: the same file reached by two paths is the same key.
     pub key: (u64, u64),
+    /// What excused a ctime after the recording's start, if anything was needed
+    /// (kept so a table loaded from the file can be judged again against an earlier
+    /// start: `resolve::unwind::UnwindTables::still_proven`).
+    pub ctime: super::vouch::CtimeEvidence,
 }
 
 /// What a file's inode says about when it changed (ns since the epoch), as the proof

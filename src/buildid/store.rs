@@ -669,10 +669,15 @@ fn sweep(store: &SymbolStore) {
 struct Temp {
     file: File,
     name: Option<PathBuf>,
+    /// The signal handlers' slot of a named one (removed when the run is killed).
+    slot: Option<usize>,
 }
 
 impl Drop for Temp {
     fn drop(&mut self) {
+        if let Some(slot) = self.slot.take() {
+            crate::signals::unwatch(slot);
+        }
         if let Some(n) = &self.name {
             let _ = std::fs::remove_file(n);
         }
@@ -692,7 +697,11 @@ fn temp(store: &SymbolStore, dir: &Path) -> Result<Temp, String> {
         if fd >= 0 {
             // SAFETY: a descriptor just opened and owned by nobody else.
             let file = unsafe { File::from_raw_fd(fd) };
-            return Ok(Temp { file, name: None });
+            return Ok(Temp {
+                file,
+                name: None,
+                slot: None,
+            });
         }
         // EOPNOTSUPP, EISDIR (kernel without it), EINVAL: named temp files.
     }
@@ -712,9 +721,11 @@ fn temp(store: &SymbolStore, dir: &Path) -> Result<Temp, String> {
         .mode(0o444)
         .open(&name)
         .map_err(|e| format!("cannot create {}: {e}", name.display()))?;
+    let slot = crate::signals::watch(&name, false);
     Ok(Temp {
         file,
         name: Some(name),
+        slot,
     })
 }
 

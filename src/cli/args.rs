@@ -113,6 +113,17 @@ pub struct EngineArgs {
     /// Look user DSOs up under this sysroot (a copy of the recorded machine's files).
     #[arg(long = "symfs", value_name = "DIR")]
     pub symfs: Option<PathBuf>,
+    /// dpkg's database (dpkg's --admindir): a DSO whose ctime moved after the
+    /// recording started keeps its ID when it is byte for byte the file of a package
+    /// installed before (default /var/lib/dpkg; docs/guarantees.md).
+    #[arg(long = "dpkg-admindir", value_name = "DIR")]
+    pub dpkg_admindir: Option<PathBuf>,
+    /// Trust that a DSO whose code pages are laid out as recorded was not rewritten
+    /// in place: take it whatever its ctime says (a same-layout rebuild written over
+    /// it with its times set back gets the rebuild's ID; off by default, see
+    /// docs/guarantees.md).
+    #[arg(long = "trust-same-layout")]
+    pub trust_same_layout: bool,
     /// Memory a stream input may keep across its batches: the process model, the
     /// build-ID records it carries, its events and features (e.g. 512M, 2G; see
     /// "Limits" in docs/guarantees.md). A stream that needs more stops with an error.
@@ -177,11 +188,31 @@ impl EngineArgs {
                 root.display()
             )));
         }
+        if let Some(d) = &self.dpkg_admindir
+            && !d.join("info").is_dir()
+        {
+            return Err(Error::Usage(format!(
+                "--dpkg-admindir {}: no dpkg database there (no info/ directory)",
+                d.display()
+            )));
+        }
+        // The cache's link record is read with or without -N: it is evidence about
+        // this machine's files, not something this run writes.
+        let cache_dir = pdinject::buildid::cache::BuildIdCache::locate(self.buildid_dir.as_deref())
+            .map_err(Error::Usage)?;
+        let vouchers = pdinject::buildid::vouch::Vouchers {
+            dpkg: Some(
+                self.dpkg_admindir
+                    .clone()
+                    .unwrap_or_else(|| PathBuf::from(pdinject::buildid::vouch::DPKG_ADMINDIR)),
+            ),
+            cache: Some(cache_dir.clone()),
+            same_layout: self.trust_same_layout,
+        };
         let cache = if self.no_buildid_cache {
             None
         } else {
-            let dir = pdinject::buildid::cache::BuildIdCache::locate(self.buildid_dir.as_deref())
-                .map_err(Error::Usage)?;
+            let dir = cache_dir;
             Some(pdinject::buildid::cache::BuildIdCache {
                 dir,
                 symfs: self.symfs.clone(),
@@ -236,6 +267,7 @@ impl EngineArgs {
             } else {
                 pdinject::options::JitChoice::Off
             },
+            vouchers,
             ..Options::default()
         })
     }

@@ -125,6 +125,7 @@ pub fn run_staged(
         Some(r) => Some(crate::report::stage_json(&report, r)?),
         None => None,
     };
+    crate::signals::hooks::pause("commit");
     if let Some(t) = tmp {
         t.commit()?;
     }

@@ -93,7 +93,10 @@ impl<'f> Beside<'f> {
             attrs: engine.attrs().to_vec(),
             e: engine.endian(),
             busy: AtomicBool::new(false),
-            first_tables: Mutex::new(Some(UnwindTables::new(engine.opts().memo.clone()))),
+            first_tables: Mutex::new(Some(UnwindTables::new(
+                engine.opts().memo.clone(),
+                engine.opts().effective_vouchers(),
+            ))),
             finished: Mutex::new(Vec::new()),
         }
     }
@@ -126,6 +129,13 @@ impl<'f> Beside<'f> {
         if upto.offset <= cuts.base().offset {
             return;
         }
+        // The IDs the header's table and --known-build-ids give (as the last
+        // resolve's tables have them: a file's table is in its header).
+        let claimed = engine
+            .meta
+            .as_ref()
+            .map(|m| crate::buildid::claimed_user_ids(&m.table, &engine.opts().known))
+            .unwrap_or_default();
         let Some(ahead) = engine.ahead() else {
             return;
         };
@@ -149,6 +159,7 @@ impl<'f> Beside<'f> {
         let batch = cuts.take(upto);
         t.grow(&ahead.model);
         t.set_proof(ahead.allow_local, ahead.start.clone());
+        t.set_claimed(claimed);
         self.busy.store(true, Ordering::Release);
         scope.spawn(move |_| {
             let t0 = Instant::now();

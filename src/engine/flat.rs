@@ -157,7 +157,8 @@ impl Flat {
             self.at = offset;
         }
         self.count += 1;
-        if kind == rt::SAMPLE {
+        // A deferred user callchain is resolved as a sample is.
+        if kind == rt::SAMPLE || kind == rt::CALLCHAIN_DEFERRED {
             self.buf.extend_from_slice(bytes);
         } else {
             self.buf.extend_from_slice(&self.placeholder);

@@ -1021,16 +1021,20 @@ impl<'a> Engine<'a> {
         let unwind = self.unwind_config(batch.meta);
         let time_mode = self.time_mode.unwrap_or(false);
         let t = Instant::now();
-        let memo = &self.opts.memo;
+        let (memo, vouchers) = (&self.opts.memo, self.opts.effective_vouchers());
         let tables = self
             .tables
-            .get_or_insert_with(|| UnwindTables::new(memo.clone()));
+            .get_or_insert_with(|| UnwindTables::new(memo.clone(), vouchers));
         tables.grow(model);
         // Unwind tables obey the proof the IDs obey, batch by batch.
         tables.set_proof(
             buildid::LocalFiles::of(&batch.trust.local),
             batch.start.clone(),
         );
+        tables.set_claimed(buildid::claimed_user_ids(
+            &batch.meta.table,
+            &self.opts.known,
+        ));
         let mut resolver = Resolver::new(model, &self.attrs, time_mode, self.e);
         if let Some(cfg) = unwind {
             resolver = resolver.with_unwinding(cfg, &*tables);
@@ -1144,6 +1148,7 @@ impl<'a> Engine<'a> {
     /// The answer for each of `groups`, by the evidence of the batch.
     fn identify(&mut self, batch: &BatchInputs<'_>, groups: &[Group]) -> Vec<Outcome> {
         let t = Instant::now();
+        let vouchers = self.opts.effective_vouchers();
         let ev = Evidence {
             table: &batch.meta.table,
             stream: &self.scan.stream_build_ids,
@@ -1153,6 +1158,7 @@ impl<'a> Engine<'a> {
             times: batch.start.clone(),
             symfs: self.opts.symfs.as_deref(),
             memo: self.opts.memo.as_deref(),
+            vouchers: &vouchers,
         };
         // An ID no table entry or record can carry is refused before anything uses
         // it (the cache included).

@@ -12,6 +12,9 @@ pub mod rt {
     pub const SAMPLE: u32 = 9;
     pub const MMAP2: u32 = 10;
     pub const AUX: u32 = 11;
+    /// PERF_RECORD_CALLCHAIN_DEFERRED: the user part of earlier samples' callchains
+    /// (see [`super::CallchainDeferred`]).
+    pub const CALLCHAIN_DEFERRED: u32 = 22;
     pub const HEADER_ATTR: u32 = 64;
     pub const HEADER_EVENT_TYPE: u32 = 65;
     pub const HEADER_TRACING_DATA: u32 = 66;
@@ -188,6 +191,48 @@ impl Fork {
             tid: e.u32(rec, 16),
             ptid: e.u32(rec, 20),
             time: e.u64(rec, 24),
+        })
+    }
+}
+
+/// PERF_CONTEXT_USER_DEFERRED: a sample's callchain ends with this marker and a
+/// cookie when its user part comes later, in a [`CallchainDeferred`] record (perf
+/// 7.x `--call-graph fp,defer`, kernels after 6.18).
+pub const CONTEXT_USER_DEFERRED: u64 = (-640i64) as u64;
+
+/// A PERF_RECORD_CALLCHAIN_DEFERRED record (type 22): `{header (misc USER), u64
+/// cookie, u64 nr, u64 ips[nr], sample_id}`, written by the kernel when a task whose
+/// samples deferred their user callchain returns to user space
+/// (`perf_callchain_deferred_output()`). The ips are user addresses of the task the
+/// trailer names, at the record's own time, without a PERF_CONTEXT_USER marker. perf
+/// 7.3 joins it to the waiting samples of the same tid whose cookie matches
+/// (`evlist__deliver_deferred_callchain`); for what a DSO is, the record's own pid
+/// and time name the right address space, whichever samples it joins.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CallchainDeferred<'a> {
+    /// The cookie the samples' chains end with.
+    pub cookie: u64,
+    /// `nr` addresses, 8 bytes each in the record's byte order
+    /// ([`super::sample::u64s`] reads them).
+    pub ips: &'a [u8],
+}
+
+impl<'a> CallchainDeferred<'a> {
+    /// Bytes before the addresses: the header, the cookie and `nr`.
+    pub const FIXED: usize = 24;
+
+    /// Record `rec` (header included), whose sample-id trailer is `trailer` bytes;
+    /// `None` when `nr` addresses do not fit before the trailer.
+    pub fn parse(rec: &'a [u8], e: Endian, trailer: usize) -> Option<CallchainDeferred<'a>> {
+        let cookie = e.u64(rec, 8)?;
+        let nr = usize::try_from(e.u64(rec, 16)?).ok()?;
+        let end = Self::FIXED.checked_add(nr.checked_mul(8)?)?;
+        if end > rec.len().checked_sub(trailer)? {
+            return None;
+        }
+        Some(CallchainDeferred {
+            cookie,
+            ips: rec.get(Self::FIXED..end)?,
         })
     }
 }
@@ -503,5 +548,32 @@ mod view_tests {
         assert_eq!(mmap_fixed(rt::MMAP), 40);
         assert_eq!(mmap_fixed(rt::MMAP2), 72);
         assert_eq!(MMAP_TO_MMAP2, 32);
+    }
+}
+
+#[cfg(test)]
+mod deferred_tests {
+    use super::*;
+
+    #[test]
+    fn a_deferred_callchain_is_read_up_to_its_trailer() {
+        let e = Endian::Little;
+        let mut r = vec![0u8; 8];
+        r.extend_from_slice(&7u64.to_le_bytes());
+        r.extend_from_slice(&2u64.to_le_bytes());
+        r.extend_from_slice(&0x401000u64.to_le_bytes());
+        r.extend_from_slice(&0x402000u64.to_le_bytes());
+        // A trailer of pid/tid and time.
+        r.extend_from_slice(&[0u8; 16]);
+        let d = CallchainDeferred::parse(&r, e, 16).unwrap();
+        assert_eq!(d.cookie, 7);
+        let ips: Vec<u64> = crate::format::sample::u64s(d.ips, e).collect();
+        assert_eq!(ips, [0x401000, 0x402000]);
+        // nr larger than the record, or reaching into the trailer.
+        assert!(CallchainDeferred::parse(&r, e, 24).is_none());
+        let mut big = r.clone();
+        big[16..24].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert!(CallchainDeferred::parse(&big, e, 0).is_none());
+        assert!(CallchainDeferred::parse(&r[..20], e, 0).is_none());
     }
 }

@@ -323,14 +323,15 @@ impl Walker {
     }
 }
 
-/// Offset of the first record in `bytes` that may hold a sample (a SAMPLE, or
-/// compressed data), or `bytes.len()`: records a sample needs go before it.
+/// Offset of the first record in `bytes` that may hold a sample (a SAMPLE, a
+/// deferred user callchain, or compressed data), or `bytes.len()`: records a sample
+/// needs go before it.
 pub fn first_sampleish(bytes: &[u8], e: Endian) -> usize {
     let mut at = 0usize;
     while let Ok(Some(fr)) = frame(&bytes[at..], e, at as u64) {
         if matches!(
             fr.header.kind,
-            rt::SAMPLE | rt::COMPRESSED | rt::COMPRESSED2
+            rt::SAMPLE | rt::CALLCHAIN_DEFERRED | rt::COMPRESSED | rt::COMPRESSED2
         ) {
             return at;
         }

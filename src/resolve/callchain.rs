@@ -17,7 +17,7 @@ pub const CONTEXT_MAX: u64 = (-4095i64) as u64;
 const HV: u64 = (-32i64) as u64;
 const KERNEL: u64 = (-128i64) as u64;
 const USER: u64 = (-512i64) as u64;
-const USER_DEFERRED: u64 = (-640i64) as u64;
+const USER_DEFERRED: u64 = crate::format::record::CONTEXT_USER_DEFERRED;
 const GUEST: u64 = (-2048i64) as u64;
 const GUEST_KERNEL: u64 = (-2176i64) as u64;
 const GUEST_USER: u64 = (-2560i64) as u64;
@@ -38,7 +38,9 @@ pub fn walk(entries: impl Iterator<Item = u64>, mut f: impl FnMut(Space, u64)) {
                 USER => Some(Space::User),
                 HV | GUEST | GUEST_KERNEL | GUEST_USER => None,
                 USER_DEFERRED => {
-                    // A cookie follows; the user part arrives in a later record.
+                    // A cookie follows; the user part arrives in a later
+                    // CALLCHAIN_DEFERRED record, which the resolve reads as the
+                    // user addresses of its own process (resolve::Resolver).
                     skip_cookie = true;
                     None
                 }

@@ -9,7 +9,7 @@ pub mod unwind;
 
 use crate::format::Endian;
 use crate::format::attr::Attr;
-use crate::format::record::{misc, rt};
+use crate::format::record::{CallchainDeferred, TrailerLayout, misc, rt};
 use crate::format::sample::{Sample, SampleLayout, sample_id, u64s};
 use crate::format::walk::{Chunk, Rec, Walker};
 use crate::input::DataFile;
@@ -61,6 +61,9 @@ pub struct Resolver<'a> {
     regs_masks: Vec<u64>,
     id_to_attr: HashMap<u64, usize>,
     sample_type0: u64,
+    /// The sample-id trailer of non-sample records (the first attr's, as perf reads
+    /// it): a deferred user callchain's pid and time.
+    trailer: TrailerLayout,
     time_mode: bool,
     e: Endian,
     unwind: Option<(UnwindConfig, &'a UnwindTables)>,
@@ -260,6 +263,7 @@ impl<'a> Resolver<'a> {
             regs_masks: attrs.iter().map(|a| a.sample_regs_user).collect(),
             id_to_attr,
             sample_type0: attrs[0].sample_type,
+            trailer: TrailerLayout::new(attrs[0].sample_type, attrs[0].sample_id_all()),
             time_mode,
             e,
             unwind: None,
@@ -347,10 +351,13 @@ impl<'a> Resolver<'a> {
         let wants = rewrite.is_some_and(|t| t.wants_frames());
         let mut on_rec = |r: &Rec<'_>| -> Result<()> {
             let rw = rw.as_deref_mut();
-            if r.header.kind == rt::SAMPLE {
-                self.sample(r, &mut hits, &mut sc, w.as_deref_mut(), rw, wants)
-            } else {
-                rw.map_or(Ok(()), |t| t.record(r, None))
+            match r.header.kind {
+                rt::SAMPLE => self.sample(r, &mut hits, &mut sc, w.as_deref_mut(), rw, wants),
+                rt::CALLCHAIN_DEFERRED => {
+                    self.deferred(r, &mut hits, &mut sc)?;
+                    rw.map_or(Ok(()), |t| t.record(r, None))
+                }
+                _ => rw.map_or(Ok(()), |t| t.record(r, None)),
             }
         };
         walker
@@ -370,6 +377,60 @@ impl<'a> Resolver<'a> {
         hits.offsets = sc.offsets.into_iter().collect();
         hits.offsets.sort_unstable();
         Ok(hits)
+    }
+
+    /// A PERF_RECORD_CALLCHAIN_DEFERRED record: the user part of the callchains of
+    /// earlier samples of its thread (`--call-graph fp,defer`), whose own chains end
+    /// at PERF_CONTEXT_USER_DEFERRED. Its addresses are looked up in the address
+    /// space of the process its trailer names, at its own time: the user code the
+    /// samples ran is that process's at that moment, whichever samples perf joins it
+    /// to (by tid, then cookie). Its DSOs count as touched by one sample.
+    fn deferred(&self, r: &Rec<'_>, hits: &mut Hits, sc: &mut Scratch<'a>) -> Result<()> {
+        let e = self.e;
+        let d = CallchainDeferred::parse(r.bytes, e, self.trailer.size).ok_or_else(|| {
+            Error::format(
+                r.offset,
+                format!(
+                    "{}CALLCHAIN_DEFERRED record of size {}: its addresses do not fit in it",
+                    if r.inner { "compressed " } else { "" },
+                    r.bytes.len()
+                ),
+            )
+        })?;
+        if matches!(r.header.cpumode(), misc::GUEST_KERNEL | misc::GUEST_USER) {
+            return Ok(());
+        }
+        let id = self.trailer.read(r.bytes, e);
+        // Without sample_id_all nothing names the process: nothing to look up in
+        // (perf joins such a record to no sample either).
+        let Some(pid) = id.pid else {
+            return Ok(());
+        };
+        if let Some(t) = id.time.filter(|&t| t != 0) {
+            hits.min_time = Some(hits.min_time.map_or(t, |m| m.min(t)));
+            hits.max_time = Some(hits.max_time.map_or(t, |m| m.max(t)));
+        }
+        let key = Key::new(
+            if self.time_mode {
+                id.time.unwrap_or(0)
+            } else {
+                0
+            },
+            r.seq,
+        );
+        sc.reset();
+        for ip in u64s(d.ips, e).filter(|&ip| ip < callchain::CONTEXT_MAX) {
+            sc.look(self.model, pid, ip, key, &mut hits.unmapped);
+            if !sc.want.is_empty() {
+                sc.offset_before(self.model, pid, ip, key);
+            }
+        }
+        for &d in &sc.touched {
+            if let Some(h) = hits.per_dso.get_mut(d as usize) {
+                *h += 1;
+            }
+        }
+        Ok(())
     }
 
     /// The event of sample `r`, by its id (`None`: an event not declared).

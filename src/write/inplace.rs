@@ -320,6 +320,9 @@ pub fn apply(target: &Path, plan: &Plan) -> Result<()> {
         regions,
     };
     let jp = journal_path(target);
+    // From the journal to its removal a signal waits (SIGKILL cannot: the journal is
+    // for that): a Ctrl-C leaves the file whole and no journal behind.
+    let _whole = crate::signals::defer();
     let r = write_journaled(target, &f, &jp, &j, plan);
     if r.is_err() {
         // An error (a full disk, an I/O error) is not a crash: the file goes back to
@@ -355,6 +358,7 @@ fn write_journaled(
         step();
     }
     sync_dir(target)?;
+    crate::signals::hooks::pause("in-place");
     for c in &plan.appends {
         f.write_all_at(&c.bytes, c.offset).map_err(io)?;
         step();

@@ -250,6 +250,7 @@ pub(crate) fn is_tmpfs(f: &File) -> bool {
 pub fn copy_prefix(src: &Path, dst: &Path, len: u64, cancel: &AtomicBool) -> Result<()> {
     use std::os::fd::AsRawFd;
     let i = File::open(src).map_err(|e| Error::io(src, e))?;
+    crate::signals::hooks::before_part(dst);
     let o = std::fs::OpenOptions::new()
         .write(true)
         .create(true)

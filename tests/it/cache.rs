@@ -18,6 +18,11 @@ fn tree(dir: &Path) -> (BTreeMap<String, String>, BTreeMap<String, String>) {
     while let Some(d) = stack.pop() {
         for e in fs::read_dir(&d).unwrap().flatten() {
             let p = e.path();
+            // pdinject's record of the links it made (docs/cache.md), which perf
+            // ignores: not part of perf's tree.
+            if p == dir.join(".pdinject-links") {
+                continue;
+            }
             let m = fs::symlink_metadata(&p).unwrap();
             let rel = p.strip_prefix(dir).unwrap().to_string_lossy().into_owned();
             let what = if m.file_type().is_symlink() {

@@ -667,3 +667,93 @@ fn a_claim_contradicted_in_a_later_batch_is_decided_again() -> Outcome {
     );
     Ok(())
 }
+
+/// The perf 6.16-7.0 recording, rewritten that way (issue 29): three kernel modules
+/// in build-ID MMAP2 records (the plugins' records made module maps), each after the
+/// first carrying the first one's ID, as those perfs synthesized them. On a machine
+/// where these modules are not loaded nothing proves any of them: each gets no ID,
+/// `conflicting-claim`, naming the others, in every output form; no table,
+/// HEADER_BUILD_ID record or rewritten mapping record of an output gives a module
+/// after the first the first one's ID. (Where the modules are loaded, this boot's
+/// notes correct them: `module_claims_of_one_id_are_refused_or_proven`.)
+#[test]
+fn copied_module_ids_are_not_passed_on_in_any_form() -> Outcome {
+    const T: &str = "copied_module_ids_are_not_passed_on_in_any_form";
+    let rec = record(T)?;
+    let perf = &rec.perf;
+    // A third module from dl2prog's own record (its path ends in /dl2prog).
+    let mods = rec.dir.join("copied.data");
+    as_modules(
+        &rec.data,
+        &mods,
+        &[
+            ("/plug1.so", "trustmod_a", Some(PLUG1_ID)),
+            ("/plug2.so", "trustmod_b", Some(PLUG1_ID)),
+            ("/dl2prog", "trustmod_c", Some(PLUG1_ID)),
+        ],
+    );
+    let names = ["[trustmod_a]", "[trustmod_b]", "[trustmod_c]"];
+    let ids = mmap2_build_ids(perf, &mods);
+    for m in names {
+        assert_eq!(
+            ids.get(m).map(String::as_str),
+            Some(PLUG1_ID),
+            "{}",
+            fmt_map(&ids)
+        );
+    }
+    let check = |r: &serde_json::Value, out: &Path, ctx: &str| {
+        for m in names {
+            let other = names.iter().find(|o| **o != m).unwrap();
+            assert_refused(r, m, other, ctx);
+            assert!(
+                report_dso(r, m).unwrap()["detail"]
+                    .as_str()
+                    .unwrap_or("")
+                    .contains("the input claims"),
+                "{ctx}: {m}"
+            );
+        }
+        for m in &names[1..] {
+            assert_not_passed_on(perf, out, m, PLUG1_ID, ctx);
+        }
+    };
+    for (flags, name) in [
+        (&["--buildid-all"][..], "all.data"),
+        (&["--mmap2-buildid-all"][..], "mmap2-all.data"),
+    ] {
+        let out = rec.dir.join(name);
+        let (_, r) = pdinject_ok(&mods, &out, flags);
+        check(&r, &out, name);
+    }
+    // A stream.
+    let out = rec.dir.join("all.pdata");
+    let rep = rec.dir.join("all-pdata.json");
+    let o = run(pdinject()
+        .args(["-q", "--buildid-all", "--report", &s(&rep)])
+        .arg(&mods)
+        .arg("-")
+        .stdout(fs::File::create(&out).unwrap()));
+    assert!(o.status.success(), "{}", tail(&o.stderr));
+    check(&read_report(&rep), &out, "stream");
+    // In place.
+    let inplace = rec.dir.join("inplace.data");
+    fs::copy(&mods, &inplace).unwrap();
+    let rep = rec.dir.join("inplace.json");
+    let o = run(pdinject()
+        .args(["--buildid-all", "--in-place", "--report", &s(&rep)])
+        .arg(&inplace));
+    assert!(o.status.success(), "{}", tail(&o.stderr));
+    check(&read_report(&rep), &inplace, "in place");
+    // Batch.
+    let bdir = rec.dir.join("batch");
+    let o = run(pdinject()
+        .args(["batch", "--buildid-all", "--out-dir"])
+        .arg(&bdir)
+        .arg(&mods));
+    assert!(o.status.success(), "{}", tail(&o.stderr));
+    for m in &names[1..] {
+        assert_not_passed_on(perf, &bdir.join("copied.data"), m, PLUG1_ID, "batch");
+    }
+    Ok(())
+}

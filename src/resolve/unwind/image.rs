@@ -429,6 +429,7 @@ mod tests {
             proven: FileTimes::default(),
             loads: Vec::new(),
             by_id: false,
+            ctime: Default::default(),
         }));
         // DSO 1 mapped at 0x1000..0x3000 (file offset 0 at address 0x1000), DSO 2
         // right after it, DSO 3 not met by the worker yet.

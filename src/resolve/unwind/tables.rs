@@ -6,7 +6,8 @@
 use super::arch::Arch;
 use super::image::{Shared, Worker};
 use crate::buildid::elf::{
-    FileTimes, Place, Segment, judge, open_regular, prove_and_read, read_build_id,
+    CtimeEvidence, FileTimes, Place, Segment, Vouchers, judge, open_regular, prove_and_read,
+    read_build_id,
 };
 use crate::buildid::memo::Memo;
 use crate::buildid::{LocalFiles, RecordingStart};
@@ -45,6 +46,8 @@ pub struct DsoUnwind {
     /// Proven by its build ID alone (see [`UnwindTables::load`]): its times do not
     /// matter.
     pub(super) by_id: bool,
+    /// What excused its ctime when it was proven (see [`UnwindTables::still_proven`]).
+    pub(super) ctime: CtimeEvidence,
 }
 
 /// Unwind information for every DSO, loaded on first use by whichever worker needs it.
@@ -59,6 +62,12 @@ pub struct UnwindTables {
     pub(super) start: RecordingStart,
     /// The run's memo of file proofs, if it keeps one.
     pub(super) memo: Option<Arc<Memo>>,
+    /// What may excuse a ctime moved after the start (the run's, as for IDs).
+    pub(super) vouchers: Vouchers,
+    /// IDs the input's table and `--known-build-ids` give user DSO names
+    /// ([`crate::buildid::claimed_user_ids`]): a file whose note carries its name's
+    /// is that build.
+    pub(super) claimed: Arc<HashMap<String, crate::format::buildid::BuildId>>,
     /// Workers between two runs over these tables: their images and rule caches stay
     /// right (image addresses depend on the DSO only), so a later batch starts warm.
     pub(super) idle: Mutex<Vec<Worker>>,
@@ -73,16 +82,20 @@ impl Default for UnwindTables {
             local: LocalFiles::Refused,
             start: RecordingStart::Unknown("not dated yet".into()),
             memo: None,
+            vouchers: Vouchers::none(),
+            claimed: Arc::default(),
             idle: Mutex::new(Vec::new()),
         }
     }
 }
 
 impl UnwindTables {
-    /// No tables yet, proving files through `memo` (the run's, if it keeps one).
-    pub fn new(memo: Option<Arc<Memo>>) -> Self {
+    /// No tables yet, proving files through `memo` (the run's, if it keeps one) by
+    /// the rules the IDs obey, `vouchers` included.
+    pub fn new(memo: Option<Arc<Memo>>, vouchers: Vouchers) -> Self {
         UnwindTables {
             memo,
+            vouchers,
             ..UnwindTables::default()
         }
     }
@@ -127,6 +140,11 @@ impl UnwindTables {
         self.start = start;
     }
 
+    /// Sets the IDs the input gives user DSO names ([`crate::buildid::claimed_user_ids`]).
+    pub fn set_claimed(&mut self, claimed: Arc<HashMap<String, crate::format::buildid::BuildId>>) {
+        self.claimed = claimed;
+    }
+
     /// Whether every table loaded so far would still be loaded under `start` and with
     /// the executable offsets `dsos` now record: tables loaded while a file was being
     /// scanned were proven against the recording's start as far as the scan had seen
@@ -150,6 +168,7 @@ impl UnwindTables {
                     &dso.exec_maps,
                     start,
                     Place::of(&dso.ident),
+                    &t.ctime,
                 )
                 .is_ok()
         })
@@ -175,14 +194,16 @@ impl UnwindTables {
             &dso.exec_maps,
             &self.start,
             self.memo.as_deref(),
+            &self.vouchers,
         ) {
             Ok(p) => (p, false),
             // A mapping the kernel named by its build ID (perf 6.17 on records them
-            // so): a file with that very ID is the one mapped, whatever its times say
-            // (a hard link into a build-ID cache moves a library's ctime, and without
-            // an inode in the record the proof by times refuses it).
-            Err(_) => match &dso.ident {
-                crate::format::record::FileIdent::BuildId(id) => {
+            // so), or a name the input's table or --known-build-ids give an ID: a
+            // file with that very ID is that build, whatever its times say (a hard
+            // link into a build-ID cache moves a library's ctime: `perf record`
+            // links every DSO of its table).
+            Err(_) => match (&dso.ident, self.claimed.get(&dso.name)) {
+                (crate::format::record::FileIdent::BuildId(id), _) | (_, Some(id)) => {
                     let (file, meta) = open_regular(Path::new(&dso.name)).ok()?;
                     if read_build_id(&file).ok()? != *id {
                         return None;
@@ -194,6 +215,7 @@ impl UnwindTables {
                             build_id: *id,
                             file: Arc::new(file),
                             key,
+                            ctime: CtimeEvidence::default(),
                         },
                         true,
                     )
@@ -209,6 +231,7 @@ impl UnwindTables {
         let meta = proven.file.metadata().ok()?;
         let mut t = load_sections(&proven.file, FileTimes::of(&meta))?;
         t.by_id = by_id;
+        t.ctime = proven.ctime.clone();
         let t = Arc::new(t);
         Some(
             self.by_file
@@ -289,6 +312,7 @@ pub(super) fn load_sections(file: &std::fs::File, proven: FileTimes) -> Option<D
         proven,
         loads,
         by_id: false,
+        ctime: Default::default(),
     })
 }
 
@@ -379,6 +403,7 @@ mod tests {
                 },
             ],
             by_id: false,
+            ctime: Default::default(),
         };
         let tables = |d: DsoUnwind| UnwindTables {
             per_dso: vec![OnceLock::from(Some(Arc::new(d))), OnceLock::from(None)],
@@ -410,10 +435,26 @@ mod tests {
         assert!(!tables(t(100, 100, None)).still_proven(&two(&text), &at(99)));
         // Created after it (its mtime set back).
         assert!(!tables(t(100, 120, Some(120))).still_proven(&two(&text), &at(110)));
-        // Changed after it: not stale when the recorded mapping is the file's text
-        // segment exactly (a link, a chmod), stale when it is not (rewritten), or
-        // when the records name no inode.
-        assert!(tables(t(100, 120, Some(90))).still_proven(&two(&text), &at(110)));
+        // Changed after it: kept only with what excused that when it was loaded (a
+        // voucher from before the real start, or --trust-same-layout and the
+        // recorded mapping exactly the file's text segment), never when the layout
+        // differs or the records name no inode.
+        assert!(!tables(t(100, 120, Some(90))).still_proven(&two(&text), &at(110)));
+        let excused = |since: Option<i128>, same_layout| {
+            let mut d = t(100, 120, Some(90));
+            d.ctime = CtimeEvidence {
+                voucher: since.map(|since| crate::buildid::vouch::Voucher {
+                    since,
+                    what: "a test's".into(),
+                }),
+                same_layout,
+            };
+            tables(d)
+        };
+        assert!(excused(Some(105), false).still_proven(&two(&text), &at(110)));
+        assert!(!excused(Some(115), false).still_proven(&two(&text), &at(110)));
+        assert!(excused(None, true).still_proven(&two(&text), &at(110)));
+        assert!(!excused(None, true).still_proven(&two(&[(0x1000, 0x2000)]), &at(110)));
         assert!(!tables(t(100, 120, None)).still_proven(&two(&[(0x1000, 0x2000)]), &at(110)));
         let no_inode = vec![
             dso(crate::format::record::FileIdent::None, &text),

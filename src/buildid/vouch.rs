@@ -1,0 +1,746 @@
+//! What may excuse a ctime that moved after a recording started (docs/guarantees.md,
+//! "Never a wrong build ID").
+//!
+//! A file whose ctime is after the recording's start while its mtime is older was
+//! linked, unlinked, renamed, chmod'ed or chown'ed since, or rewritten in place with
+//! its times set back (`cp -p`, `rsync --inplace -t`, `cat new > f; touch -r old f`).
+//! The inode keeps no other trace, and a rebuild from the same sources can keep every
+//! code segment in the same pages (only the build-ID note differs), so nothing the
+//! file or the recording holds tells the two apart. What can is a record made
+//! elsewhere that a rewrite cannot forge, each giving a time since which the file's
+//! bytes are known to be the ones they are now (a [`Voucher`]):
+//!
+//! * the package manager's: the file is byte for byte what dpkg installed
+//!   (`ADMINDIR/info/PKG.md5sums`), and that package was unpacked before the
+//!   recording started (see [`dpkg_voucher`] for which time says so);
+//! * pdinject's own, kept with the build-ID cache: when it hard-links a proven file
+//!   into the cache it appends a line (device, inode, the ID, the ctime seen before
+//!   the link, the ctime the link left) to `CACHE/.pdinject-links`; a file that
+//!   still has the ctime that link left has not changed since, and was what it is
+//!   from the ctime seen before it (see [`record_link`]).
+//!
+//! `--trust-same-layout` ([`Vouchers::same_layout`]) restores the rule that took a
+//! file whose code pages are laid out as recorded; it is off by default, because a
+//! same-layout rebuild written over the file passes it.
+//!
+//! Everything here is read lazily, at most once per process (per admindir, per cache
+//! directory), and only when a proof needs an excuse; the answer for a file is kept
+//! per file state (device, inode, size, mtime, ctime), so an MD5 is computed once.
+
+use crate::format::buildid::BuildId;
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::Write;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// dpkg's own default database (`dpkg --admindir`).
+pub const DPKG_ADMINDIR: &str = "/var/lib/dpkg";
+
+/// The name of pdinject's link record inside a build-ID cache directory.
+pub const LINK_LOG: &str = ".pdinject-links";
+
+/// Where the excuses for a moved ctime may come from: part of a run's options.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Vouchers {
+    /// dpkg's database (`--dpkg-admindir`; default [`DPKG_ADMINDIR`]); `None`: not read.
+    pub dpkg: Option<PathBuf>,
+    /// The build-ID cache whose link record ([`LINK_LOG`]) is read (the run's cache,
+    /// `-N` or not); `None`: none.
+    pub cache: Option<PathBuf>,
+    /// `--trust-same-layout`: a file whose recorded executable mappings are exactly
+    /// its segments is taken as unchanged whatever its ctime (a same-layout rebuild
+    /// written over it with its times set back passes too).
+    pub same_layout: bool,
+}
+
+impl Default for Vouchers {
+    fn default() -> Self {
+        Vouchers {
+            dpkg: Some(PathBuf::from(DPKG_ADMINDIR)),
+            cache: None,
+            same_layout: false,
+        }
+    }
+}
+
+impl Vouchers {
+    /// None at all: no package database, no cache record, no opt-in.
+    pub fn none() -> Vouchers {
+        Vouchers {
+            dpkg: None,
+            cache: None,
+            same_layout: false,
+        }
+    }
+}
+
+/// A record, made elsewhere, that a file's bytes have been what they are now since
+/// `since` (ns since the epoch).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Voucher {
+    /// The file is known unchanged from this moment on.
+    pub since: i128,
+    /// Who says so, in words (for the refusal when `since` is too late).
+    pub what: String,
+}
+
+/// What a proof knows beyond a file's inode when its ctime moved after the start.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CtimeEvidence {
+    /// A record that the bytes are unchanged since some time.
+    pub voucher: Option<Voucher>,
+    /// `--trust-same-layout` was given.
+    pub same_layout: bool,
+}
+
+impl Vouchers {
+    /// The evidence for the open `file` (`meta` its fstat, `id` the ID its note
+    /// gives, if any), found at `path`. Looked up only when a proof needs it (its
+    /// ctime is after a recording's start); kept per file state.
+    pub fn evidence(
+        &self,
+        file: &File,
+        meta: &std::fs::Metadata,
+        path: &Path,
+        id: Option<BuildId>,
+    ) -> CtimeEvidence {
+        type Key = (Vouchers, u64, u64, u64, i128, i128, Option<BuildId>);
+        static KEPT: OnceLock<Mutex<HashMap<Key, Option<Voucher>>>> = OnceLock::new();
+        let key: Key = (
+            self.clone(),
+            meta.dev(),
+            meta.ino(),
+            meta.len(),
+            ns(meta.mtime(), meta.mtime_nsec()),
+            ns(meta.ctime(), meta.ctime_nsec()),
+            id,
+        );
+        let kept = KEPT.get_or_init(Default::default);
+        let known = kept.lock().ok().and_then(|m| m.get(&key).cloned());
+        let voucher = match known {
+            Some(v) => v,
+            None => {
+                let v = self.find(file, meta, path, id);
+                // Only what the link record says can change within a process, and
+                // only by a link, which moves the ctime: a new key.
+                if let Ok(mut m) = kept.lock() {
+                    m.insert(key, v.clone());
+                }
+                v
+            }
+        };
+        CtimeEvidence {
+            voucher,
+            same_layout: self.same_layout,
+        }
+    }
+
+    fn find(
+        &self,
+        file: &File,
+        meta: &std::fs::Metadata,
+        path: &Path,
+        id: Option<BuildId>,
+    ) -> Option<Voucher> {
+        // The cheaper first: a line of the link record needs no reading of the file.
+        let linked = match (&self.cache, id) {
+            (Some(dir), Some(id)) => LinkLog::for_cache(dir).voucher(meta, id),
+            _ => None,
+        };
+        let packaged = || {
+            self.dpkg
+                .as_deref()
+                .and_then(|admin| dpkg_voucher(admin, file, meta, path))
+        };
+        // The earlier of the two proves the most recordings.
+        match (linked, packaged()) {
+            (Some(a), Some(b)) => Some(if a.since <= b.since { a } else { b }),
+            (a, b) => a.or(b),
+        }
+    }
+}
+
+fn ns(s: i64, n: i64) -> i128 {
+    s as i128 * 1_000_000_000 + n as i128
+}
+
+fn ctime_of(m: &std::fs::Metadata) -> i128 {
+    ns(m.ctime(), m.ctime_nsec())
+}
+
+/// Seconds with nanoseconds, as the proof's words print times.
+fn secs(t: i128) -> String {
+    format!(
+        "{}.{:09}",
+        t.div_euclid(1_000_000_000),
+        t.rem_euclid(1_000_000_000)
+    )
+}
+
+// ---------------------------------------------------------------------------
+// dpkg
+
+/// Every `info/*.md5sums` of one dpkg database, indexed by the hash of each listed
+/// file's name: `(hash, package)` pairs, sorted. A lookup reads the few packages
+/// that list the name again. A Debian system lists some 90,000 files in 3,000
+/// packages: this is about 1 MB and a quick parallel read, where keeping every line
+/// was 30 MB and a noticeable part of a short run.
+#[derive(Default)]
+struct DpkgIndex {
+    packages: Vec<String>,
+    by_name: Vec<(u64, u32)>,
+}
+
+/// FNV-1a of a file name (the index's key; a collision only reads a package more).
+fn name_hash(name: &[u8]) -> u64 {
+    name.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// The index of `admindir`, read once per process.
+fn dpkg_index(admindir: &Path) -> Arc<DpkgIndex> {
+    type Cell = Arc<OnceLock<Arc<DpkgIndex>>>;
+    static INDEXES: OnceLock<Mutex<HashMap<PathBuf, Cell>>> = OnceLock::new();
+    let cell = {
+        let mut all = match INDEXES.get_or_init(Default::default).lock() {
+            Ok(g) => g,
+            Err(e) => e.into_inner(),
+        };
+        all.entry(admindir.to_path_buf()).or_default().clone()
+    };
+    cell.get_or_init(|| Arc::new(read_dpkg(admindir))).clone()
+}
+
+/// A package's `.md5sums`, if it is not over the limit.
+fn read_md5sums(path: &Path) -> Option<Vec<u8>> {
+    // Limits policy: a package's list of digests is kilobytes (libc6's 3 KB, the
+    // largest here 1.3 MB); a larger one is not read.
+    let m = std::fs::metadata(path).ok()?;
+    if m.len() > crate::limits::MAX_DPKG_MD5SUMS {
+        return None;
+    }
+    std::fs::read(path).ok()
+}
+
+/// The lines of an `.md5sums`: `(md5, path relative to /)`.
+fn md5sums_lines(text: &[u8]) -> impl Iterator<Item = ([u8; 16], &[u8])> {
+    text.split(|&b| b == b'\n').filter_map(|line| {
+        // "d41d8cd98f00b204e9800998ecf8427e  usr/lib/x/libfoo.so.1"
+        let (hex, rest) = line.split_at_checked(32)?;
+        let md5 = unhex16(hex)?;
+        let rel = rest.trim_ascii_start();
+        Some((md5, rel.strip_prefix(b"/").unwrap_or(rel)))
+    })
+}
+
+fn base_name(rel: &[u8]) -> Option<&[u8]> {
+    rel.rsplit(|&b| b == b'/').next().filter(|b| !b.is_empty())
+}
+
+fn read_dpkg(admindir: &Path) -> DpkgIndex {
+    use rayon::prelude::*;
+    let mut ix = DpkgIndex::default();
+    let Ok(list) = std::fs::read_dir(admindir.join("info")) else {
+        return ix;
+    };
+    let mut files: Vec<(String, PathBuf)> = list
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name();
+            let pkg = name.to_str()?.strip_suffix(".md5sums")?.to_string();
+            Some((pkg, e.path()))
+        })
+        .collect();
+    files.sort();
+    // Read on the run's pool (a few thousand small files).
+    let names: Vec<Vec<u64>> = files
+        .par_iter()
+        .map(|(_, p)| {
+            read_md5sums(p).map_or_else(Vec::new, |text| {
+                md5sums_lines(&text)
+                    .filter_map(|(_, rel)| Some(name_hash(base_name(rel)?)))
+                    .collect()
+            })
+        })
+        .collect();
+    for ((pkg, _), hashes) in files.into_iter().zip(names) {
+        let Ok(i) = u32::try_from(ix.packages.len()) else {
+            break;
+        };
+        ix.packages.push(pkg);
+        ix.by_name.extend(hashes.into_iter().map(|h| (h, i)));
+    }
+    ix.by_name.sort_unstable();
+    ix.by_name.dedup();
+    ix
+}
+
+fn unhex16(hex: &[u8]) -> Option<[u8; 16]> {
+    let mut out = [0u8; 16];
+    for (i, pair) in hex.chunks_exact(2).enumerate() {
+        let s = std::str::from_utf8(pair).ok()?;
+        *out.get_mut(i)? = u8::from_str_radix(s, 16).ok()?;
+    }
+    Some(out)
+}
+
+/// The MD5 of an open file's bytes, read at explicit offsets.
+fn md5_of(file: &File, len: u64) -> Option<[u8; 16]> {
+    use md5::Digest;
+    let mut h = md5::Md5::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut off = 0u64;
+    while off < len {
+        match file.read_at(&mut buf, off) {
+            Ok(0) => return None,
+            Ok(n) => {
+                h.update(&buf[..n]);
+                off += n as u64;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return None,
+        }
+    }
+    Some(h.finalize().into())
+}
+
+/// dpkg's word for `file` (found at `path`): a voucher when a package lists a path
+/// naming this very file (device and inode: `/lib` and `/usr/lib` are one directory
+/// on a merged /usr, and dpkg lists either) with this file's MD5.
+///
+/// Since when: the time dpkg wrote the package's `info/PKG.list`, the later of its
+/// mtime and ctime. dpkg writes that list itself, as a new file renamed into place,
+/// when it unpacks the package, after the package's files are in place and the old
+/// version's are gone (`process_archive`: "now we can write the updated
+/// files-in-this package list"), and again whenever the package's list changes; so
+/// it is never older than the files it lists. `PKG.md5sums` is no such time: it is
+/// unpacked from the package's control archive with the package build's mtime
+/// (checked on this machine: libc6's md5sums has the mtime of libc.so.6 itself). A
+/// ctime cannot be set back; an mtime can, and the later of the two is used.
+fn dpkg_voucher(
+    admindir: &Path,
+    file: &File,
+    meta: &std::fs::Metadata,
+    path: &Path,
+) -> Option<Voucher> {
+    let ix = dpkg_index(admindir);
+    let mut names: Vec<Vec<u8>> = Vec::new();
+    for p in [Some(path.to_path_buf()), std::fs::canonicalize(path).ok()]
+        .into_iter()
+        .flatten()
+    {
+        if let Some(n) = p.file_name().map(|n| n.as_bytes().to_vec())
+            && !names.contains(&n)
+        {
+            names.push(n);
+        }
+    }
+    let mut md5 = None;
+    for n in names {
+        let h = name_hash(&n);
+        let first = ix.by_name.partition_point(|&(x, _)| x < h);
+        for &(_, package) in ix.by_name[first..].iter().take_while(|&&(x, _)| x == h) {
+            let Some(pkg) = ix.packages.get(package as usize) else {
+                continue;
+            };
+            let sums = admindir.join("info").join(format!("{pkg}.md5sums"));
+            let Some(text) = read_md5sums(&sums) else {
+                continue;
+            };
+            for (listed, rel) in md5sums_lines(&text) {
+                if base_name(rel) != Some(n.as_slice()) {
+                    continue;
+                }
+                let path = Path::new("/").join(std::ffi::OsStr::from_bytes(rel));
+                let same = std::fs::metadata(&path)
+                    .is_ok_and(|m| (m.dev(), m.ino()) == (meta.dev(), meta.ino()));
+                if !same {
+                    continue;
+                }
+                let sum = *md5.get_or_insert_with(|| md5_of(file, meta.len()));
+                if sum != Some(listed) {
+                    continue;
+                }
+                let list = admindir.join("info").join(format!("{pkg}.list"));
+                let Ok(lm) = std::fs::metadata(&list) else {
+                    continue;
+                };
+                let since = ns(lm.mtime(), lm.mtime_nsec()).max(ctime_of(&lm));
+                return Some(Voucher {
+                    since,
+                    what: format!(
+                        "dpkg lists {} with these bytes in package {pkg}, unpacked by {} s ({})",
+                        path.display(),
+                        secs(since),
+                        list.display()
+                    ),
+                });
+            }
+        }
+    }
+    None
+}
+
+// ---------------------------------------------------------------------------
+// pdinject's link record
+
+/// One line of a cache's link record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct LinkRecord {
+    id: BuildId,
+    /// The file's ctime before pdinject's link.
+    before: i128,
+    /// The ctime pdinject's link (and the renames and removals of its temporary
+    /// names) left.
+    after: i128,
+}
+
+/// A link record's lines by `(st_dev, st_ino)`.
+type Links = HashMap<(u64, u64), Vec<LinkRecord>>;
+
+/// The link record of one cache directory: the file, and its lines by
+/// `(st_dev, st_ino)`, read on first use and kept up to date with this process's
+/// own links.
+struct LinkLog {
+    path: PathBuf,
+    /// The lines read so far, and how many bytes of the file they came from.
+    lines: Mutex<Option<(Links, u64)>>,
+}
+
+impl LinkLog {
+    /// The one log of `dir` in this process (a batch's runs share it, so a later
+    /// input sees the links an earlier one made).
+    fn for_cache(dir: &Path) -> Arc<LinkLog> {
+        static LOGS: OnceLock<Mutex<HashMap<PathBuf, Arc<LinkLog>>>> = OnceLock::new();
+        let mut all = match LOGS.get_or_init(Default::default).lock() {
+            Ok(g) => g,
+            Err(e) => e.into_inner(),
+        };
+        all.entry(dir.to_path_buf())
+            .or_insert_with(|| {
+                Arc::new(LinkLog {
+                    path: dir.join(LINK_LOG),
+                    lines: Mutex::new(None),
+                })
+            })
+            .clone()
+    }
+
+    /// The lines, read from the file the first time.
+    fn lines(&self) -> std::sync::MutexGuard<'_, Option<(Links, u64)>> {
+        let mut g = match self.lines.lock() {
+            Ok(g) => g,
+            Err(e) => e.into_inner(),
+        };
+        if g.is_none() {
+            *g = Some(read_links(&self.path, 0));
+        }
+        g
+    }
+
+    fn voucher(&self, meta: &std::fs::Metadata, id: BuildId) -> Option<Voucher> {
+        let mut g = self.lines();
+        let ctime = ctime_of(meta);
+        let key = (meta.dev(), meta.ino());
+        let find = |links: &Links| {
+            // The earliest "before" of the links that left this very ctime.
+            links
+                .get(&key)?
+                .iter()
+                .filter(|r| r.after == ctime && r.id == id)
+                .min_by_key(|r| r.before)
+                .copied()
+        };
+        let (links, read) = g.as_mut()?;
+        let r = match find(links) {
+            Some(r) => r,
+            None => {
+                // Another process (a batch's other shard, a concurrent run) may have
+                // linked it since the record was read: read what it appended.
+                let (more, len) = read_links(&self.path, *read);
+                for (k, v) in more {
+                    links.entry(k).or_default().extend(v);
+                }
+                *read = len.max(*read);
+                find(links)?
+            }
+        };
+        Some(Voucher {
+            since: r.before,
+            what: format!(
+                "pdinject's link of it into the build-ID cache ({}) found it unchanged since {} s",
+                self.path.display(),
+                secs(r.before)
+            ),
+        })
+    }
+}
+
+/// The lines of the record at `path` from byte `from` on (0: all of it), and how
+/// far the whole lines read reach.
+fn read_links(path: &Path, from: u64) -> (Links, u64) {
+    let mut map = Links::new();
+    let Ok(f) = File::open(path) else {
+        return (map, from);
+    };
+    // A link another process is making holds the record's lock from before the link
+    // to after its line is written: a file whose ctime that link moved is read with
+    // its line (see [`record_link`]).
+    let _shared = Flock::new(&f, libc::LOCK_SH);
+    let len = f.metadata().map_or(0, |m| m.len());
+    // Limits policy: one line (about 100 bytes) per file pdinject ever linked into
+    // this cache; a record past the limit is read from its newest end.
+    let start = from.max(len.saturating_sub(crate::limits::MAX_LINK_LOG));
+    let want = usize::try_from(len.saturating_sub(start)).unwrap_or(0);
+    let mut buf = vec![0u8; want];
+    if f.read_exact_at(&mut buf, start).is_err() {
+        return (map, from);
+    }
+    // Only whole lines: a line being appended is read next time.
+    let whole = buf.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+    let mut lines = buf[..whole].split(|&b| b == b'\n');
+    if start > from {
+        // The first line is cut.
+        lines.next();
+    }
+    for line in lines {
+        if let Some((k, r)) = parse_link(line) {
+            map.entry(k).or_default().push(r);
+        }
+    }
+    (map, start + whole as u64)
+}
+
+/// `v1 DEV INO ID BEFORE AFTER` (decimal device and inode numbers, the ID in hex,
+/// both ctimes in ns since the epoch).
+fn parse_link(line: &[u8]) -> Option<((u64, u64), LinkRecord)> {
+    let s = std::str::from_utf8(line).ok()?;
+    let mut w = s.split_ascii_whitespace();
+    if w.next()? != "v1" {
+        return None;
+    }
+    let dev = w.next()?.parse().ok()?;
+    let ino = w.next()?.parse().ok()?;
+    let id = BuildId::from_hex(w.next()?)?;
+    let before = w.next()?.parse().ok()?;
+    let after = w.next()?.parse().ok()?;
+    if w.next().is_some() || after <= before {
+        return None;
+    }
+    Some(((dev, ino), LinkRecord { id, before, after }))
+}
+
+fn format_link(dev: u64, ino: u64, r: &LinkRecord) -> String {
+    format!("v1 {dev} {ino} {} {} {}\n", r.id, r.before, r.after)
+}
+
+/// Runs `link`, which hard-links the open `file` (whose note carries `id`) into the
+/// build-ID cache `dir`, and records the link: the ctime before it and the one it
+/// left. Every link into one cache is made under one lock of this process, so a
+/// proof here that sees the new ctime finds the record too.
+///
+/// What the record claims: between the two ctimes the file changed only by this
+/// link. That holds unless another process rewrote the file within the same
+/// instants (between the first fstat and the second, a few system calls); and a
+/// file whose ctime later equals the one recorded has not changed since, unless a
+/// change fell within the same clock tick as the link (the kernel's ctime clock is
+/// coarse). The note is read again after the link, so the record never names an ID
+/// the file does not carry.
+pub fn record_link<T>(
+    dir: &Path,
+    file: &File,
+    id: BuildId,
+    link: impl FnOnce() -> Result<T, String>,
+) -> Result<T, String> {
+    let log = LinkLog::for_cache(dir);
+    let mut g = log.lines();
+    // The record itself, locked from before the link until its line is written, so
+    // another process that sees the ctime this link leaves reads the line too. A
+    // record that cannot be opened only makes a later proof stricter.
+    let rec_file = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o644)
+        .open(&log.path)
+        .ok();
+    let _exclusive = rec_file.as_ref().map(|f| Flock::new(f, libc::LOCK_EX));
+    let Ok(before) = file.metadata() else {
+        return link();
+    };
+    let r = link()?;
+    let Ok(after) = file.metadata() else {
+        return Ok(r);
+    };
+    let moved = (after.dev(), after.ino()) == (before.dev(), before.ino())
+        && ctime_of(&after) > ctime_of(&before);
+    if moved && super::elf::read_build_id(file).ok() == Some(id) {
+        let rec = LinkRecord {
+            id,
+            before: ctime_of(&before),
+            after: ctime_of(&after),
+        };
+        // One short line in one write with O_APPEND: the writes of several processes
+        // never interleave. A record that cannot be written only makes a later proof
+        // stricter.
+        let line = format_link(after.dev(), after.ino(), &rec);
+        if let Some(mut f) = rec_file.as_ref() {
+            let _ = f.write_all(line.as_bytes());
+        }
+        if let Some((m, _)) = g.as_mut() {
+            m.entry((after.dev(), after.ino())).or_default().push(rec);
+        }
+    }
+    Ok(r)
+}
+
+/// An advisory lock (flock) on an open file, released when dropped. Where the
+/// filesystem has none, nothing is locked (a proof may then miss a line another
+/// process is writing, and refuse: stricter, never wrong).
+struct Flock<'f>(&'f File);
+
+impl<'f> Flock<'f> {
+    fn new(f: &'f File, how: libc::c_int) -> Flock<'f> {
+        use std::os::fd::AsRawFd;
+        // SAFETY: flock on a descriptor this process owns; an error leaves it
+        // unlocked, which the caller tolerates.
+        unsafe {
+            while libc::flock(f.as_raw_fd(), how) != 0
+                && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted
+            {
+            }
+        }
+        Flock(f)
+    }
+}
+
+impl Drop for Flock<'_> {
+    fn drop(&mut self) {
+        use std::os::fd::AsRawFd;
+        // SAFETY: as in `new`.
+        unsafe { libc::flock(self.0.as_raw_fd(), libc::LOCK_UN) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn link_lines_round_trip_and_junk_is_skipped() {
+        let id = BuildId::from_hex("11223344556677889900aabbccddeeff").unwrap();
+        let r = LinkRecord {
+            id,
+            before: 1_700_000_000_123_456_789,
+            after: 1_700_000_001_000_000_000,
+        };
+        let line = format_link(2049, 77, &r);
+        assert_eq!(
+            parse_link(line.trim_end().as_bytes()),
+            Some(((2049, 77), r))
+        );
+        for bad in [
+            "",
+            "v2 1 2 aa 1 2",
+            "v1 1 2 zz 1 2",
+            "v1 1 2 aa 2 1",
+            "v1 1 2 aa 1 2 3",
+            "v1 x 2 aa 1 2",
+        ] {
+            assert_eq!(parse_link(bad.as_bytes()), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_link_is_recorded_and_vouches_for_the_ctime_it_left() {
+        let d = tempfile::tempdir().unwrap();
+        let cache = d.path().join("cache");
+        std::fs::create_dir(&cache).unwrap();
+        let exe = File::open("/proc/self/exe").unwrap();
+        let Ok(id) = super::super::elf::read_build_id(&exe) else {
+            return; // a test binary linked without a build ID
+        };
+        // A copy of this test binary (its ID, a file of the test's own).
+        let lib = d.path().join("lib.so");
+        std::fs::copy("/proc/self/exe", &lib).unwrap();
+        let f = File::open(&lib).unwrap();
+        let before = f.metadata().unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let linked = cache.join("elf");
+        record_link(&cache, &f, id, || {
+            std::fs::hard_link(&lib, &linked).map_err(|e| e.to_string())
+        })
+        .unwrap();
+        let after = f.metadata().unwrap();
+        assert!(ctime_of(&after) > ctime_of(&before));
+        let text = std::fs::read_to_string(cache.join(LINK_LOG)).unwrap();
+        assert_eq!(text.lines().count(), 1, "{text}");
+        let v = Vouchers {
+            dpkg: None,
+            cache: Some(cache.clone()),
+            same_layout: false,
+        };
+        let e = v.evidence(&f, &after, &lib, Some(id));
+        assert_eq!(e.voucher.map(|v| v.since), Some(ctime_of(&before)));
+        // Another ID, or a ctime moved again: no voucher.
+        let other = BuildId::from_hex("abcdef").unwrap();
+        assert!(v.evidence(&f, &after, &lib, Some(other)).voucher.is_none());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::fs::remove_file(&linked).unwrap();
+        let moved = f.metadata().unwrap();
+        assert!(v.evidence(&f, &moved, &lib, Some(id)).voucher.is_none());
+        // A fresh read of the file (another process) finds the same line.
+        let (fresh, len) = read_links(&cache.join(LINK_LOG), 0);
+        assert_eq!(fresh.values().flatten().count(), 1);
+        assert_eq!(len, text.len() as u64);
+        assert!(read_links(&cache.join(LINK_LOG), len).0.is_empty());
+    }
+
+    #[test]
+    fn dpkg_lists_the_file_by_another_path_to_the_same_inode() {
+        let d = tempfile::tempdir().unwrap();
+        let real = d.path().join("usr/lib");
+        std::fs::create_dir_all(&real).unwrap();
+        let lib = real.join("libt.so.1");
+        std::fs::write(&lib, b"not an ELF file, only bytes to sum").unwrap();
+        // dpkg lists it under a symlinked directory (a merged /usr's /lib).
+        std::os::unix::fs::symlink(&real, d.path().join("lib")).unwrap();
+        let admin = d.path().join("dpkg");
+        std::fs::create_dir_all(admin.join("info")).unwrap();
+        let sum: [u8; 16] = {
+            use md5::Digest;
+            md5::Md5::digest(std::fs::read(&lib).unwrap()).into()
+        };
+        let hex: String = sum.iter().map(|b| format!("{b:02x}")).collect();
+        let listed = d.path().join("lib/libt.so.1");
+        let rel = listed.strip_prefix("/").unwrap().display().to_string();
+        std::fs::write(
+            admin.join("info/libt1:amd64.md5sums"),
+            format!("{}  some/other/file\n{hex}  {rel}\n", "0".repeat(32)),
+        )
+        .unwrap();
+        std::fs::write(admin.join("info/libt1:amd64.list"), format!("/{rel}\n")).unwrap();
+        let f = File::open(&lib).unwrap();
+        let meta = f.metadata().unwrap();
+        let v = dpkg_voucher(&admin, &f, &meta, &lib).expect("a voucher");
+        let list = std::fs::metadata(admin.join("info/libt1:amd64.list")).unwrap();
+        assert_eq!(
+            v.since,
+            ctime_of(&list).max(ns(list.mtime(), list.mtime_nsec()))
+        );
+        assert!(v.what.contains("libt1:amd64"), "{}", v.what);
+        // Other bytes (same inode, rewritten): no voucher.
+        let admin2 = d.path().join("dpkg2");
+        std::fs::create_dir_all(admin2.join("info")).unwrap();
+        std::fs::write(
+            admin2.join("info/libt1.md5sums"),
+            format!("{}  {rel}\n", "1".repeat(32)),
+        )
+        .unwrap();
+        std::fs::write(admin2.join("info/libt1.list"), "").unwrap();
+        assert!(dpkg_voucher(&admin2, &f, &meta, &lib).is_none());
+    }
+}
