@@ -1,9 +1,12 @@
 //! Issue 33: pdinject reached and installed as perf users' tools are. The man pages
 //! and the completions `--generate` prints name every flag `--help` lists (rendered
-//! by man, completed by bash and fish, parsed by zsh); `--version` names the commit.
+//! by man, completed by bash and fish, parsed by zsh); `--version` names the commit;
+//! `cargo install --path . --locked` works in a clean HOME; the Debian package
+//! (`pkg/build-deb.sh`) installs with `dpkg -i`, then `man pdinject`, completion and
+//! the README's demo work with what it installed, and `dpkg -r` takes it away.
 
 use super::common::*;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 /// `BIN [SUB] --help`'s flags: each `-x` and `--long` of the lines that list options.
@@ -298,4 +301,358 @@ fn version_names_the_commit() {
         String::from_utf8_lossy(&o.stdout).trim(),
         format!("pdinject batch {}", v.trim_start_matches("pdinject "))
     );
+}
+
+/// The target folder the install and package tests build in: beside the test build's
+/// own (whose `release/pdinject` has the test hooks and must not be replaced while
+/// other tests run it), and kept, so the dependencies compile once per checkout.
+fn install_target_dir() -> PathBuf {
+    let bin = Path::new(env!("CARGO_BIN_EXE_pdinject"));
+    bin.parent()
+        .and_then(Path::parent)
+        .expect("the binary is in TARGET/PROFILE/")
+        .join("install-test")
+}
+
+/// A clean HOME for cargo: a new, empty HOME, and a CARGO_HOME with no config, no
+/// credentials and no installed binaries, only a link to the registry already
+/// downloaded (the builds run `--offline`). That CARGO_HOME is kept beside the target
+/// folder: the dependencies' sources are found under it, and a new path for them each
+/// run would compile every one of them again. The toolchain's cargo and rustc are
+/// named directly (rustup's proxies would look for their toolchains under the new
+/// HOME).
+struct CleanCargo {
+    _home: tempfile::TempDir,
+    home: PathBuf,
+    cargo_home: PathBuf,
+    cargo: PathBuf,
+    rustc: Option<PathBuf>,
+}
+
+impl CleanCargo {
+    fn new(test: &str) -> Option<CleanCargo> {
+        let cargo = PathBuf::from(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+        let registry = real_cargo_home().map(|h| h.join("registry"));
+        let Some(registry) = registry.filter(|r| r.is_dir()) else {
+            skip(test, "no cargo registry downloaded to build offline from");
+            return None;
+        };
+        let cargo_home = install_target_dir().join("cargo-home");
+        std::fs::create_dir_all(&cargo_home).unwrap();
+        let link = cargo_home.join("registry");
+        let linked = || std::fs::read_link(&link).ok().as_deref() == Some(registry.as_path());
+        if !linked() {
+            let _ = std::fs::remove_file(&link);
+            // The other test may have made it meanwhile.
+            if let Err(e) = std::os::unix::fs::symlink(&registry, &link)
+                && !linked()
+            {
+                panic!(
+                    "cannot link {} to {}: {e}",
+                    link.display(),
+                    registry.display()
+                );
+            }
+        }
+        let home = tempfile::Builder::new()
+            .prefix("pdinject-clean-home-")
+            .tempdir()
+            .unwrap();
+        let rustc = cargo
+            .parent()
+            .map(|d| d.join("rustc"))
+            .filter(|r| r.is_file());
+        Some(CleanCargo {
+            home: home.path().to_path_buf(),
+            _home: home,
+            cargo_home,
+            cargo,
+            rustc,
+        })
+    }
+
+    /// A command in the clean HOME: no CARGO* variable of the test run's cargo, the
+    /// toolchain's folder (and `more` folders) first on PATH.
+    fn cmd(&self, program: &Path, more: &[&Path]) -> Command {
+        let mut c = Command::new(program);
+        for (k, _) in std::env::vars_os() {
+            if k.to_string_lossy().starts_with("CARGO") || k == "RUSTUP_TOOLCHAIN" {
+                c.env_remove(k);
+            }
+        }
+        let mut path: Vec<PathBuf> = more.iter().map(|p| p.to_path_buf()).collect();
+        if let Some(d) = self.cargo.parent().filter(|d| !d.as_os_str().is_empty()) {
+            path.push(d.to_path_buf());
+        }
+        path.extend(std::env::split_paths(
+            &std::env::var_os("PATH").unwrap_or_default(),
+        ));
+        c.env("HOME", &self.home)
+            .env("CARGO_HOME", &self.cargo_home)
+            .env("CARGO_NET_OFFLINE", "true")
+            .env("PATH", std::env::join_paths(path).unwrap())
+            .current_dir(manifest_dir());
+        if let Some(r) = &self.rustc {
+            c.env("RUSTC", r);
+        }
+        c
+    }
+}
+
+/// The CARGO_HOME of the user running the tests.
+fn real_cargo_home() -> Option<PathBuf> {
+    std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cargo")))
+}
+
+/// The README's demo with `bin`: the three IDs the recording carries, from its MMAP2
+/// records, and the same output bytes as the binary under test writes.
+fn assert_demo(bin: &Path, what: &str) {
+    let input = manifest_dir().join("testdata/demo/demo.data");
+    let tmp = tempfile::tempdir().unwrap();
+    let (got, want) = (tmp.path().join("got.data"), tmp.path().join("want.data"));
+    let report = tmp.path().join("got.json");
+    run_ok(
+        Command::new(bin)
+            .args(["--buildids"])
+            .arg(&input)
+            .arg(&got)
+            .arg("--report")
+            .arg(&report)
+            .env("HOME", test_home()),
+    );
+    let r = read_report(&report);
+    for (path, id) in [
+        (
+            "/work/main/testdata/demo/demo",
+            "deadbeefdeadbeefdeadbeefdeadbeefdeadbeef",
+        ),
+        (
+            "[kernel.kallsyms]",
+            "24a3598fd700114d0a1b1a4871badcee75d0acac",
+        ),
+    ] {
+        let d = report_dso(&r, path)
+            .unwrap_or_else(|| panic!("{what}: no {path} in the report: {}", report_summary(&r)));
+        assert_eq!(d["build_id"], id, "{what}: {d}");
+        assert_eq!(d["source"], "mmap2", "{what}: {d}");
+    }
+    run_ok(pdinject().args(["-N", "--buildids"]).arg(&input).arg(&want));
+    assert!(
+        std::fs::read(&got).unwrap() == std::fs::read(&want).unwrap(),
+        "{what}: the demo's output differs from the tested binary's"
+    );
+}
+
+/// `cargo install --path . --locked` in a clean HOME (offline, from the registry
+/// already downloaded), then the installed binary runs the README's demo and says the
+/// same version and commit. Cost: the first run in a checkout compiles every
+/// dependency once more in release mode (about 3 CPU-minutes here, 2-6 minutes of
+/// wall time on 2 cores), into TARGET/install-test, which it keeps: later runs, and
+/// the package test, rebuild only what changed (seconds when nothing did).
+#[test]
+fn cargo_install_in_a_clean_home() {
+    const TEST: &str = "cargo_install_in_a_clean_home";
+    let Some(cc) = CleanCargo::new(TEST) else {
+        return;
+    };
+    let root = cc.home.join("root");
+    let t = std::time::Instant::now();
+    let o = run(cc
+        .cmd(&cc.cargo, &[])
+        .args(["install", "--locked", "--offline", "--path", "."])
+        .arg("--root")
+        .arg(&root)
+        .arg("--target-dir")
+        .arg(install_target_dir()));
+    assert!(
+        o.status.success(),
+        "cargo install --path . --locked failed ({}):\n{}",
+        status_str(&o),
+        tail(&o.stderr)
+    );
+    eprintln!(
+        "{TEST}: cargo install took {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
+    let bin = root.join("bin/pdinject");
+    let v = run_ok(Command::new(&bin).arg("--version"));
+    let want = run_ok(pdinject().arg("--version"));
+    assert_eq!(v.stdout, want.stdout, "the installed binary's --version");
+    assert_demo(&bin, "cargo install");
+}
+
+/// `dpkg -r pdinject` when dropped: the test leaves no package installed, whatever
+/// fails after `dpkg -i`.
+struct Installed;
+
+impl Drop for Installed {
+    fn drop(&mut self) {
+        let o = Command::new("dpkg").args(["-r", "pdinject"]).output();
+        if !o.as_ref().is_ok_and(|o| o.status.success()) {
+            eprintln!("dpkg -r pdinject failed: {o:?}");
+        }
+    }
+}
+
+/// The Debian package: built by `pkg/build-deb.sh` (cargo-deb), installed by `dpkg -i`
+/// with the man and doc paths that slim images exclude put back (docs/install.md);
+/// then `man pdinject` and `man pdinject-batch` render every flag of `--help`, bash's
+/// completion loader and fish find the completions, zsh's fpath has its function,
+/// the docs and examples are there, and `/usr/bin/pdinject` runs the README's demo.
+/// `dpkg -r` after, whatever happens.
+#[test]
+fn debian_package_installs_and_works() {
+    const TEST: &str = "debian_package_installs_and_works";
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        skip(TEST, "dpkg -i needs root");
+        return;
+    }
+    for (tool, pkg) in [("dpkg", "dpkg"), ("dpkg-shlibdeps", "dpkg-dev")] {
+        if !have(tool) && !Path::new(&format!("/usr/bin/{tool}")).exists() {
+            skip(
+                TEST,
+                &format!("{tool} is not installed (apt install {pkg})"),
+            );
+            return;
+        }
+    }
+    if !shells_and_man(TEST) {
+        return;
+    }
+    let loader = Path::new("/usr/share/bash-completion/bash_completion");
+    if !loader.exists() {
+        skip(
+            TEST,
+            "bash-completion is not installed (apt install bash-completion)",
+        );
+        return;
+    }
+    let Some(cc) = CleanCargo::new(TEST) else {
+        return;
+    };
+    let cargo_deb = real_cargo_home()
+        .map(|h| h.join("bin/cargo-deb"))
+        .filter(|p| p.is_file())
+        .or_else(|| {
+            std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+                .map(|d| d.join("cargo-deb"))
+                .find(|p| p.is_file())
+        });
+    let Some(cargo_deb) = cargo_deb else {
+        skip(
+            TEST,
+            "cargo-deb is not installed (cargo install cargo-deb --locked)",
+        );
+        return;
+    };
+    let listed = Command::new("dpkg-query")
+        .args(["-W", "-f", "${Status}", "pdinject"])
+        .output();
+    if listed.is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("installed")) {
+        skip(
+            TEST,
+            "a pdinject package is installed on this machine already: not replacing it",
+        );
+        return;
+    }
+    // The documented command, in the clean HOME, with cargo-deb on PATH.
+    let mut c = cc.cmd(Path::new("bash"), &[cargo_deb.parent().unwrap()]);
+    c.arg("pkg/build-deb.sh")
+        .env("CARGO_TARGET_DIR", install_target_dir());
+    let t = std::time::Instant::now();
+    let o = run(&mut c);
+    assert!(
+        o.status.success(),
+        "pkg/build-deb.sh failed ({}):\n{}\n{}",
+        status_str(&o),
+        tail(&o.stdout),
+        tail(&o.stderr)
+    );
+    eprintln!(
+        "{TEST}: pkg/build-deb.sh took {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    let deb = PathBuf::from(stdout.lines().last().unwrap_or("").trim());
+    assert!(
+        deb.extension().is_some_and(|e| e == "deb") && deb.is_file(),
+        "pkg/build-deb.sh printed no .deb path last:\n{stdout}"
+    );
+    // As on a slim image that excludes man pages and docs, then the documented
+    // --path-include options that bring pdinject's back (later options win).
+    let _installed = Installed;
+    run_ok(
+        Command::new("dpkg")
+            .args([
+                "--path-exclude=/usr/share/man/*",
+                "--path-exclude=/usr/share/doc/*",
+                "--path-include=/usr/share/man/man1/pdinject*",
+                "--path-include=/usr/share/doc/pdinject/*",
+                "-i",
+            ])
+            .arg(&deb)
+            .env("DEBIAN_FRONTEND", "noninteractive"),
+    );
+    let files = run_ok(Command::new("dpkg").args(["-L", "pdinject"]));
+    let files = String::from_utf8_lossy(&files.stdout).into_owned();
+    let bin = Path::new("/usr/bin/pdinject");
+    let mut want_files = vec![
+        "/usr/bin/pdinject".to_string(),
+        "/usr/share/man/man1/pdinject.1.gz".into(),
+        "/usr/share/man/man1/pdinject-batch.1.gz".into(),
+        "/usr/share/bash-completion/completions/pdinject".into(),
+        "/usr/share/zsh/vendor-completions/_pdinject".into(),
+        "/usr/share/fish/vendor_completions.d/pdinject.fish".into(),
+        "/usr/share/doc/pdinject/README.md".into(),
+        "/usr/share/doc/pdinject/CHANGELOG.md".into(),
+        "/usr/share/doc/pdinject/copyright".into(),
+        "/usr/share/doc/pdinject/examples/slurm-batch.sh".into(),
+        "/usr/share/doc/pdinject/examples/k8s-indexed-job.yaml".into(),
+    ];
+    for e in std::fs::read_dir(manifest_dir().join("docs"))
+        .unwrap()
+        .flatten()
+    {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.ends_with(".md") {
+            want_files.push(format!("/usr/share/doc/pdinject/docs/{name}"));
+        }
+    }
+    for f in &want_files {
+        assert!(
+            files.lines().any(|l| l == f) && Path::new(f).exists(),
+            "the package did not install {f}; dpkg -L:\n{files}"
+        );
+    }
+    // The binary: the version and commit of this tree, and the README's demo.
+    let v = run_ok(Command::new(bin).arg("--version"));
+    assert_eq!(v.stdout, run_ok(pdinject().arg("--version")).stdout);
+    assert_demo(bin, "the package's /usr/bin/pdinject");
+    // man finds both pages by name and they list every flag --help lists.
+    for (sub, page) in [(&[][..], "pdinject"), (&["batch"][..], "pdinject-batch")] {
+        let text = man_text(&[page]);
+        let flags = help_flags(bin, sub);
+        let lacking = missing(&flags, &text);
+        assert!(lacking.is_empty(), "man {page} lacks {lacking:?}:\n{text}");
+    }
+    // Completion as an interactive shell loads it: bash-completion's loader finds the
+    // script by the command's name, fish its vendor folder; zsh's fpath holds the
+    // folder with the function.
+    assert_completes(
+        "the package",
+        &format!("source {}; _completion_loader pdinject", loader.display()),
+        "true",
+    );
+    let fpath = run_ok(Command::new("zsh").args(["-c", "print -l $fpath"]));
+    assert!(
+        String::from_utf8_lossy(&fpath.stdout)
+            .lines()
+            .any(|l| l == "/usr/share/zsh/vendor-completions"),
+        "zsh's fpath lacks /usr/share/zsh/vendor-completions"
+    );
+    let z = run(Command::new("zsh").args(["-n", "/usr/share/zsh/vendor-completions/_pdinject"]));
+    assert!(z.status.success(), "zsh -n _pdinject: {}", tail(&z.stderr));
 }
