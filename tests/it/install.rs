@@ -4,6 +4,9 @@
 //! `cargo install --path . --locked` works in a clean HOME; the Debian package
 //! (`pkg/build-deb.sh`) installs with `dpkg -i`, then `man pdinject`, completion and
 //! the README's demo work with what it installed, and `dpkg -r` takes it away.
+//! debuginfod over https is in `install/https.rs`.
+
+mod https;
 
 use super::common::*;
 use std::path::{Path, PathBuf};
