@@ -6,18 +6,28 @@
 pub mod args;
 pub mod batch;
 pub mod exit;
+pub mod generate;
 mod progress;
 pub mod single;
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use exit::Exit;
 
+/// `pdinject --version`: the version and the commit it was built from (`build.rs`;
+/// `unknown` when built from neither a git work tree nor a crate tarball that says).
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("PDINJECT_COMMIT"),
+    ")"
+);
+
 /// Writes the build IDs of every DSO a perf.data file's samples touch into the file's
 /// build-ID table, never a wrong one.
 #[derive(Parser, Debug)]
 #[command(
     name = "pdinject",
-    version,
+    version = VERSION,
     about,
     long_about = None,
     // `pdinject IN OUT` takes no subcommand: a word after a flag or a path is a path
@@ -34,6 +44,11 @@ pub struct Cli {
     /// One recording: `pdinject [FLAGS] IN OUT`.
     #[command(flatten)]
     pub single: single::SingleArgs,
+    /// Print a man page (man: pdinject.1, man-batch: pdinject-batch.1) or a shell's
+    /// completions (complete-bash, complete-zsh, complete-fish) to stdout, made from
+    /// this parser; see docs/install.md for where each goes.
+    #[arg(long = "generate", value_name = "WHAT", exclusive = true)]
+    pub generate: Option<generate::Generate>,
 }
 
 /// The subcommands.
@@ -41,7 +56,7 @@ pub struct Cli {
 pub enum Command {
     /// Writes build IDs into many perf.data files: one thread pool, one memo of DSO
     /// build IDs, per-file errors that never stop the batch.
-    #[command(version, display_name = "pdinject batch", after_help = batch::AFTER_HELP)]
+    #[command(version = VERSION, display_name = "pdinject batch", after_help = batch::AFTER_HELP)]
     Batch(batch::BatchArgs),
 }
 
@@ -73,6 +88,11 @@ pub fn jobs_hint(args: impl Iterator<Item = std::ffi::OsString>) -> Option<Strin
     None
 }
 
+/// The command line as the binary parses it (and as `--generate` describes it).
+pub fn command() -> clap::Command {
+    Cli::command().mut_subcommand("batch", batch::help)
+}
+
 /// Runs the binary.
 pub fn main() -> Exit {
     pdinject::signals::install();
@@ -80,8 +100,7 @@ pub fn main() -> Exit {
         eprintln!("pdinject: {m}");
         return Exit::Usage;
     }
-    let parsed = Cli::command()
-        .mut_subcommand("batch", batch::help)
+    let parsed = command()
         .try_get_matches()
         .and_then(|m| Cli::from_arg_matches(&m));
     let cli = match parsed {
@@ -91,6 +110,19 @@ pub fn main() -> Exit {
             return Exit::of_clap(&e);
         }
     };
+    if let Some(what) = cli.generate {
+        let mut out = std::io::stdout().lock();
+        return match generate::write(what, command(), &mut out).and_then(|()| {
+            use std::io::Write;
+            out.flush()
+        }) {
+            Ok(()) => Exit::Done,
+            Err(e) => {
+                eprintln!("pdinject: --generate: {e}");
+                Exit::Failed
+            }
+        };
+    }
     // Errors are named after the command that met them.
     let (command, result) = match &cli.command {
         None => (

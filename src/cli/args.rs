@@ -216,8 +216,7 @@ impl EngineArgs {
             Some(pdinject::buildid::cache::BuildIdCache {
                 dir,
                 symfs: self.symfs.clone(),
-                debuginfod: pdinject::buildid::debuginfod::urls(debuginfod)
-                    .map_err(Error::Usage)?,
+                debuginfod: debuginfod_servers(debuginfod)?,
             })
         };
         Ok(Options {
@@ -294,4 +293,16 @@ pub fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
         return Err(format!("'{s}' is out of range"));
     }
     Ok(Duration::from_nanos(ns as u64))
+}
+
+/// The debuginfod servers `--debuginfod` (or perfconfig) names. With any, elfutils'
+/// client variables are read now, so that a DEBUGINFOD_TIMEOUT that is no number is a
+/// usage error before the run, not a failed fetch in the middle of it.
+fn debuginfod_servers(flag: Option<&str>) -> Result<Vec<String>> {
+    use pdinject::buildid::debuginfod;
+    let servers = debuginfod::urls(flag).map_err(|e| Error::Usage(e.to_string()))?;
+    if !servers.is_empty() {
+        debuginfod::Settings::from_env().map_err(|e| Error::Usage(e.to_string()))?;
+    }
+    Ok(servers)
 }

@@ -256,11 +256,21 @@ impl Image {
             .prefix(".pdinject-jit-")
             .tempfile_in(dir.unwrap_or(Path::new(".")))
             .map_err(|e| crate::Error::io(path, e))?;
-        std::io::Write::write_all(&mut tmp, &bytes.0).map_err(|e| crate::Error::io(path, e))?;
-        // An image already at the path (a rerun, an older process with this pid) is
-        // replaced: if it was needed, it is in the build-ID cache.
-        tmp.persist(path)
-            .map_err(|e| crate::Error::io(path, e.error))?;
+        // Removed on a signal too, as every temporary is (src/signals.rs).
+        let slot = crate::signals::watch(tmp.path(), false);
+        let r = std::io::Write::write_all(&mut tmp, &bytes.0)
+            .map_err(|e| crate::Error::io(path, e))
+            // An image already at the path (a rerun, an older process with this pid)
+            // is replaced: if it was needed, it is in the build-ID cache.
+            .and_then(|()| {
+                tmp.persist(path)
+                    .map(drop)
+                    .map_err(|e| crate::Error::io(path, e.error))
+            });
+        if let Some(s) = slot {
+            crate::signals::unwatch(s);
+        }
+        r?;
         Ok(Done {
             id: bytes.1,
             dropped_tables: self.dropped,

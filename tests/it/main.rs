@@ -28,6 +28,7 @@ mod engine;
 mod errors;
 mod hostile;
 mod inplace;
+mod install;
 mod jit;
 mod large;
 mod layers;
