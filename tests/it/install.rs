@@ -501,7 +501,7 @@ fn debian_package_installs_and_works() -> Outcome {
     }
     for (tool, pkg) in [("dpkg", "dpkg"), ("dpkg-shlibdeps", "dpkg-dev")] {
         if !have(tool) && !Path::new(&format!("/usr/bin/{tool}")).exists() {
-            return skip(&format!("{tool} is not installed (apt install {pkg})"));
+            return skip(format!("{tool} is not installed (apt install {pkg})"));
         }
     }
     shells_and_man()?;

@@ -245,7 +245,7 @@ fn debuginfod_over_https_behind_a_tls_front() -> Outcome {
                 .status()
                 .is_ok_and(|s| s.success());
         if !ok {
-            return skip(&format!("{tool} is not installed (apt install {pkg})"));
+            return skip(format!("{tool} is not installed (apt install {pkg})"));
         }
     }
     let st = setup(TEST)?;
