@@ -78,6 +78,9 @@ pub enum Source {
     /// The ELF note of a file under `--symfs`, not modified since the recording
     /// started (no device/inode proof applies to a sysroot copy).
     Symfs,
+    /// Read from the mapped inode while a process of a live recording mapped it
+    /// (`--live`, issue 32: [`crate::live`]).
+    Live,
 }
 
 /// Whether local files may be opened for a proof at all (the recording is of this

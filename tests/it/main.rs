@@ -20,6 +20,7 @@ mod inplace;
 mod jit;
 mod large;
 mod layers;
+mod live;
 mod matrix;
 mod mmap2;
 mod mutation;
