@@ -126,6 +126,11 @@ pub struct Options {
     /// The memo of file proofs the run consults (a batch shares one across its
     /// inputs; `None`: every proof reads its file).
     pub memo: Option<std::sync::Arc<crate::buildid::memo::Memo>>,
+    /// `--live`: capture mapped files while a live stream is read (issue 32,
+    /// [`crate::live`]; the library's default is off).
+    pub live: crate::live::LiveChoice,
+    /// `--live-budget`: bytes the live capture may copy.
+    pub live_budget: u64,
 }
 
 /// What the output's samples carry of user stacks.
@@ -159,6 +164,8 @@ impl Default for Options {
             callchains: Callchains::AsRecorded,
             jit: JitChoice::Off,
             memo: None,
+            live: crate::live::LiveChoice::Off,
+            live_budget: crate::live::DEFAULT_BUDGET,
         }
     }
 }
@@ -188,6 +195,7 @@ impl std::fmt::Debug for Options {
             .field("attrs_for", &self.attrs_for)
             .field("callchains", &self.callchains)
             .field("jit", &self.jit)
+            .field("live", &self.live)
             .finish_non_exhaustive()
     }
 }

@@ -283,6 +283,8 @@ pub struct Evidence<'a> {
     pub symfs: Option<&'a Path>,
     /// The run's memo of file proofs, if it keeps one.
     pub memo: Option<&'a memo::Memo>,
+    /// live capture hook (issue 32): files captured while they were mapped.
+    pub live: Option<&'a crate::live::Capture>,
 }
 
 fn same_space(e: &TableEntry, kind: DsoKind) -> bool {
@@ -320,10 +322,22 @@ pub fn identify(groups: &[Group], model: &Model, ev: &Evidence<'_>) -> Vec<Outco
     // if its note carries the same ID.
     let budget = open_file_budget();
     let kept = std::sync::atomic::AtomicUsize::new(0);
+    // live capture hook (issue 32): what arrived so far is proven before it is asked.
+    if let Some(l) = ev.live {
+        l.settle(crate::live::SETTLE);
+    }
     groups
         .par_iter()
         .map(|g| {
             let mut o = identify_one(g, model, ev, &kernel_id, &vdso_id);
+            // live capture hook (issue 32): an ID the recording gives (a build-ID
+            // MMAP2, a claim) is cached from the captured file when its own is gone.
+            if let (Outcome::Found(f), Some(l)) = (&mut o, ev.live)
+                && f.file.is_none()
+                && g.kind == DsoKind::User
+            {
+                f.file = l.file_with(&f.build_id);
+            }
             if o.file().is_some()
                 && kept.fetch_add(1, std::sync::atomic::Ordering::Relaxed) >= budget
             {
@@ -392,7 +406,13 @@ fn identify_one(
     let mut claimed: Vec<BuildId> = table.iter().map(|e| e.build_id).collect();
     claimed.extend(&ids);
     claimed.extend(ev.stream.iter().filter(own).map(|e| e.build_id));
-    let prove = || prove_group(g, &dsos, &inodes, ev, kernel_id, vdso_id);
+    // live capture hook (issue 32): a file captured while it was mapped is proven
+    // before the file at the path now.
+    let prove = || {
+        crate::live::prove_first(ev.live, g.kind, &dsos, || {
+            prove_group(g, &dsos, &inodes, ev, kernel_id, vdso_id)
+        })
+    };
 
     if let Some(e) = table {
         let mut o = Found::of(e.build_id, Source::InputTable);

@@ -567,5 +567,7 @@ fn with_facts<R>(engine: &Engine<'_>, f: impl FnOnce(&Facts<'_>) -> R) -> R {
         output_kept: &output_kept,
         conversion: engine.conversion(),
         pool: engine.pool(),
+        // live capture hook (issue 32)
+        live: engine.live_capture(),
     })
 }

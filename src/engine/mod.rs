@@ -314,6 +314,9 @@ pub(crate) struct Engine<'a> {
     /// Where the resolve writes the records it converts, when it converts them
     /// ([`Engine::convert_into`]).
     spill: Option<std::sync::Arc<crate::convert::Spill>>,
+    // live capture hook (issue 32): the stream's capture, fed by the driver as
+    // records are read, consulted by identify.
+    live: Option<crate::live::LiveStream>,
 }
 
 impl<'a> Engine<'a> {
@@ -392,7 +395,25 @@ impl<'a> Engine<'a> {
             output_kept: AtomicU64::new(0),
             conversion: None,
             spill: None,
+            live: None,
         }
+    }
+
+    // live capture hook (issue 32): the driver gives a live stream its capture and
+    // feeds it the records as they are read.
+    /// The stream's live capture.
+    pub(crate) fn set_live(&mut self, live: Option<crate::live::LiveStream>) {
+        self.live = live;
+    }
+
+    /// The live capture, to feed records to.
+    pub(crate) fn live_mut(&mut self) -> Option<&mut crate::live::LiveStream> {
+        self.live.as_mut()
+    }
+
+    /// The live capture, while it captures.
+    pub(crate) fn live_capture(&self) -> Option<&crate::live::Capture> {
+        self.live.as_ref().and_then(|l| l.capture())
     }
 
     /// `--convert-callchain` with the resolve converting each chunk into `spill`
@@ -1089,6 +1110,8 @@ impl<'a> Engine<'a> {
             times: batch.start.clone(),
             symfs: self.opts.symfs.as_deref(),
             memo: self.opts.memo.as_deref(),
+            // live capture hook (issue 32)
+            live: self.live.as_ref().and_then(|l| l.capture()),
         };
         // An ID no table entry or record can carry is refused before anything uses
         // it (the cache included).
@@ -1184,6 +1207,12 @@ impl<'a> Engine<'a> {
     /// entries the output gained and what the user should know about it.
     pub(crate) fn finish(mut self, sink: SinkReport, jobs: usize) -> Report {
         let mut r = self.counts(&sink, jobs);
+        // live capture hook (issue 32): its summary line and counts.
+        if let Some(l) = self.live.take() {
+            let (summary, notes) = l.finish();
+            r.live = summary;
+            self.notes.extend(notes);
+        }
         r.notes.append(&mut self.notes);
         let meta = self.meta.take().unwrap_or_default();
         if meta.table.legacy {

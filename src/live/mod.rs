@@ -105,6 +105,22 @@ pub struct LiveConfig {
     /// Read through `/proc/PID/root/PATH` only, as without the privilege for
     /// map_files (tests).
     pub root_only: bool,
+    /// The clock of the records' times.
+    pub perf_clock: PerfClock,
+}
+
+/// The clock of a recording's times: perf's default, or the one `perf record -k`
+/// chose (`attr.use_clockid`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum PerfClock {
+    /// The kernel's local clock (perf's default): measured against the monotonic
+    /// clock, and bounded by the stream.
+    #[default]
+    Local,
+    /// CLOCK_MONOTONIC (`-k mono`): the records' times are the monotonic clock's.
+    Monotonic,
+    /// Another clock (`-k realtime`, `-k boottime`, ...): bounded by the stream only.
+    Other,
 }
 
 impl Default for LiveConfig {
@@ -116,6 +132,7 @@ impl Default for LiveConfig {
             queue: QUEUE,
             files_kept: FILES_KEPT,
             root_only: false,
+            perf_clock: PerfClock::Local,
         }
     }
 }
@@ -326,11 +343,23 @@ impl Clock {
     }
 
     /// Measures the offset when the last measurement is older than
-    /// [`RECALIBRATE`] (the worker calls it before each job).
-    pub(crate) fn calibrate(&self) {
+    /// [`RECALIBRATE`] (the worker calls it before each job); for a recording on
+    /// the monotonic clock, the offset is 0.
+    pub(crate) fn calibrate(&self, clock: PerfClock) {
         let Ok(mut m) = self.measured.lock() else {
             return;
         };
+        match clock {
+            PerfClock::Local => {}
+            PerfClock::Monotonic => {
+                *m = Some(Some((0, 0, procfs::mono_ns())));
+                return;
+            }
+            PerfClock::Other => {
+                *m = Some(None);
+                return;
+            }
+        }
         let now = procfs::mono_ns();
         match *m {
             Some(None) => {}
@@ -349,6 +378,10 @@ impl Clock {
     /// The measured bounds, widened for their age.
     fn measured(&self) -> Option<(i128, i128)> {
         let (lo, hi, at) = (*self.measured.lock().ok()?)??;
+        if (lo, hi) == (0, 0) {
+            // The monotonic clock itself.
+            return Some((0, 0));
+        }
         let widen = 1_000_000 + (procfs::mono_ns() - at).max(0) / 10_000;
         Some((lo - widen, hi + widen))
     }
@@ -628,6 +661,60 @@ impl Drop for Capture {
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
+    }
+}
+
+/// identify's hook (issue 32): the ID of a user DSO whose files (one model DSO per
+/// file identity: `dsos`) were captured while they were mapped, before `prove`
+/// (the proof of the file at the path now) is asked; when the capture cannot
+/// speak for every one of them, `prove`'s answer, with why not added to a refusal.
+pub fn prove_first(
+    live: Option<&Capture>,
+    kind: crate::model::DsoKind,
+    dsos: &[&crate::model::Dso],
+    prove: impl FnOnce() -> crate::buildid::Outcome,
+) -> crate::buildid::Outcome {
+    use crate::buildid::{Found, Outcome, Source};
+    let Some(l) = live.filter(|_| kind == crate::model::DsoKind::User) else {
+        return prove();
+    };
+    let mut id = None;
+    let mut file = None;
+    let mut why = None;
+    for d in dsos {
+        match l.lookup(&d.ident) {
+            // A file the capture never saw: the proof of the path speaks.
+            None => return prove(),
+            Some(LiveAnswer::Unproven((_, w))) => {
+                why.get_or_insert(w);
+            }
+            Some(LiveAnswer::Proven {
+                build_id, file: f, ..
+            }) => {
+                if id.is_some_and(|i| i != build_id) {
+                    why.get_or_insert_with(|| {
+                        "its files were captured with different build IDs".to_string()
+                    });
+                }
+                id = Some(build_id);
+                file = file.or(f);
+            }
+        }
+    }
+    match (id, why) {
+        (Some(build_id), None) => Outcome::Found(Found {
+            file,
+            ..Found::of(build_id, Source::Live)
+        }),
+        (_, why) => match prove() {
+            Outcome::Refused(mut r) => {
+                if let Some(w) = why {
+                    r.detail = format!("{}; live capture: {w}", r.detail);
+                }
+                Outcome::Refused(r)
+            }
+            o => o,
+        },
     }
 }
 

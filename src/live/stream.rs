@@ -46,6 +46,8 @@ pub struct LiveStream {
     cfg: LiveConfig,
     e: Endian,
     trailer: Option<TrailerLayout>,
+    /// The clock of the records' times (`-k`).
+    clock: super::PerfClock,
     hostname: Option<String>,
     release: Option<String>,
     kernel_ref: Option<(String, u64)>,
@@ -70,6 +72,7 @@ impl LiveStream {
             cfg,
             e,
             trailer: None,
+            clock: super::PerfClock::Local,
             hostname: None,
             release: None,
             kernel_ref: None,
@@ -95,6 +98,17 @@ impl LiveStream {
                     .and_then(|b| Attr::parse(b, e, e == Endian::Big))
                 {
                     self.trailer = Some(TrailerLayout::new(a.sample_type, a.sample_id_all()));
+                    // use_clockid (flag 25), and the clock at byte 92 of the attr.
+                    const USE_CLOCKID: u64 = 1 << 25;
+                    self.clock = if a.flags & USE_CLOCKID == 0 {
+                        super::PerfClock::Local
+                    } else if a.size >= 96
+                        && e.u32(rec, 8 + 92) == Some(libc::CLOCK_MONOTONIC as u32)
+                    {
+                        super::PerfClock::Monotonic
+                    } else {
+                        super::PerfClock::Other
+                    };
                 }
             }
             rt::HEADER_FEATURE => {
@@ -154,6 +168,7 @@ impl LiveStream {
         }
         if let Some(t) = time
             && self.choice == LiveChoice::Auto
+            && self.clock != super::PerfClock::Other
         {
             let lag = super::procfs::mono_ns() - t as i128;
             if !(-5_000_000_000..=REPLAY_LAG_NS).contains(&lag) {
@@ -204,7 +219,11 @@ impl LiveStream {
             )),
             _ => {}
         }
-        match Capture::start(self.cfg.clone()) {
+        let cfg = LiveConfig {
+            perf_clock: self.clock,
+            ..self.cfg.clone()
+        };
+        match Capture::start(cfg) {
             Ok(c) => self.state = State::Live(Box::new(c)),
             Err(e) => {
                 self.state = State::Off(format!("live capture off: cannot start its thread: {e}"))

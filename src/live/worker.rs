@@ -66,7 +66,7 @@ enum Count {
 /// Proves the queued mappings, one at a time, until the queue closes.
 pub(crate) fn prover(sh: &Shared, rx: Receiver<Job>, ftx: SyncSender<Fill>) {
     while let Ok(job) = rx.recv() {
-        sh.clock.calibrate();
+        sh.clock.calibrate(sh.cfg.perf_clock);
         let found = prove(sh, &job);
         record(sh, &job, found, &ftx);
         if let Ok(mut d) = sh.done.lock() {

@@ -112,6 +112,10 @@ pub struct Facts<'a> {
     )>,
     /// The run's worker pool (the conversion unwinds on it).
     pub pool: &'a rayon::ThreadPool,
+    /// live capture hook (issue 32): the files captured while mapped, whose IDs a
+    /// mapping record can carry where a path-keyed table cannot (two files at one
+    /// path).
+    pub live: Option<&'a crate::live::Capture>,
 }
 
 impl<'a> Facts<'a> {

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 /// Build ID of `liveprog`.
 pub const LIVEPROG_ID: &str = "11ee000000000000000000000000000000000001";
-/// Build IDs of the two builds of `livelib.so` (v2: `-DV2`, the same layout).
+/// Build IDs of the two builds of `livelib.so` (v2: `-DV2`, spinning in `v2_spin`).
 pub const LIVELIB_V1: &str = "11ee000000000000000000000000000000000a01";
 pub const LIVELIB_V2: &str = "11ee000000000000000000000000000000000b02";
 
