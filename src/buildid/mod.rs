@@ -284,7 +284,24 @@ pub struct Evidence<'a> {
     /// The run's memo of file proofs, if it keeps one.
     pub memo: Option<&'a memo::Memo>,
     /// live capture hook (issue 32): files captured while they were mapped.
-    pub live: Option<&'a crate::live::Capture>,
+    pub live: Option<&'a dyn Captured>,
+}
+
+/// live capture hook (issue 32): proofs from files read while a live recording's
+/// processes mapped them (implemented by the live capture, a room above this one).
+pub trait Captured: Sync {
+    /// Waits (a bounded time) until what arrived so far is proven.
+    fn settle(&self);
+    /// The answer for a user DSO whose files (one model DSO each) are `dsos`: the
+    /// captured ID when the capture speaks for all of them, else `prove`'s (the
+    /// file at the path now), with why the capture could not added to a refusal.
+    fn prove_first(
+        &self,
+        dsos: &[&crate::model::Dso],
+        prove: &mut dyn FnMut() -> Outcome,
+    ) -> Outcome;
+    /// A captured file whose note carries `id`, while it is kept open.
+    fn file_with(&self, id: &BuildId) -> Option<std::sync::Arc<std::fs::File>>;
 }
 
 fn same_space(e: &TableEntry, kind: DsoKind) -> bool {
@@ -324,7 +341,7 @@ pub fn identify(groups: &[Group], model: &Model, ev: &Evidence<'_>) -> Vec<Outco
     let kept = std::sync::atomic::AtomicUsize::new(0);
     // live capture hook (issue 32): what arrived so far is proven before it is asked.
     if let Some(l) = ev.live {
-        l.settle(crate::live::SETTLE);
+        l.settle();
     }
     groups
         .par_iter()
@@ -409,9 +426,11 @@ fn identify_one(
     // live capture hook (issue 32): a file captured while it was mapped is proven
     // before the file at the path now.
     let prove = || {
-        crate::live::prove_first(ev.live, g.kind, &dsos, || {
-            prove_group(g, &dsos, &inodes, ev, kernel_id, vdso_id)
-        })
+        let mut plain = || prove_group(g, &dsos, &inodes, ev, kernel_id, vdso_id);
+        match ev.live {
+            Some(l) if g.kind == DsoKind::User => l.prove_first(&dsos, &mut plain),
+            _ => plain(),
+        }
     };
 
     if let Some(e) = table {

@@ -1111,7 +1111,7 @@ impl<'a> Engine<'a> {
             symfs: self.opts.symfs.as_deref(),
             memo: self.opts.memo.as_deref(),
             // live capture hook (issue 32)
-            live: self.live.as_ref().and_then(|l| l.capture()),
+            live: self.live_capture().map(|c| c as &dyn buildid::Captured),
         };
         // An ID no table entry or record can carry is refused before anything uses
         // it (the cache included).
@@ -1152,6 +1152,21 @@ impl<'a> Engine<'a> {
             None => Vec::new(),
         };
         self.add_time("cache", t.elapsed());
+        // live capture hook (issue 32): an entry the capture added during this run is
+        // this run's, though the cache stage finds it there.
+        if let Some(l) = self.live_capture() {
+            use buildid::cache::CacheState;
+            for r in cached.iter_mut().filter(|r| r.state == CacheState::Present) {
+                let id = groups
+                    .iter()
+                    .zip(&outcomes)
+                    .find(|(g, _)| g.name == r.name && g.kind.is_kernel_space() == r.kernel_space)
+                    .and_then(|(_, o)| o.build_id());
+                if id.is_some_and(|id| l.added(&id, false)) {
+                    r.state = CacheState::Added;
+                }
+            }
+        }
         // The symbol store, from the same open files (docs/store.md).
         let mut stored = Vec::new();
         if let Some(s) = &self.opts.store {
@@ -1159,6 +1174,15 @@ impl<'a> Engine<'a> {
             stored = self
                 .pool
                 .install(|| buildid::store::fill(s, &groups, &outcomes, trust));
+            // live capture hook (issue 32): the same for the store.
+            if let Some(l) = self.live_capture() {
+                use buildid::store::StoreState;
+                for r in stored.iter_mut().filter(|r| r.state == StoreState::Present) {
+                    if l.added(&r.build_id, true) {
+                        r.state = StoreState::Added;
+                    }
+                }
+            }
             self.add_time("store", t.elapsed());
         }
         let mut new = Vec::with_capacity(groups.len() + again.len());

@@ -429,6 +429,11 @@ pub(crate) struct Shared {
     pub entries: Mutex<HashMap<Key, Entry>>,
     /// Which entry holds a file with this ID (for the cache of claimed IDs).
     pub by_id: Mutex<HashMap<BuildId, Key>>,
+    /// IDs this capture added to the cache and to the store.
+    pub added: Mutex<(
+        std::collections::HashSet<BuildId>,
+        std::collections::HashSet<BuildId>,
+    )>,
     pub counts: Counts,
     pub clock: Clock,
     /// Mapping records arrived (their arrival numbers), queued, and proven.
@@ -476,6 +481,7 @@ impl Capture {
             cfg,
             entries: Mutex::new(HashMap::new()),
             by_id: Mutex::new(HashMap::new()),
+            added: Mutex::new(Default::default()),
             counts: Counts::default(),
             clock: Clock::default(),
             arrived: AtomicU64::new(0),
@@ -639,6 +645,15 @@ impl Capture {
             .flatten()
     }
 
+    /// Whether this capture added `id` to the build-ID cache (`store`: to the
+    /// symbol store): the run's own entry, though the cache stage finds it present.
+    pub fn added(&self, id: &BuildId, store: bool) -> bool {
+        self.shared
+            .added
+            .lock()
+            .is_ok_and(|a| if store { &a.1 } else { &a.0 }.contains(id))
+    }
+
     /// The counts so far.
     pub fn summary(&self) -> LiveSummary {
         summarize(&self.shared)
@@ -664,57 +679,63 @@ impl Drop for Capture {
     }
 }
 
-/// identify's hook (issue 32): the ID of a user DSO whose files (one model DSO per
-/// file identity: `dsos`) were captured while they were mapped, before `prove`
-/// (the proof of the file at the path now) is asked; when the capture cannot
-/// speak for every one of them, `prove`'s answer, with why not added to a refusal.
-pub fn prove_first(
-    live: Option<&Capture>,
-    kind: crate::model::DsoKind,
-    dsos: &[&crate::model::Dso],
-    prove: impl FnOnce() -> crate::buildid::Outcome,
-) -> crate::buildid::Outcome {
-    use crate::buildid::{Found, Outcome, Source};
-    let Some(l) = live.filter(|_| kind == crate::model::DsoKind::User) else {
-        return prove();
-    };
-    let mut id = None;
-    let mut file = None;
-    let mut why = None;
-    for d in dsos {
-        match l.lookup(&d.ident) {
-            // A file the capture never saw: the proof of the path speaks.
-            None => return prove(),
-            Some(LiveAnswer::Unproven((_, w))) => {
-                why.get_or_insert(w);
-            }
-            Some(LiveAnswer::Proven {
-                build_id, file: f, ..
-            }) => {
-                if id.is_some_and(|i| i != build_id) {
-                    why.get_or_insert_with(|| {
-                        "its files were captured with different build IDs".to_string()
-                    });
+impl crate::buildid::Captured for Capture {
+    fn settle(&self) {
+        Capture::settle(self, SETTLE);
+    }
+
+    /// The ID of a user DSO whose files (one model DSO per file identity: `dsos`)
+    /// were captured while they were mapped, before `prove` (the proof of the file
+    /// at the path now) is asked; when the capture cannot speak for every one of
+    /// them, `prove`'s answer, with why not added to a refusal.
+    fn prove_first(
+        &self,
+        dsos: &[&crate::model::Dso],
+        prove: &mut dyn FnMut() -> crate::buildid::Outcome,
+    ) -> crate::buildid::Outcome {
+        use crate::buildid::{Found, Outcome, Source};
+        let mut id = None;
+        let mut file = None;
+        let mut why = None;
+        for d in dsos {
+            match self.lookup(&d.ident) {
+                // A file the capture never saw: the proof of the path speaks.
+                None => return prove(),
+                Some(LiveAnswer::Unproven((_, w))) => {
+                    why.get_or_insert(w);
                 }
-                id = Some(build_id);
-                file = file.or(f);
+                Some(LiveAnswer::Proven {
+                    build_id, file: f, ..
+                }) => {
+                    if id.is_some_and(|i| i != build_id) {
+                        why.get_or_insert_with(|| {
+                            "its files were captured with different build IDs".to_string()
+                        });
+                    }
+                    id = Some(build_id);
+                    file = file.or(f);
+                }
             }
         }
-    }
-    match (id, why) {
-        (Some(build_id), None) => Outcome::Found(Found {
-            file,
-            ..Found::of(build_id, Source::Live)
-        }),
-        (_, why) => match prove() {
-            Outcome::Refused(mut r) => {
-                if let Some(w) = why {
-                    r.detail = format!("{}; live capture: {w}", r.detail);
+        match (id, why) {
+            (Some(build_id), None) => Outcome::Found(Found {
+                file,
+                ..Found::of(build_id, Source::Live)
+            }),
+            (_, why) => match prove() {
+                Outcome::Refused(mut r) => {
+                    if let Some(w) = why {
+                        r.detail = format!("{}; live capture: {w}", r.detail);
+                    }
+                    Outcome::Refused(r)
                 }
-                Outcome::Refused(r)
-            }
-            o => o,
-        },
+                o => o,
+            },
+        }
+    }
+
+    fn file_with(&self, id: &BuildId) -> Option<Arc<File>> {
+        Capture::file_with(self, id)
     }
 }
 

@@ -537,7 +537,12 @@ fn fill(sh: &Shared, f: &Fill, cache_dev: Option<u64>, trust: &HostTrust) {
                     trust,
                 );
                 match r.results.first().map(|r| r.state) {
-                    Some(CacheState::Added) => c.cache_added.fetch_add(1, Ordering::Relaxed),
+                    Some(CacheState::Added) => {
+                        if let Ok(mut a) = sh.added.lock() {
+                            a.0.insert(f.id);
+                        }
+                        c.cache_added.fetch_add(1, Ordering::Relaxed)
+                    }
                     Some(CacheState::Present) => {
                         c.bytes.fetch_sub(cost, Ordering::Relaxed);
                         c.cache_present.fetch_add(1, Ordering::Relaxed)
@@ -567,6 +572,9 @@ fn fill(sh: &Shared, f: &Fill, cache_dev: Option<u64>, trust: &HostTrust) {
             c.bytes.fetch_sub(f.size, Ordering::Relaxed);
             match r.first() {
                 Some(r) if r.state == StoreState::Added => {
+                    if let Ok(mut a) = sh.added.lock() {
+                        a.1.insert(f.id);
+                    }
                     c.bytes.fetch_add(r.bytes, Ordering::Relaxed);
                     c.store_added.fetch_add(1, Ordering::Relaxed);
                 }
