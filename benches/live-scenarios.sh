@@ -85,27 +85,29 @@ EOF
 pid_of() { awk '{print $2}' "$W/$1.pid"; }
 
 # count OUT HOME PERF: per scenario "symbolised/samples" (and for the deploy, the
-# samples given the other build's function), from `perf script` of OUT.
+# samples given the other build's function), from `perf script` of OUT: a sample's
+# own IP is the first frame after its pid line; only samples in the workload's own
+# files (its programs and libraries) are counted.
 count() {
 	local out=$1 home=$2 perf=$3
-	HOME=$home "$perf" script -i "$out" -F pid,sym,dso --hide-call-graph 2>/dev/null |
+	HOME=$home "$perf" script -i "$out" -F pid,ip,sym,dso 2>/dev/null |
 		awk -v v1="$(pid_of a-v1-1) $(pid_of a-v1-2)" -v v2="$(pid_of a-v2-1) $(pid_of a-v2-2)" \
 			-v b="$(pid_of b)" -v c="$(pid_of c)" '
 		BEGIN { n = split(v1, x, " "); for (i = 1; i <= n; i++) k[x[i]] = "a-v1"
 			n = split(v2, x, " "); for (i = 1; i <= n; i++) k[x[i]] = "a-v2"
 			k[b] = "b"; k[c] = "c" }
-		{ s = k[$1]; if (s == "") next
-		  # only samples in the workload'"'"'s own code (its program and library)
-		  if ($0 !~ /(liveprog|delprog|nsprog|libdep|nslib)/ && $0 !~ /unknown/) next
+		/^ *[0-9]+ *$/ { s = k[$1]; first = 1; next }
+		first && NF > 0 { first = 0
+		  if (s == "") next
+		  if ($0 !~ /(liveprog|delprog|nsprog|libdep|nslib)/) next
 		  tot[s]++
 		  if ($0 ~ /unknown/) unk[s]++
 		  if (s == "a-v1" && $0 ~ /v2_spin/) wrong[s]++
-		  if (s == "a-v2" && $0 ~ /lx_spin/ && $0 !~ /v2_spin/) lx[s]++
-		  if (s == "a-v2" && $0 ~ /v2_spin/) v2[s]++ }
-		END { printf "%s/%s", tot["a-v1"] - unk["a-v1"], tot["a-v1"] + 0
-		  if (wrong["a-v1"]) printf " (%d v2_spin!)", wrong["a-v1"]
-		  printf " | %s/%s (v2_spin %d)", tot["a-v2"] - unk["a-v2"], tot["a-v2"] + 0, v2["a-v2"]
-		  printf " | %s/%s | %s/%s\n", tot["b"] - unk["b"], tot["b"] + 0, tot["c"] - unk["c"], tot["c"] + 0 }'
+		  if (s == "a-v2" && $0 ~ /v2_spin/) v2n[s]++ }
+		END { printf "%d/%d", tot["a-v1"] - unk["a-v1"], tot["a-v1"]
+		  if (wrong["a-v1"]) printf " (%d in v2_spin!)", wrong["a-v1"]
+		  printf " | %d/%d (%d in v2_spin)", tot["a-v2"] - unk["a-v2"], tot["a-v2"], v2n["a-v2"]
+		  printf " | %d/%d | %d/%d\n", tot["b"] - unk["b"], tot["b"], tot["c"] - unk["c"], tot["c"] }'
 }
 
 scenarios() {
@@ -173,15 +175,16 @@ rate() {
 	mkdir -p "$d/home"
 	"$REC" record -q -B -g -k mono "${OPTS[@]}" -o - -- "$W/rate.sh" 2> "$d/record.err" |
 		tee >("$HERE/live-lag.py" > "$d/lag.txt") |
-		HOME=$d/home "$PDI" - /dev/null --report "$d/pdi.json" 2> "$d/pdi.err"
+		HOME=$d/home "$PDI" - - --report "$d/pdi.json" 2> "$d/pdi.err" > /dev/null
 	sleep 0.5
 	python3 - "$d/pdi.json" "$d/lag.txt" "${OPTS[*]:-default}" <<'EOF'
 import json, sys
-r = json.load(open(sys.argv[1]))["live"]
+rep = json.load(open(sys.argv[1]))
+r = rep["live"]
 lag = open(sys.argv[2]).read().strip()
-n = r["offered"]
-read = r["captured"] + r["stat_only"]
-print(f"| {sys.argv[3]} | {lag} | {read}/{n} = {100.0 * read / max(n, 1):.1f}% | {r['exited']} | {r['dropped']} |")
+libs = [d for d in rep["dsos"] if "/rate/lib" in d["path"]]
+live = sum(1 for d in libs if d.get("source") == "live")
+print(f"| {sys.argv[3]} | {lag} | {live}/{len(libs)} | {r['dropped']} |")
 EOF
 }
 
@@ -195,20 +198,21 @@ overhead() {
 	if [ -n "${STREAM:-}" ]; then
 		for i in 1 2 3; do
 			for l in off on; do
-				r=$( { cat "$STREAM" | HOME=$d/h-$l $t "$PDI" -q --live $l - /dev/null; } 2>&1 | tail -1)
+				r=$( { cat "$STREAM" | HOME=$d/h-$l $t "$PDI" -q --live $l - - > /dev/null; } 2>&1 | tail -1)
 				echo "replay $(basename "$STREAM") --live $l: wall,user,sys = $r"
 			done
 		done
 	fi
 	# A live system-wide recording while (d) runs: one stream, both pdinjects.
 	mkfifo "$d/f"
-	( HOME=$d/h-off $t -o "$d/off.time" "$PDI" -q --live off - /dev/null < "$d/f" ) &
+	( HOME=$d/h-off $t -o "$d/off.time" "$PDI" -q --live off - - < "$d/f" > /dev/null ) &
 	local p=$!
 	"$P61" record -q -B -a -g -F 999 -o - -- "$W/rate.sh" 2> /dev/null |
-		tee "$d/f" |
-		HOME=$d/h-on $t -o "$d/on.time" "$PDI" --live auto - /dev/null --report "$d/on.json" 2> "$d/on.err"
+		tee "$d/f" >(wc -c > "$d/bytes") |
+		HOME=$d/h-on $t -o "$d/on.time" "$PDI" --live auto - - --report "$d/on.json" 2> "$d/on.err" > /dev/null
 	wait $p || true
-	echo "system-wide (perf record -a -g -F 999, $(du -h "$d/f" 2>/dev/null | cut -f1) piped) wall,user,sys: --live off $(cat "$d/off.time"), --live auto $(cat "$d/on.time")"
+	sleep 0.5
+	echo "system-wide (perf record -a -g -F 999 while (d) runs, $(($(cat "$d/bytes") >> 20)) MB piped) wall,user,sys: --live off $(cat "$d/off.time"), --live auto $(cat "$d/on.time")"
 	grep -h 'live capture' "$d/on.err" || true
 }
 

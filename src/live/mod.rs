@@ -77,8 +77,9 @@ pub const DEFAULT_BUDGET: u64 = 1 << 30;
 pub const DEFAULT_BUDGET_ARG: &str = "1G";
 /// Mapping records waiting for the worker at most; more are dropped and counted.
 pub const QUEUE: usize = 4096;
-/// Files waiting for the cache at most (each holds a descriptor).
-pub const FILL_QUEUE: usize = 64;
+/// Files waiting for the cache at most (each holds a descriptor; at most a quarter
+/// of the open-file limit).
+pub const FILL_QUEUE: usize = 1024;
 /// Files the capture keeps open to stat them again when more of their mappings
 /// arrive (later mappings of a file whose processes are gone are then still
 /// covered).
@@ -475,7 +476,9 @@ impl Capture {
     /// Starts the workers. Fails only when no thread can be started.
     pub fn start(cfg: LiveConfig) -> std::io::Result<Capture> {
         let (tx, rx) = std::sync::mpsc::sync_channel::<Job>(cfg.queue.max(1));
-        let (ftx, frx) = std::sync::mpsc::sync_channel(FILL_QUEUE);
+        let nofile = procfs::raise_nofile();
+        let fill_queue = FILL_QUEUE.min((nofile / 4) as usize).max(1);
+        let (ftx, frx) = std::sync::mpsc::sync_channel(fill_queue);
         let shared = Arc::new(Shared {
             root_only: AtomicBool::new(cfg.root_only),
             cfg,
@@ -955,7 +958,7 @@ impl LiveSummary {
         let mut s = format!(
             "live capture (through {}): {} of {} executable mappings read ({} more checked by a stat), {} files",
             if self.via == "root" {
-                "/proc/PID/root"
+                "/proc/PID/root/PATH: /proc/PID/map_files is not permitted (CAP_SYS_ADMIN or CAP_CHECKPOINT_RESTORE), so a deleted or replaced file cannot be read"
             } else {
                 "/proc/PID/map_files"
             },
@@ -980,7 +983,7 @@ impl LiveSummary {
                 "refused: the file was written after the mapping",
             ),
             (self.mismatched, "refused: not the recorded file"),
-            (self.unreadable, "unreadable"),
+            (self.unreadable, "unreadable or without a build-ID note"),
             (self.dropped, "dropped (queue full)"),
             (self.untracked, "beyond the tracked files"),
         ] {

@@ -75,6 +75,26 @@ pub(crate) fn parse_start(stat: &[u8]) -> Option<u64> {
     rest.split_ascii_whitespace().nth(22 - 3)?.parse().ok()
 }
 
+/// Raises the soft limit of open files to the hard one (pdinject uses no select(),
+/// so a high limit is safe) and returns it.
+pub(crate) fn raise_nofile() -> u64 {
+    // SAFETY: plain struct filled by getrlimit; setrlimit reads it.
+    let mut r: libc::rlimit = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } != 0 {
+        return 1024;
+    }
+    if r.rlim_cur < r.rlim_max {
+        let raised = libc::rlimit {
+            rlim_cur: r.rlim_max,
+            rlim_max: r.rlim_max,
+        };
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            r.rlim_cur = r.rlim_max;
+        }
+    }
+    r.rlim_cur
+}
+
 /// Why a mapped file could not be opened.
 #[derive(Debug)]
 pub(crate) enum OpenError {
@@ -205,20 +225,22 @@ pub(crate) fn device_may_differ(f: &File) -> bool {
 }
 
 /// Bounds of `monotonic - perf clock` (ns) now, measured: a software event of this
-/// process records one executable mapping of its own (a PERF_RECORD_MMAP stamped by
-/// the clock perf record's events use, the kernel's local clock), between two reads
-/// of the monotonic clock. `None` when perf_event_open is not permitted (it needs
+/// process records one anonymous data mapping of its own (a PERF_RECORD_MMAP stamped
+/// by the clock perf record's events use, the kernel's local clock), between two
+/// reads of the monotonic clock. (Anonymous and not executable: a system-wide
+/// recording, which sees it too, takes it for no DSO's mapping.) `None` when perf_event_open is not permitted (it needs
 /// perf_event_paranoid <= 2, which lets a process watch its own user-space events,
 /// or CAP_PERFMON) or the record is not seen.
 pub(crate) fn perf_clock_offset() -> Option<(i128, i128)> {
     // perf_event_attr, the 128-byte version: type SOFTWARE, config SW_DUMMY,
-    // sample_type TIME, flags exclude_kernel, exclude_hv, mmap, sample_id_all.
+    // sample_type TIME, flags exclude_kernel, exclude_hv, mmap, mmap_data,
+    // sample_id_all.
     let mut attr = [0u8; 128];
     attr[0..4].copy_from_slice(&1u32.to_ne_bytes());
     attr[4..8].copy_from_slice(&128u32.to_ne_bytes());
     attr[8..16].copy_from_slice(&9u64.to_ne_bytes());
     attr[24..32].copy_from_slice(&(1u64 << 2).to_ne_bytes());
-    let flags: u64 = (1 << 5) | (1 << 6) | (1 << 8) | (1 << 18);
+    let flags: u64 = (1 << 5) | (1 << 6) | (1 << 8) | (1 << 17) | (1 << 18);
     attr[40..48].copy_from_slice(&flags.to_ne_bytes());
     // SAFETY: the attr buffer outlives the call; the result is a new descriptor.
     let fd = unsafe {
@@ -252,20 +274,18 @@ pub(crate) fn perf_clock_offset() -> Option<(i128, i128)> {
     if ring == libc::MAP_FAILED {
         return None;
     }
-    let exe = File::open("/proc/self/exe").ok();
     let mut best: Option<(i128, i128)> = None;
-    if let Some(exe) = &exe {
+    {
         for _ in 0..3 {
             let before = mono_ns();
-            // SAFETY: a fresh private executable mapping of one page of our own
-            // executable, unmapped below.
+            // SAFETY: a fresh private anonymous page, unmapped below.
             let at = unsafe {
                 libc::mmap(
                     std::ptr::null_mut(),
                     page,
-                    libc::PROT_READ | libc::PROT_EXEC,
-                    libc::MAP_PRIVATE,
-                    exe.as_raw_fd(),
+                    libc::PROT_READ,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
                     0,
                 )
             };

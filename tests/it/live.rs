@@ -25,10 +25,18 @@ fn live_src(f: &str) -> PathBuf {
     fixtures_src().join("live").join(f)
 }
 
+/// Build ID of `delprog`, liveprog built again (the binary deleted while it runs).
+pub const DELPROG_ID: &str = "11ee000000000000000000000000000000000d01";
+
 /// `liveprog` into `dir` (LIVEPROG_ID).
 pub fn build_liveprog(dir: &Path) -> PathBuf {
-    let out = dir.join("liveprog");
-    let bid = format!("-Wl,--build-id=0x{LIVEPROG_ID}");
+    build_liveprog_as(dir, "liveprog", LIVEPROG_ID)
+}
+
+/// liveprog.c built as `dir/name` with build ID `id`.
+pub fn build_liveprog_as(dir: &Path, name: &str, id: &str) -> PathBuf {
+    let out = dir.join(name);
+    let bid = format!("-Wl,--build-id=0x{id}");
     gcc(&[
         bid.as_ref(),
         "-o".as_ref(),
@@ -39,12 +47,18 @@ pub fn build_liveprog(dir: &Path) -> PathBuf {
     out
 }
 
+/// Build IDs of the program and library of the private mount namespace.
+pub const NSPROG_ID: &str = "11ee000000000000000000000000000000000c01";
+pub const NSLIB_ID: &str = "11ee000000000000000000000000000000000c02";
+
 /// `livelib.so` as `out`, v1 or v2.
 pub fn build_livelib(out: &Path, v2: bool) {
-    let bid = format!(
-        "-Wl,--build-id=0x{}",
-        if v2 { LIVELIB_V2 } else { LIVELIB_V1 }
-    );
+    build_livelib_as(out, if v2 { LIVELIB_V2 } else { LIVELIB_V1 }, v2)
+}
+
+/// livelib.c (v2 with `-DV2`) as `out` with build ID `id`.
+pub fn build_livelib_as(out: &Path, id: &str, v2: bool) {
+    let bid = format!("-Wl,--build-id=0x{id}");
     let src = live_src("livelib.c");
     let mut a: Vec<&std::ffi::OsStr> = vec![
         "-shared".as_ref(),
@@ -414,5 +428,159 @@ fn live_capture_reaches_a_private_mount_namespace() {
         let s = c.finish();
         assert_eq!(s.cache_added, 2, "{s:?}");
         assert!(cached(&cache, LIVELIB_V1) && cached(&cache, LIVEPROG_ID));
+    }
+}
+
+/// Per process, the functions of samples in the workload's own files (the sample's
+/// IP: the first frame after its pid line), from `perf script`.
+fn sampled_functions(perf: &Perf, file: &Path) -> std::collections::BTreeMap<u32, Vec<String>> {
+    let text = perf_script(perf, file, &["-F", "pid,ip,sym,dso"]);
+    let mut out: std::collections::BTreeMap<u32, Vec<String>> = Default::default();
+    let mut pid = None;
+    for l in text.lines() {
+        let t = l.trim();
+        if let Ok(p) = t.parse::<u32>() {
+            pid = Some(p);
+            continue;
+        }
+        if let Some(p) = pid.take()
+            && ["liveprog", "delprog", "livelib", "nsprog", "nslib"]
+                .iter()
+                .any(|w| t.contains(w))
+        {
+            let f: Vec<&str> = t.split_ascii_whitespace().collect();
+            out.entry(p)
+                .or_default()
+                .push(f.get(1).unwrap_or(&"?").to_string());
+        }
+    }
+    out
+}
+
+/// The three scenarios of issue 32 in one live pipeline, `perf record -B -g
+/// --no-buffering -o - | pdinject --mmap2-buildid-all - OUT`: a deploy by rename,
+/// a binary deleted while it runs, a process in a private mount namespace that
+/// exits before the recording ends. With every binary removed afterwards, perf
+/// symbolises every sample of them from the cache, each process from its own build.
+#[test]
+fn live_pipeline_keeps_what_disappears() {
+    let test = "live_pipeline_keeps_what_disappears";
+    let Some(perf) = can_record(test) else {
+        return;
+    };
+    let Some((tmp, _, _)) = built(test) else {
+        return;
+    };
+    let dir = tmp.path();
+    let ns_ok = run(Command::new("unshare").args(["-m", "true"]))
+        .status
+        .success();
+    if !ns_ok {
+        skip(
+            test,
+            "unshare -m is not permitted here: the namespace part is left out",
+        );
+    }
+    build_liveprog_as(dir, "delprog", DELPROG_ID);
+    build_liveprog_as(dir, "nsprog", NSPROG_ID);
+    build_livelib_as(&dir.join("nslib.so"), NSLIB_ID, false);
+    std::fs::create_dir(dir.join("ns")).unwrap();
+    std::thread::sleep(Duration::from_millis(60));
+    let d = dir.display();
+    let mut script = format!(
+        "{d}/liveprog {d}/livelib.so 150 500 > {d}/v1.pid &
+sleep 0.3
+mv {d}/v2.so {d}/livelib.so
+{d}/liveprog {d}/livelib.so 150 500 > {d}/v2.pid &
+{d}/delprog - 150 600 > {d}/del.pid &
+sleep 0.2
+rm {d}/delprog
+"
+    );
+    if ns_ok {
+        script += &format!(
+            "unshare -m --propagation private sh -c 'mount -t tmpfs none {d}/ns && cp {d}/nsprog {d}/nslib.so {d}/ns/ && sleep 0.1 && exec {d}/ns/nsprog {d}/ns/nslib.so 150 100' > {d}/ns.pid\n"
+        );
+    }
+    script += "wait\nsleep 0.5\n";
+    let mut rec = perf
+        .cmd()
+        .args([
+            "record",
+            "-q",
+            "-B",
+            "-g",
+            "--no-buffering",
+            "-o",
+            "-",
+            "--",
+            "sh",
+            "-c",
+        ])
+        .arg(&script)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let out = dir.join("out.data");
+    let rep = dir.join("r.json");
+    let o = run(pdinject()
+        .args(["--mmap2-buildid-all", "--report"])
+        .arg(&rep)
+        .arg("-")
+        .arg(&out)
+        .stdin(rec.stdout.take().unwrap()));
+    assert!(rec.wait().unwrap().success());
+    assert!(o.status.success(), "{}", tail(&o.stderr));
+    let r = read_report(&rep);
+    assert!(
+        r["live"]["captured"].as_u64().unwrap_or(0) > 0,
+        "nothing captured: {}\n{}",
+        r["live"],
+        tail(&o.stderr)
+    );
+    let pid = |f: &str| -> u32 {
+        std::fs::read_to_string(dir.join(f)).unwrap()[6..]
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    // Every binary gone.
+    for f in ["liveprog", "livelib.so", "nsprog", "nslib.so"] {
+        std::fs::remove_file(dir.join(f)).unwrap();
+    }
+    let mut readers = vec![perf.clone()];
+    readers.extend(perf73(test));
+    let mut cases = vec![
+        ("v1", pid("v1.pid")),
+        ("v2", pid("v2.pid")),
+        ("del", pid("del.pid")),
+    ];
+    if ns_ok {
+        cases.push(("ns", pid("ns.pid")));
+    }
+    for p in &readers {
+        let got = sampled_functions(p, &out);
+        for (what, pid) in &cases {
+            let f = got.get(pid).cloned().unwrap_or_default();
+            assert!(
+                !f.is_empty(),
+                "{}: no sample of {what} ({pid}): {got:?}",
+                p.name
+            );
+            let unknown = f.iter().filter(|s| s.contains("unknown")).count();
+            assert_eq!(
+                unknown,
+                0,
+                "{}: {what} has unsymbolised samples: {f:?}\n{}",
+                p.name,
+                tail(&o.stderr)
+            );
+            let v2 = f.iter().filter(|s| *s == "v2_spin").count();
+            match *what {
+                "v2" => assert!(v2 > 0, "{}: no v2_spin in the v2 process: {f:?}", p.name),
+                _ => assert_eq!(v2, 0, "{}: v2_spin in {what}: {f:?}", p.name),
+            }
+        }
     }
 }
