@@ -87,6 +87,14 @@ pub const FILES_KEPT: usize = 128;
 /// Distinct files (identities) the capture tracks; mappings of more are not
 /// captured (counted).
 pub const MAX_FILES: usize = 65536;
+/// What the capture keeps of the files it tracks, in estimated bytes (each file's
+/// entry [`ENTRY_COST`], each distinct name three times its length): past it,
+/// mappings of new files are not captured (counted with those past [`MAX_FILES`]).
+pub const MEMORY: u64 = 32 << 20;
+/// Estimated bytes of one tracked file's entry (its segments, mappings, times).
+pub const ENTRY_COST: u64 = 512;
+/// Loadable segments a captured file may have (ELF files have a few).
+pub const MAX_LOADS: usize = 64;
 /// How long identify waits for the worker to catch up with the records arrived.
 pub const SETTLE: Duration = Duration::from_secs(2);
 
@@ -444,6 +452,8 @@ pub(crate) struct Shared {
     pub done_cv: Condvar,
     /// map_files was refused: files are read through the process's root.
     pub root_only: AtomicBool,
+    /// The run ends without its output (an error): what is queued is dropped.
+    pub stop: AtomicBool,
     pub kept: AtomicU64,
     /// Lateness of records (arrival - T) in ns, the first [`LAGS_KEPT`].
     pub lags: Mutex<Vec<i64>>,
@@ -460,6 +470,8 @@ pub struct Capture {
     tx: Option<SyncSender<Job>>,
     threads: Vec<std::thread::JoinHandle<()>>,
     names: HashMap<Vec<u8>, Name>,
+    /// Estimated bytes kept ([`MEMORY`]).
+    kept_bytes: u64,
 }
 
 /// A recorded path as text (messages, the cache's directory) and as bytes (the
@@ -481,6 +493,7 @@ impl Capture {
         let (ftx, frx) = std::sync::mpsc::sync_channel(fill_queue);
         let shared = Arc::new(Shared {
             root_only: AtomicBool::new(cfg.root_only),
+            stop: AtomicBool::new(false),
             cfg,
             entries: Mutex::new(HashMap::new()),
             by_id: Mutex::new(HashMap::new()),
@@ -508,6 +521,7 @@ impl Capture {
             tx: Some(tx),
             threads: vec![prover, filler],
             names: HashMap::new(),
+            kept_bytes: 0,
         })
     }
 
@@ -531,6 +545,7 @@ impl Capture {
             return Offered::Skipped;
         };
         let (name, raw_name) = self.name(m.filename);
+        let over = self.kept_bytes + ENTRY_COST > MEMORY;
         let sh = &self.shared;
         let arrival = procfs::mono_ns();
         if let Some(t) = m.time {
@@ -546,9 +561,12 @@ impl Capture {
             let Ok(mut entries) = sh.entries.lock() else {
                 return Offered::Untracked;
             };
-            if !entries.contains_key(&key) && entries.len() >= MAX_FILES {
-                sh.counts.untracked.fetch_add(1, Ordering::Relaxed);
-                return Offered::Untracked;
+            if !entries.contains_key(&key) {
+                if entries.len() >= MAX_FILES || over {
+                    sh.counts.untracked.fetch_add(1, Ordering::Relaxed);
+                    return Offered::Untracked;
+                }
+                self.kept_bytes += ENTRY_COST;
             }
             // The arrival number is taken under the lock the worker reads entries
             // with: a stat that read `arrived` after it follows this arrival.
@@ -599,7 +617,9 @@ impl Capture {
         }
         let s: Arc<str> = String::from_utf8_lossy(raw).into();
         let r: Arc<[u8]> = raw.into();
-        if self.names.len() < MAX_FILES {
+        let cost = 3 * raw.len() as u64 + 64;
+        if self.kept_bytes + cost <= MEMORY {
+            self.kept_bytes += cost;
             self.names.insert(raw.to_vec(), (s.clone(), r.clone()));
         }
         (s, r)
@@ -674,7 +694,10 @@ impl Capture {
 }
 
 impl Drop for Capture {
+    /// Dropped without [`Capture::finish`] (the run failed): the workers drop what
+    /// is queued instead of proving and caching it.
     fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Relaxed);
         self.tx = None;
         for t in self.threads.drain(..) {
             let _ = t.join();
@@ -985,7 +1008,10 @@ impl LiveSummary {
             (self.mismatched, "refused: not the recorded file"),
             (self.unreadable, "unreadable or without a build-ID note"),
             (self.dropped, "dropped (queue full)"),
-            (self.untracked, "beyond the tracked files"),
+            (
+                self.untracked,
+                "of files beyond what the capture tracks (65,536 files, 32 MiB)",
+            ),
         ] {
             if n > 0 {
                 s += &format!("; {n} {what}");

@@ -102,12 +102,30 @@ pub(crate) enum OpenError {
     NotPermitted,
     /// The process or the mapping is gone (ENOENT, ESRCH).
     Gone,
+    /// Not a regular file (a device, a FIFO): never opened for reading.
+    NotRegular,
     /// Anything else, in words.
     Other(String),
 }
 
 fn open_flags() -> libc::c_int {
     libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC
+}
+
+/// Files are first opened with O_PATH (which opens no device and blocks on no
+/// FIFO), checked to be regular files, and only then opened for reading, through
+/// the O_PATH descriptor (the same inode, not the path again).
+fn path_flags() -> libc::c_int {
+    libc::O_PATH | libc::O_CLOEXEC
+}
+
+/// Opens for reading the regular file `f` (an O_PATH descriptor) is.
+fn reopen_regular(f: File) -> Result<File, OpenError> {
+    let m = f.metadata().map_err(classify)?;
+    if !m.is_file() {
+        return Err(OpenError::NotRegular);
+    }
+    open_path(Path::new(&format!("/proc/self/fd/{}", f.as_raw_fd()))).map_err(classify)
 }
 
 fn classify(e: std::io::Error) -> OpenError {
@@ -123,7 +141,7 @@ fn classify(e: std::io::Error) -> OpenError {
 /// without it the error is [`OpenError::NotPermitted`].
 pub(crate) fn open_map_file(pid: u32, start: u64, end: u64) -> Result<File, OpenError> {
     let p = format!("/proc/{pid}/map_files/{start:x}-{end:x}");
-    open_path(Path::new(&p)).map_err(classify)
+    reopen_regular(open_with(Path::new(&p), path_flags()).map_err(classify)?)
 }
 
 /// Opens `path` (absolute, as recorded) inside the root of process `pid`, resolving
@@ -147,7 +165,7 @@ pub(crate) fn open_in_root(pid: u32, path: &[u8]) -> Result<File, OpenError> {
     let c = CString::new(rel).map_err(|_| OpenError::Other("a NUL in the path".into()))?;
     // SAFETY: open_how is plain data; zero is "no flags".
     let mut how: libc::open_how = unsafe { std::mem::zeroed() };
-    how.flags = open_flags() as u64;
+    how.flags = path_flags() as u64;
     how.resolve = libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS;
     // SAFETY: openat2 reads the path and the open_how of the size given.
     let fd = unsafe {
@@ -161,7 +179,7 @@ pub(crate) fn open_in_root(pid: u32, path: &[u8]) -> Result<File, OpenError> {
     };
     if fd >= 0 {
         // SAFETY: a new descriptor that nothing else owns.
-        return Ok(unsafe { File::from_raw_fd(fd as libc::c_int) });
+        return reopen_regular(unsafe { File::from_raw_fd(fd as libc::c_int) });
     }
     let e = std::io::Error::last_os_error();
     if e.raw_os_error() != Some(libc::ENOSYS) {
@@ -170,13 +188,18 @@ pub(crate) fn open_in_root(pid: u32, path: &[u8]) -> Result<File, OpenError> {
     let mut full = root.into_bytes();
     full.push(b'/');
     full.extend_from_slice(rel);
-    open_path(Path::new(std::ffi::OsStr::from_bytes(&full))).map_err(classify)
+    let f = open_with(Path::new(std::ffi::OsStr::from_bytes(&full)), path_flags());
+    reopen_regular(f.map_err(classify)?)
 }
 
 fn open_path(p: &Path) -> std::io::Result<File> {
+    open_with(p, open_flags())
+}
+
+fn open_with(p: &Path, flags: libc::c_int) -> std::io::Result<File> {
     let c = CString::new(p.as_os_str().as_bytes()).map_err(std::io::Error::other)?;
     // SAFETY: a NUL-terminated path.
-    let fd = unsafe { libc::open(c.as_ptr(), open_flags()) };
+    let fd = unsafe { libc::open(c.as_ptr(), flags) };
     if fd < 0 {
         return Err(std::io::Error::last_os_error());
     }

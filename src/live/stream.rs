@@ -206,8 +206,25 @@ impl LiveStream {
             self.kernel_ref.as_ref().map(|(s, a)| (s.as_str(), *a)),
             &HostInfo::detect(),
         );
-        let proven = trust.local.as_ref().and(trust.kernel.as_ref());
-        match (self.choice, proven) {
+        // Without a kernel map to compare (an unprivileged perf reads no kernel
+        // addresses: no map, or one at 0), this boot is told by the records' times
+        // alone: each mapping record must arrive within a minute of its time on this
+        // boot's clock (checked as they arrive).
+        let unprovable = match &self.kernel_ref {
+            None => true,
+            Some((sym, addr)) => *addr == 0 || crate::buildid::host::kernel_symbol(sym).is_none(),
+        };
+        let proven = match (&trust.local, &trust.kernel) {
+            (Ok(()), Err(_)) if unprovable && self.clock != super::PerfClock::Other => {
+                self.notes.push(
+                    "live capture: no kernel map proves this boot; the records' times on this boot's clock do"
+                        .into(),
+                );
+                Ok(())
+            }
+            (l, k) => l.as_ref().and(k.as_ref()).map(|_| ()),
+        };
+        match (self.choice, proven.as_ref()) {
             (LiveChoice::Auto, Err((_, why))) => {
                 self.state = State::Off(format!(
                     "live capture off: the stream is not proven to be of this host and boot ({why}); --live on captures anyway"

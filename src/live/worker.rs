@@ -65,10 +65,18 @@ enum Count {
 
 /// Proves the queued mappings, one at a time, until the queue closes.
 pub(crate) fn prover(sh: &Shared, rx: Receiver<Job>, ftx: SyncSender<Fill>) {
+    use std::panic::{AssertUnwindSafe, catch_unwind};
     while let Ok(job) = rx.recv() {
-        sh.clock.calibrate(sh.cfg.perf_clock);
-        let found = prove(sh, &job);
-        record(sh, &job, found, &ftx);
+        // A failure here costs this mapping its capture, never the run (the worker
+        // goes on, and the job still counts as done for those waiting on it).
+        let _ = catch_unwind(AssertUnwindSafe(|| {
+            if sh.stop.load(Ordering::Relaxed) {
+                return;
+            }
+            sh.clock.calibrate(sh.cfg.perf_clock);
+            let found = prove(sh, &job);
+            record(sh, &job, found, &ftx);
+        }));
         if let Ok(mut d) = sh.done.lock() {
             *d += 1;
         }
@@ -292,6 +300,12 @@ fn open(sh: &Shared, job: &Job) -> Result<File, Found1> {
                     "its mapping was gone when its record arrived (the process exited, exec'd or unmapped it)",
                 ));
             }
+            Err(OpenError::NotRegular) => {
+                return Err(refused(
+                    Count::Mismatched,
+                    "the mapped file is not a regular file",
+                ));
+            }
             Err(OpenError::Other(e)) => {
                 return Err(refused(Count::Unreadable, &format!("map_files: {e}")));
             }
@@ -319,6 +333,10 @@ fn open(sh: &Shared, job: &Job) -> Result<File, Found1> {
             Count::Unreadable,
             "not permitted to read the process's root (ptrace access: the same user, or CAP_SYS_PTRACE)",
         )),
+        Err(OpenError::NotRegular) => Err(refused(
+            Count::Mismatched,
+            "the file at its path is not a regular file",
+        )),
         Err(OpenError::Other(e)) => Err(refused(Count::Unreadable, &e)),
     }
 }
@@ -338,7 +356,15 @@ fn read_elf(f: &File) -> Result<(BuildId, Vec<Segment>), String> {
         ));
     }
     let id = BuildId::new(raw, raw.len()).ok_or("its build-ID note is empty")?;
-    Ok((id, elf.loads()))
+    let loads = elf.loads();
+    if loads.len() > super::MAX_LOADS {
+        return Err(format!(
+            "it has {} loadable segments, more than the {} the capture reads",
+            loads.len(),
+            super::MAX_LOADS
+        ));
+    }
+    Ok((id, loads))
 }
 
 /// Writes what the job found into its file's entry, and sends a new file to the
@@ -474,10 +500,12 @@ pub(crate) fn filler(sh: &Shared, rx: Receiver<Fill>) {
     });
     let mut done: HashSet<BuildId> = HashSet::new();
     while let Ok(f) = rx.recv() {
-        if !done.insert(f.id) {
+        if sh.stop.load(Ordering::Relaxed) || !done.insert(f.id) {
             continue;
         }
-        pool.install(|| fill(sh, &f, cache_dev, &trust));
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            pool.install(|| fill(sh, &f, cache_dev, &trust))
+        }));
     }
 }
 
