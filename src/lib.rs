@@ -37,6 +37,8 @@ pub mod format;
 #[doc(hidden)]
 pub mod limits;
 #[doc(hidden)]
+pub mod live;
+#[doc(hidden)]
 pub mod model;
 #[doc(hidden)]
 pub mod resolve;

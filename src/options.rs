@@ -130,6 +130,11 @@ pub struct Options {
     /// database (`--dpkg-admindir`), pdinject's cache links, `--trust-same-layout`
     /// (docs/guarantees.md).
     pub vouchers: crate::buildid::vouch::Vouchers,
+    /// `--live`: capture mapped files while a live stream is read (issue 32,
+    /// [`crate::live`]; the library's default is off).
+    pub live: crate::live::LiveChoice,
+    /// `--live-budget`: bytes the live capture may copy.
+    pub live_budget: u64,
 }
 
 /// What the output's samples carry of user stacks.
@@ -164,6 +169,8 @@ impl Default for Options {
             jit: JitChoice::Off,
             memo: None,
             vouchers: crate::buildid::vouch::Vouchers::default(),
+            live: crate::live::LiveChoice::Off,
+            live_budget: crate::live::DEFAULT_BUDGET,
         }
     }
 }
@@ -194,6 +201,7 @@ impl std::fmt::Debug for Options {
             .field("callchains", &self.callchains)
             .field("jit", &self.jit)
             .field("vouchers", &self.vouchers)
+            .field("live", &self.live)
             .finish_non_exhaustive()
     }
 }

@@ -186,6 +186,9 @@ pub struct Report {
     pub cache: Option<crate::buildid::cache::CacheTotals>,
     /// Symbol store totals (absent without --symbol-store).
     pub store: Option<crate::buildid::store::StoreTotals>,
+    /// Live capture (issue 32; absent when it did not run).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub live: Option<crate::live::LiveSummary>,
     /// Per DSO.
     pub dsos: Vec<DsoReport>,
     /// Print stage timings in the human summary.

@@ -60,6 +60,10 @@ impl<'a> Fingerprint<'a> {
             // Proofs answered from the memo are the proofs run again (it is exact).
             memo: _,
             vouchers,
+            // live capture hook (issue 32): a batch reads saved recordings, which
+            // are never captured live.
+            live: _,
+            live_budget: _,
         } = o;
         Fingerprint {
             mode: *mode,

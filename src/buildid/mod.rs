@@ -316,6 +316,25 @@ pub struct Evidence<'a> {
     pub memo: Option<&'a memo::Memo>,
     /// What may excuse a ctime moved after the recording started.
     pub vouchers: &'a vouch::Vouchers,
+    /// live capture hook (issue 32): files captured while they were mapped.
+    pub live: Option<&'a dyn Captured>,
+}
+
+/// live capture hook (issue 32): proofs from files read while a live recording's
+/// processes mapped them (implemented by the live capture, a room above this one).
+pub trait Captured: Sync {
+    /// Waits (a bounded time) until what arrived so far is proven.
+    fn settle(&self);
+    /// The answer for a user DSO whose files (one model DSO each) are `dsos`: the
+    /// captured ID when the capture speaks for all of them, else `prove`'s (the
+    /// file at the path now), with why the capture could not added to a refusal.
+    fn prove_first(
+        &self,
+        dsos: &[&crate::model::Dso],
+        prove: &mut dyn FnMut() -> Outcome,
+    ) -> Outcome;
+    /// A captured file whose note carries `id`, while it is kept open.
+    fn file_with(&self, id: &BuildId) -> Option<std::sync::Arc<std::fs::File>>;
 }
 
 fn same_space(e: &TableEntry, kind: DsoKind) -> bool {
@@ -353,10 +372,22 @@ pub fn identify(groups: &[Group], model: &Model, ev: &Evidence<'_>) -> Vec<Outco
     // if its note carries the same ID.
     let budget = open_file_budget();
     let kept = std::sync::atomic::AtomicUsize::new(0);
+    // live capture hook (issue 32): what arrived so far is proven before it is asked.
+    if let Some(l) = ev.live {
+        l.settle();
+    }
     groups
         .par_iter()
         .map(|g| {
             let mut o = identify_one(g, model, ev, &kernel_id, &vdso_id);
+            // live capture hook (issue 32): an ID the recording gives (a build-ID
+            // MMAP2, a claim) is cached from the captured file when its own is gone.
+            if let (Outcome::Found(f), Some(l)) = (&mut o, ev.live)
+                && f.file.is_none()
+                && g.kind == DsoKind::User
+            {
+                f.file = l.file_with(&f.build_id);
+            }
             if o.file().is_some()
                 && kept.fetch_add(1, std::sync::atomic::Ordering::Relaxed) >= budget
             {
@@ -425,7 +456,15 @@ fn identify_one(
     let mut claimed: Vec<BuildId> = table.iter().map(|e| e.build_id).collect();
     claimed.extend(&ids);
     claimed.extend(ev.stream.iter().filter(own).map(|e| e.build_id));
-    let prove = || prove_group(g, &dsos, &inodes, ev, kernel_id, vdso_id);
+    // live capture hook (issue 32): a file captured while it was mapped is proven
+    // before the file at the path now.
+    let prove = || {
+        let mut plain = || prove_group(g, &dsos, &inodes, ev, kernel_id, vdso_id);
+        match ev.live {
+            Some(l) if g.kind == DsoKind::User => l.prove_first(&dsos, &mut plain),
+            _ => plain(),
+        }
+    };
 
     if let Some(e) = table {
         let mut o = Found::of(e.build_id, Source::InputTable);

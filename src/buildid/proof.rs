@@ -86,6 +86,9 @@ pub enum Source {
     Symfs,
     /// The image `--jit` wrote from the process's jitdump.
     Jit,
+    /// Read from the mapped inode while a process of a live recording mapped it
+    /// (`--live`, issue 32: [`crate::live`]).
+    Live,
 }
 
 /// Whether local files may be opened for a proof at all (the recording is of this

@@ -53,6 +53,17 @@ pub enum UnwindArg {
     Dwarf,
 }
 
+/// Values of `--live` (issue 32).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LiveArg {
+    /// When the input is a stream being recorded now on this host and boot.
+    Auto,
+    /// On any stream input, without the proof that it is of this host and boot.
+    On,
+    /// Never.
+    Off,
+}
+
 /// Values of `--attrs-for`: a perf version, since what a user knows is which perf
 /// refuses the file ("incompatible file format"), not the size of its attr struct.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -129,6 +140,15 @@ pub struct EngineArgs {
     /// "Limits" in docs/guarantees.md). A stream that needs more stops with an error.
     #[arg(long = "stream-memory", value_name = "SIZE", value_parser = pdinject::limits::parse_size, default_value = pdinject::limits::DEFAULT_STREAM_MEMORY_ARG)]
     pub stream_memory: u64,
+    /// Read each file a live process maps as its record arrives, while a stream is
+    /// being recorded on this host and boot: its build ID from the mapped inode and
+    /// the file into the build-ID cache (docs/live.md).
+    #[arg(long = "live", value_name = "WHEN", value_enum, default_value = "auto")]
+    pub live: LiveArg,
+    /// Bytes the live capture may copy into the cache and the symbol store (hard
+    /// links cost none), e.g. 512M, 2G.
+    #[arg(long = "live-budget", value_name = "SIZE", value_parser = pdinject::limits::parse_size, default_value = pdinject::live::DEFAULT_BUDGET_ARG)]
+    pub live_budget: u64,
     /// Write the event attributes at the size this perf reads (an older perf refuses
     /// larger ones); refused when a field that size has no room for is not zero.
     /// Default: the input's attrs as they are.
@@ -258,6 +278,12 @@ impl EngineArgs {
             } else {
                 pdinject::options::Callchains::AsRecorded
             },
+            live: match self.live {
+                LiveArg::Auto => pdinject::live::LiveChoice::Auto,
+                LiveArg::On => pdinject::live::LiveChoice::On,
+                LiveArg::Off => pdinject::live::LiveChoice::Off,
+            },
+            live_budget: self.live_budget,
             jit: if self.jit {
                 pdinject::options::JitChoice::Inject(match self.jit_maps {
                     JitMapsArg::Touched => pdinject::options::JitMaps::Touched,

@@ -562,5 +562,7 @@ fn with_facts<R>(engine: &Engine<'_>, f: impl FnOnce(&Facts<'_>) -> R) -> R {
         spill: engine.spill(),
         splices: engine.splices(),
         first_seqs: engine.first_seqs(),
+        // live capture hook (issue 32)
+        live: engine.live_capture(),
     })
 }

@@ -35,6 +35,22 @@ struct Pending {
     scanned: usize,
     /// Bytes of `bytes` that hold whole records (the rest is a record arriving).
     parsed: usize,
+    /// live capture hook (issue 32): a live stream is read as it comes (what one
+    /// read gives), through this buffer, so that each record is seen on arrival.
+    scratch: Vec<u8>,
+}
+
+/// What a live stream's read takes at most (a pipe holds 64 KiB by default).
+const LIVE_READ: usize = 1 << 20;
+
+/// live capture hook (issue 32): what the capture of a live stream may write.
+fn live_config(opts: &Options) -> crate::live::LiveConfig {
+    crate::live::LiveConfig {
+        cache: opts.cache.clone(),
+        store: opts.store.clone(),
+        byte_budget: opts.live_budget,
+        ..Default::default()
+    }
 }
 
 /// How a stream is read.
@@ -67,12 +83,19 @@ pub fn run_stream(cx: Context<'_>, input: StreamInput<'_>, sink: &mut dyn Sink) 
     let mut head = [0u8; PIPE_HEADER_SIZE as usize];
     let got = read_full(reader, &mut head).map_err(|e| Error::io(&name, e))?;
     let e = header_endian(&head[..got], &name)?;
+    // live capture hook (issue 32): a stream read while it is recorded (not a
+    // regular file) has its mappings captured as they arrive (`--live`).
+    let live = (matches!(dating, Dating::Live { .. }) && cx.host == Host::Consult)
+        .then(|| crate::live::LiveStream::new(cx.opts.live, e, live_config(cx.opts)))
+        .flatten();
     let mut engine = Engine::for_stream(cx, &name, e, dating);
     // --convert-callchain: each batch is converted by its resolve into memory, and
     // taken by the sink before the next.
     if cx.opts.callchains == crate::options::Callchains::Converted {
         engine.convert_into(Arc::new(crate::convert::Spill::in_memory()));
     }
+    let reads_live = live.is_some();
+    engine.set_live(live);
     let stop = Arc::new(AtomicBool::new(false));
     sink.begin(
         &Begin::Stream {
@@ -86,11 +109,16 @@ pub fn run_stream(cx: Context<'_>, input: StreamInput<'_>, sink: &mut dyn Sink) 
         base: PIPE_HEADER_SIZE,
         scanned: 0,
         parsed: 0,
+        scratch: if reads_live {
+            vec![0; LIVE_READ]
+        } else {
+            Vec::new()
+        },
     };
     let mut cuts = Cuts::new(0, Point::new(PIPE_HEADER_SIZE, 0));
     let r = (|| {
         loop {
-            let eof = fill(&mut s, reader, batch, e, &name)?;
+            let eof = fill(&mut s, reader, batch, e, &name, engine.live_mut())?;
             let from = s.base + s.scanned as u64;
             let end = s.base + s.parsed as u64;
             let mem = InMemory {
@@ -124,6 +152,16 @@ fn header_endian(head: &[u8], name: &Path) -> Result<Endian> {
     })
 }
 
+/// One read of what is there (at least a byte, unless at the end).
+fn read_some(r: &mut dyn Read, buf: &mut [u8]) -> std::io::Result<usize> {
+    loop {
+        match r.read(buf) {
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            r => return r,
+        }
+    }
+}
+
 fn read_full(r: &mut dyn Read, buf: &mut [u8]) -> std::io::Result<usize> {
     let mut got = 0;
     while got < buf.len() {
@@ -147,7 +185,15 @@ fn carry_limit(batch: usize) -> usize {
 }
 
 /// Reads until a batch of whole records is ready; true at the end of the stream.
-fn fill(s: &mut Pending, r: &mut dyn Read, batch: usize, e: Endian, name: &Path) -> Result<bool> {
+/// A live capture sees each record as soon as it is whole.
+fn fill(
+    s: &mut Pending,
+    r: &mut dyn Read,
+    batch: usize,
+    e: Endian,
+    name: &Path,
+    mut live: Option<&mut crate::live::LiveStream>,
+) -> Result<bool> {
     loop {
         // Frame the whole records read so far.
         loop {
@@ -173,10 +219,24 @@ fn fill(s: &mut Pending, r: &mut dyn Read, batch: usize, e: Endian, name: &Path)
             if ((s.bytes.len() - s.parsed) as u64) < fr.total() {
                 break;
             }
+            // live capture hook (issue 32): the record, as it arrives.
+            if let Some(l) = live.as_deref_mut() {
+                l.record(&s.bytes[s.parsed..s.parsed + fr.header.size as usize]);
+            }
             s.parsed += fr.total() as usize;
         }
         if s.parsed - s.scanned >= batch {
             return Ok(false);
+        }
+        let got = if live.is_some() {
+            // live capture hook (issue 32): what the pipe holds now, not 4 MB.
+            read_some(r, &mut s.scratch).map_err(|err| Error::io(name, err))?
+        } else {
+            0
+        };
+        if got > 0 {
+            s.bytes.extend_from_slice(&s.scratch[..got]);
+            continue;
         }
         // Straight into the batch's spare capacity: no intermediate buffer, no zeroing.
         s.bytes.reserve_exact(READ_BLOCK as usize);

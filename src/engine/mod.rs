@@ -319,6 +319,9 @@ pub(crate) struct Engine<'a> {
     splices: Option<crate::jit::Splices>,
     /// The number of the first record of each data file scanned.
     first_seqs: Vec<u64>,
+    // live capture hook (issue 32): the stream's capture, fed by the driver as
+    // records are read, consulted by identify.
+    live: Option<crate::live::LiveStream>,
 }
 
 impl<'a> Engine<'a> {
@@ -402,7 +405,25 @@ impl<'a> Engine<'a> {
             },
             splices: None,
             first_seqs: Vec::new(),
+            live: None,
         }
+    }
+
+    // live capture hook (issue 32): the driver gives a live stream its capture and
+    // feeds it the records as they are read.
+    /// The stream's live capture.
+    pub(crate) fn set_live(&mut self, live: Option<crate::live::LiveStream>) {
+        self.live = live;
+    }
+
+    /// The live capture, to feed records to.
+    pub(crate) fn live_mut(&mut self) -> Option<&mut crate::live::LiveStream> {
+        self.live.as_mut()
+    }
+
+    /// The live capture, while it captures.
+    pub(crate) fn live_capture(&self) -> Option<&crate::live::Capture> {
+        self.live.as_ref().and_then(|l| l.capture())
     }
 
     /// `--convert-callchain`: the resolve converts each chunk into `spill`, which the
@@ -1159,6 +1180,8 @@ impl<'a> Engine<'a> {
             symfs: self.opts.symfs.as_deref(),
             memo: self.opts.memo.as_deref(),
             vouchers: &vouchers,
+            // live capture hook (issue 32)
+            live: self.live_capture().map(|c| c as &dyn buildid::Captured),
         };
         // An ID no table entry or record can carry is refused before anything uses
         // it (the cache included).
@@ -1213,6 +1236,21 @@ impl<'a> Engine<'a> {
             None => Vec::new(),
         };
         self.add_time("cache", t.elapsed());
+        // live capture hook (issue 32): an entry the capture added during this run is
+        // this run's, though the cache stage finds it there.
+        if let Some(l) = self.live_capture() {
+            use buildid::cache::CacheState;
+            for r in cached.iter_mut().filter(|r| r.state == CacheState::Present) {
+                let id = groups
+                    .iter()
+                    .zip(&outcomes)
+                    .find(|(g, _)| g.name == r.name && g.kind.is_kernel_space() == r.kernel_space)
+                    .and_then(|(_, o)| o.build_id());
+                if id.is_some_and(|id| l.added(&id, false)) {
+                    r.state = CacheState::Added;
+                }
+            }
+        }
         // The symbol store, from the same open files (docs/store.md).
         let mut stored = Vec::new();
         if let Some(s) = &self.opts.store {
@@ -1220,6 +1258,15 @@ impl<'a> Engine<'a> {
             stored = self
                 .pool
                 .install(|| buildid::store::fill(s, &groups, &outcomes, trust));
+            // live capture hook (issue 32): the same for the store.
+            if let Some(l) = self.live_capture() {
+                use buildid::store::StoreState;
+                for r in stored.iter_mut().filter(|r| r.state == StoreState::Present) {
+                    if l.added(&r.build_id, true) {
+                        r.state = StoreState::Added;
+                    }
+                }
+            }
             self.add_time("store", t.elapsed());
         }
         let mut new = Vec::with_capacity(groups.len() + again.len());
@@ -1268,6 +1315,12 @@ impl<'a> Engine<'a> {
     /// entries the output gained and what the user should know about it.
     pub(crate) fn finish(mut self, sink: SinkReport, jobs: usize) -> Report {
         let mut r = self.counts(&sink, jobs);
+        // live capture hook (issue 32): its summary line and counts.
+        if let Some(l) = self.live.take() {
+            let (summary, notes) = l.finish();
+            r.live = summary;
+            self.notes.extend(notes);
+        }
         r.notes.append(&mut self.notes);
         if let Some(j) = &mut self.jit {
             r.notes.append(&mut j.notes);

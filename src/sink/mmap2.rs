@@ -100,12 +100,24 @@ pub(crate) fn plan(
             }
         }
     }
-    if ids.is_empty() {
+    // live capture hook (issue 32): a path mapped from several files has no one ID,
+    // but each file captured while mapped has its own, which its records carry.
+    let mut by_file: HashMap<DsoId, (usize, bool)> = HashMap::new();
+    if facts.live.is_some() {
+        for (i, d) in facts.decisions().enumerate() {
+            if record_id(d).is_none() && d.group.kind == DsoKind::User {
+                for &dso in &d.group.dsos {
+                    by_file.insert(dso, (i, false));
+                }
+            }
+        }
+    }
+    if ids.is_empty() && by_file.is_empty() {
         return Vec::new();
     }
     let mut found: Vec<(MappingRecord, Vec<u8>, FileIdent)> = Vec::new();
     for m in records {
-        if !ids.contains_key(&m.dso) {
+        if !ids.contains_key(&m.dso) && !by_file.contains_key(&m.dso) {
             continue;
         }
         let Some(rec) = read(m.file, m.offset) else {
@@ -149,7 +161,14 @@ pub(crate) fn plan(
     }
     let mut out = Vec::new();
     for (m, rec, ident) in found {
-        let Some(&(g, id, kernel_space)) = ids.get(&m.dso) else {
+        // live capture hook (issue 32): the captured file's own ID.
+        let live = by_file
+            .get(&m.dso)
+            .and_then(|&(g, k)| match facts.live?.lookup(&ident)? {
+                crate::live::LiveAnswer::Proven { build_id, .. } => Some((g, build_id, k)),
+                crate::live::LiveAnswer::Unproven(_) => None,
+            });
+        let Some((g, id, kernel_space)) = ids.get(&m.dso).copied().or(live) else {
             continue;
         };
         if refused.contains(&g) || matches!(ident, FileIdent::BuildId(_)) {

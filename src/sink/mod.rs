@@ -111,6 +111,10 @@ pub struct Facts<'a> {
     /// The number of the first record of each data file (an editing sink walks a
     /// file's records by the numbers the scan gave them).
     pub first_seqs: &'a [u64],
+    /// live capture hook (issue 32): the files captured while mapped, whose IDs a
+    /// mapping record can carry where a path-keyed table cannot (two files at one
+    /// path).
+    pub live: Option<&'a crate::live::Capture>,
 }
 
 impl<'a> Facts<'a> {

@@ -27,6 +27,9 @@ const FLOORS: &[&[&str]] = &[
     // Writing files safely (temp outputs, in place, clones).
     &["write"],
     &["buildid"],
+    // Live capture (issue 32): files read while a live stream's processes map
+    // them; identify asks it through buildid::Captured.
+    &["live"],
     &["options"],
     &["resolve"],
     // --convert-callchain: unwinds samples again with what the resolve used; its

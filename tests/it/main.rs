@@ -32,6 +32,7 @@ mod install;
 mod jit;
 mod large;
 mod layers;
+mod live;
 mod matrix;
 mod mmap2;
 mod mutation;
