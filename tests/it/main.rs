@@ -7,6 +7,7 @@
 mod common;
 mod convert;
 
+mod aslr;
 mod attrs;
 mod batch;
 mod budget;
