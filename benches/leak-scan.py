@@ -28,7 +28,9 @@ are read at 8-byte steps from each record's start. `--unaligned` also reads them
 every byte offset (a record of perf's own, HEADER_BUILD_ID of perf 6.1, is 100 bytes;
 a name's bytes could hide one). The header's feature sections (after the data
 section of a file) are read at every byte offset, and the whole output is searched
-for the addresses written as hex text (perf's TRACING_DATA carries /proc/kallsyms).
+for the addresses written as hex text, and for any kernel address written as 16 hex
+digits (perf's TRACING_DATA carries printk formats at their kernel addresses, and can
+carry /proc/kallsyms: the KASLR slide, whether or not a sample named them).
 
 Addresses below 0x1000 and the top page (callchain markers) are not counted: they
 name no place.
@@ -340,10 +342,17 @@ def main():
             if v in addrs and v not in coincident:
                 feat_leaks += 1
     hex_leaks = 0
+    kernel_text = set()
     for m in re.finditer(rb"[0-9a-f]{12,16}", out.buf):
         v = int(m.group(0), 16)
         if v in addrs and v not in coincident:
             hex_leaks += 1
+        # Kernel addresses written as text (TRACING_DATA's printk formats and, where
+        # perf put it there, /proc/kallsyms) give the KASLR slide away whether or not
+        # a sample named them. Counted: x86-64's kernel image and modules
+        # (>= 0xffffffff80000000), far above perf's new kernel base 0xffff800010000000.
+        if len(m.group(0)) == 16 and v >= 0xffffffff80000000:
+            kernel_text.add(v)
 
     res = {
         "input": a.input,
@@ -360,6 +369,7 @@ def main():
         "coincidences_occurrences": sum(coin.values()),
         "feature_section_leaks": feat_leaks,
         "hex_text_leaks": hex_leaks,
+        "kernel_addresses_as_text": len(kernel_text),
     }
     if a.unaligned:
         res["unaligned_leaks"] = unaligned_leaks
@@ -372,7 +382,7 @@ def main():
               f"({res['leaked_occurrences']} times: {by_cat}); coincidences "
               f"{len(coin) - len(collide)} ({res['coincidences_occurrences']} times); "
               f"layout collisions {len(collide)} ({res['layout_collisions_occurrences']} times); feature sections {feat_leaks}; "
-              f"hex text {hex_leaks}" + (f"; unaligned {unaligned_leaks}" if a.unaligned else ""))
+              f"hex text {hex_leaks}; kernel addresses as text {len(kernel_text)}" + (f"; unaligned {unaligned_leaks}" if a.unaligned else ""))
 
 
 if __name__ == "__main__":
