@@ -221,7 +221,7 @@ struct Shift {
 struct AddrSpace {
     /// Every piece ever visible, in birth order.
     pieces: Vec<Piece>,
-    /// While building: the visible pieces by start (indices into `pieces`).
+    /// The visible pieces after the last event laid, by start (indices into `pieces`).
     alive: BTreeMap<u64, usize>,
     /// After building: `pieces` indices sorted by start, and the running maximum of
     /// their ends (a lookup walks back from the last start <= addr while that
@@ -327,7 +327,6 @@ impl AddrSpace {
     }
 
     fn freeze(&mut self) {
-        self.alive = BTreeMap::new();
         let mut idx: Vec<usize> = (0..self.pieces.len()).collect();
         idx.sort_by_key(|&i| (self.pieces[i].start, i));
         let mut m = 0;
@@ -380,12 +379,26 @@ impl LayoutBuilder {
     /// Lays every event out in key order.
     pub fn build(mut self) -> Layout {
         self.events.sort_by_key(|&(k, _)| k);
+        let mut l = Layout {
+            cfg: self.cfg,
+            keys: Vec::with_capacity(self.events.len()),
+            placed: Vec::with_capacity(self.events.len()),
+            spaces: HashMap::new(),
+        };
+        l.apply(&self.events);
+        l
+    }
+}
+
+impl Layout {
+    /// Lays out `events` (sorted by key, all after the last key laid) after those laid.
+    fn apply(&mut self, events: &[(Key, Event)]) {
         let cfg = self.cfg;
         let page = cfg.page.max(1);
-        let mut spaces: HashMap<u32, AddrSpace> = HashMap::new();
-        let mut placed: Vec<Option<Placed>> = Vec::with_capacity(self.events.len());
-        for (n, &(_, ev)) in self.events.iter().enumerate() {
-            let at = n as u32;
+        let (keys, placed, spaces) = (&mut self.keys, &mut self.placed, &mut self.spaces);
+        for &(key, ev) in events {
+            let at = keys.len() as u32;
+            keys.push(key);
             match ev {
                 Event::Map {
                     pid,
@@ -473,17 +486,28 @@ impl LayoutBuilder {
         for s in spaces.values_mut() {
             s.freeze();
         }
-        Layout {
-            keys: self.events.iter().map(|&(k, _)| k).collect(),
-            placed,
-            spaces,
+    }
+
+    /// Lays out the events of a stream's next batch after those laid: perf places
+    /// mappings in time order, so a batch's events must all come after the last key
+    /// laid (a batch that ends at a FINISHED_ROUND, whose records perf has all ordered
+    /// by then). `Err` with the first key that does not, nothing laid.
+    pub fn extend(&mut self, mut events: Vec<(Key, Event)>) -> Result<(), Key> {
+        events.sort_by_key(|&(k, _)| k);
+        if let (Some(&last), Some(&(first, _))) = (self.keys.last(), events.first())
+            && first <= last
+        {
+            return Err(first);
         }
+        self.apply(&events);
+        Ok(())
     }
 }
 
 /// A recording's layout: the new place of each mapping event and of any address.
 #[derive(Debug)]
 pub struct Layout {
+    cfg: Config,
     keys: Vec<Key>,
     placed: Vec<Option<Placed>>,
     spaces: HashMap<u32, AddrSpace>,
@@ -828,6 +852,49 @@ mod tests {
         assert!(!m.pgoff_is_addr);
         assert!(!MapClass::of(b"/usr/lib/libc.so.6", true, false).pgoff_is_addr);
         assert!(is_kernel_module(b"[xfs]") && !is_kernel_module(b"[vdso]"));
+    }
+
+    /// A stream laid out batch by batch is laid out as a whole; a batch reaching back
+    /// before the last key laid is refused.
+    #[test]
+    fn extending_by_batches_is_building_at_once() {
+        let evs: Vec<(Key, Event)> = (0..30u64)
+            .map(|i| {
+                let ev = if i == 10 {
+                    Event::Fork { pid: 1, parent: 0 }
+                } else {
+                    user(
+                        (i % 2) as u32,
+                        0x4000_0000 + (i * 13 % 29) * 0x10000,
+                        0x3000,
+                        0,
+                        i as u32 % 4,
+                    )
+                };
+                (k(i), ev)
+            })
+            .collect();
+        let mut b = LayoutBuilder::new(Config::default());
+        for &(key, ev) in &evs {
+            b.push(key, ev);
+        }
+        let whole = b.build();
+        let mut parts = LayoutBuilder::new(Config::default()).build();
+        for batch in evs.chunks(7) {
+            parts.extend(batch.to_vec()).unwrap();
+        }
+        for t in 0..30 {
+            assert_eq!(whole.mapped(k(t)), parts.mapped(k(t)));
+            for a in [0x4000_1000u64, 0x4005_2000, 0x401c_0010] {
+                for pid in [0, 1] {
+                    assert_eq!(
+                        whole.remap(pid, Space::User, a, k(t)),
+                        parts.remap(pid, Space::User, a, k(t))
+                    );
+                }
+            }
+        }
+        assert_eq!(parts.extend(vec![(k(29), evs[0].1)]), Err(k(29)));
     }
 
     /// The same events pushed in any order give the same layout.
