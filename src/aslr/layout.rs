@@ -33,7 +33,7 @@
 //! Deterministic: the answer depends only on the events and their keys, never on the
 //! order of pushes with distinct keys, a hash order or a thread count.
 
-use crate::model::{KERNEL_PID, Key};
+use crate::model::Key;
 use crate::resolve::callchain::Space;
 use std::collections::{BTreeMap, HashMap};
 
@@ -43,6 +43,18 @@ pub const USER_BASE: u64 = 0x20_0000;
 pub const KERNEL_BASE_64: u64 = 0xffff_8000_1000_0000;
 /// perf's kernel base on a 32-bit kernel (`kernel_space_start_32`).
 pub const KERNEL_BASE_32: u64 = 0x8000_0000;
+
+/// The kernel's layout, apart from every pid's (a sample without a pid is pid -1, and
+/// its user addresses are not the kernel's).
+const KERNEL_SPACE: u64 = u64::MAX;
+
+/// The layout of `space` for process `pid`.
+fn space_id(pid: u32, space: Space) -> u64 {
+    match space {
+        Space::Kernel => KERNEL_SPACE,
+        Space::User => u64::from(pid),
+    }
+}
 
 /// The DSO of a place perf's machine holds no map at (its key's DSO is NULL).
 const NO_DSO: u32 = u32::MAX;
@@ -410,8 +422,8 @@ impl Layout {
                     class,
                 } => {
                     let (sid, base) = match space {
-                        Space::Kernel => (KERNEL_PID, cfg.kernel_base),
-                        Space::User => (pid, cfg.user_base),
+                        Space::Kernel => (KERNEL_SPACE, cfg.kernel_base),
+                        Space::User => (u64::from(pid), cfg.user_base),
                     };
                     let s = spaces.entry(sid).or_default();
                     let inv = if class.keyed_by_start {
@@ -442,7 +454,7 @@ impl Layout {
                     }));
                 }
                 Event::Unmap { addr, len } => {
-                    let s = spaces.entry(KERNEL_PID).or_default();
+                    let s = spaces.entry(KERNEL_SPACE).or_default();
                     let new = s.findnew(at, addr, len, cfg.kernel_base, page);
                     s.remove_at(at, addr);
                     placed.push(Some(Placed {
@@ -451,14 +463,14 @@ impl Layout {
                     }));
                 }
                 Event::Fork { pid, parent } => {
-                    let (pieces, inherited) = match spaces.get(&parent) {
+                    let (pieces, inherited) = match spaces.get(&u64::from(parent)) {
                         Some(p) => (
                             p.alive.values().map(|&i| p.pieces[i]).collect::<Vec<_>>(),
                             (cfg.inherit == Inherit::Parent).then(|| (p.top, p.shifts.clone())),
                         ),
                         None => (Vec::new(), None),
                     };
-                    let c = spaces.entry(pid).or_default();
+                    let c = spaces.entry(u64::from(pid)).or_default();
                     // perf removes a thread it already had under that pid and starts the
                     // child from a copy of its parent's maps.
                     for (_, i) in std::mem::take(&mut c.alive) {
@@ -510,7 +522,7 @@ pub struct Layout {
     cfg: Config,
     keys: Vec<Key>,
     placed: Vec<Option<Placed>>,
-    spaces: HashMap<u32, AddrSpace>,
+    spaces: HashMap<u64, AddrSpace>,
 }
 
 impl Layout {
@@ -529,11 +541,7 @@ impl Layout {
     /// `addr` of process `pid` in `space`, remapped as of `key` (a sample's time and
     /// place in the file); `None` where perf 7.3 writes 0.
     pub fn remap_in(&self, pid: u32, space: Space, addr: u64, key: Key) -> Option<u64> {
-        let sid = match space {
-            Space::Kernel => KERNEL_PID,
-            Space::User => pid,
-        };
-        let s = self.spaces.get(&sid)?;
+        let s = self.spaces.get(&space_id(pid, space))?;
         let v = self.version(key);
         let p = s.covering_at(addr, v)?;
         let sh = s.shifts.get(&(p.dso, p.inv))?;
@@ -557,12 +565,8 @@ impl Layout {
     /// Whether some map of `space` covers `addr` at `key` (perf's fallback to the
     /// other space happens only when none does, even if the one found has no shift).
     fn covers(&self, pid: u32, space: Space, addr: u64, key: Key) -> bool {
-        let sid = match space {
-            Space::Kernel => KERNEL_PID,
-            Space::User => pid,
-        };
         self.spaces
-            .get(&sid)
+            .get(&space_id(pid, space))
             .and_then(|s| s.covering_at(addr, self.version(key)))
             .is_some()
     }
@@ -659,6 +663,12 @@ mod tests {
         assert_eq!(l.remap(16285, Space::User, 0x7ffe_c3d8_6e42, k(100)), None);
         // Before its map was recorded: no map yet.
         assert_eq!(l.remap(16285, Space::User, 0x5582_42c7_9100, k(5)), None);
+        // A sample without a pid (-1) has no user maps, and does not see the kernel's
+        // as its own: its kernel address is found by the fallback alone.
+        assert_eq!(
+            l.remap_in(u32::MAX, Space::User, 0xffff_ffff_8100_0010, k(100)),
+            None
+        );
         // Another process has no maps at all.
         assert_eq!(l.remap(1, Space::User, 0x5582_42c7_9100, k(100)), None);
     }
