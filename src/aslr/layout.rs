@@ -182,6 +182,15 @@ pub enum Event {
         /// The symbol's length.
         len: u64,
     },
+    /// The end of process `pid`: an EXIT of its leader thread (tid == pid). perf
+    /// removes the thread, and a later record of the pid starts a thread with no maps
+    /// (a sample after its process's EXIT record is 0 in perf's output); the pid's
+    /// places and top stay. (perf keeps the maps for the process's other threads while
+    /// they live; that a sample of one comes after its leader's EXIT is not modelled.)
+    Exit {
+        /// The process.
+        pid: u32,
+    },
     /// A new process `pid` forked from `parent` (a FORK whose pid differs from its
     /// ppid; a new thread of a process is not an event).
     Fork {
@@ -461,6 +470,14 @@ impl Layout {
                         start: new,
                         pgoff: 0,
                     }));
+                }
+                Event::Exit { pid } => {
+                    if let Some(s) = spaces.get_mut(&u64::from(pid)) {
+                        for (_, i) in std::mem::take(&mut s.alive) {
+                            s.pieces[i].died = at;
+                        }
+                    }
+                    placed.push(None);
                 }
                 Event::Fork { pid, parent } => {
                     let (pieces, inherited) = match spaces.get(&u64::from(parent)) {
@@ -768,6 +785,22 @@ mod tests {
             // Before the fork the child had nothing.
             assert_eq!(l.remap(11, Space::User, ip, k(1)), None);
         }
+    }
+
+    /// After its EXIT a process has no maps (perf removed its thread), but keeps its
+    /// places: a map of the same key later is placed where it was.
+    #[test]
+    fn exit_clears_the_maps_not_the_places() {
+        let mut b = LayoutBuilder::new(Config::default());
+        b.push(k(1), user(10, 0x7f00_0000_0000, 0x1000, 0, 1));
+        b.push(k(2), Event::Exit { pid: 10 });
+        b.push(k(3), user(10, 0x7f00_0000_0000, 0x1000, 0, 1));
+        let l = b.build();
+        let a = 0x7f00_0000_0010;
+        assert_eq!(l.remap(10, Space::User, a, k(1)), Some(0x20_0010));
+        assert_eq!(l.remap(10, Space::User, a, k(2)), None);
+        assert_eq!(l.mapped(k(3)).unwrap().start, 0x20_0000);
+        assert_eq!(l.remap(10, Space::User, a, k(3)), Some(0x20_0010));
     }
 
     /// A map laid over part of another: the file's pieces keep its shift, the

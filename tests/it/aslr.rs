@@ -112,21 +112,48 @@ impl Recording {
         TrailerLayout::new(a.sample_type, a.sample_id_all())
     }
 
-    /// perf's processing order key of each record: its time (a sample's own, another
-    /// kernel record's trailer's; 0 without), then its place in the file.
+    /// perf's processing order key of each record. perf's ordered events deliver
+    /// records flush by flush: at the r-th FINISHED_ROUND, every queued record whose
+    /// time is at most the largest time read before the (r-1)-th (none at the first),
+    /// in time order, then file order; the rest at the end. So the key is (the flush
+    /// that delivers the record, its time, its place in the file), packed here as
+    /// `Key { time: flush << 48 | time, seq }` (times below 2^48 ns, 78 hours of
+    /// uptime). A record read after its time's flush (per-CPU buffers written late) is
+    /// delivered after records with later times: sorting by time alone would differ.
     fn keys(&self) -> Vec<Key> {
         let tl = self.trailer();
-        self.records
+        let times: Vec<Option<u64>> = self
+            .records
             .iter()
-            .enumerate()
-            .map(|(i, r)| {
+            .map(|r| {
                 let h = RecordHeader::parse(r, self.e).unwrap();
-                let time = match h.kind {
+                match h.kind {
                     rt::SAMPLE => sample_time(r, self.e, self.attr_of(r).sample_type),
                     k if k < rt::USER_START => tl.read(r, self.e).time,
                     _ => None,
-                };
-                Key::new(time.unwrap_or(0), i as u64)
+                }
+            })
+            .collect();
+        // The limit of each FINISHED_ROUND's flush, and each record's round.
+        let (mut limits, mut rounds) = (Vec::new(), Vec::with_capacity(times.len()));
+        let (mut next_flush, mut max_seen) = (0u64, 0u64);
+        for (r, t) in self.records.iter().zip(&times) {
+            rounds.push(limits.len());
+            if RecordHeader::parse(r, self.e).unwrap().kind == rt::FINISHED_ROUND {
+                limits.push(next_flush);
+                next_flush = max_seen;
+            }
+            max_seen = max_seen.max(t.unwrap_or(0));
+        }
+        times
+            .iter()
+            .zip(rounds)
+            .enumerate()
+            .map(|(i, (t, q))| {
+                let t = t.unwrap_or(0);
+                assert!(t < 1 << 48, "time {t} does not fit the packed key");
+                let flush = q + limits[q..].partition_point(|&l| l < t);
+                Key::new(((flush as u64) << 48) | t, i as u64)
             })
             .collect()
     }
@@ -136,7 +163,11 @@ impl Recording {
 // The pure --aslr over a recording: what the engine will do per chunk.
 
 /// The layout of a recording: its mapping records, KSYMBOLs and forks, with the DSO
-/// of a mapping interned by name.
+/// of a mapping interned by its name and the identity its record gives (perf's
+/// `dso_id`: device, inode and generation, or the build ID): a process running when
+/// the recording started is described twice when it execs under perf's synthesis,
+/// once by /proc (generation 0) and once by the kernel, and perf takes those for two
+/// DSOs, each placed on its own.
 fn layout_of(r: &Recording, keys: &[Key], inherit: Inherit) -> Layout {
     let e = r.e;
     let tl = r.trailer();
@@ -144,10 +175,10 @@ fn layout_of(r: &Recording, keys: &[Key], inherit: Inherit) -> Layout {
         inherit,
         ..Config::default()
     });
-    let mut names: HashMap<Vec<u8>, u32> = HashMap::new();
-    let mut intern = |n: &[u8]| {
+    let mut names: HashMap<(Vec<u8>, String), u32> = HashMap::new();
+    let mut intern = |n: &[u8], ident: String| {
         let k = names.len() as u32;
-        *names.entry(n.to_vec()).or_insert(k)
+        *names.entry((n.to_vec(), ident)).or_insert(k)
     };
     for (rec, &key) in r.records.iter().zip(keys) {
         let h = RecordHeader::parse(rec, e).unwrap();
@@ -164,10 +195,16 @@ fn layout_of(r: &Recording, keys: &[Key], inherit: Inherit) -> Layout {
                         start: m.start,
                         len: m.len,
                         pgoff: m.pgoff,
-                        dso: intern(m.filename),
+                        dso: intern(m.filename, format!("{:?}", m.ident)),
                         class: MapClass::of(m.filename, exec, kernel),
                     },
                 );
+            }
+            rt::EXIT => {
+                let f = pdinject::format::record::Fork::parse(rec, e).unwrap();
+                if f.tid == Some(f.pid) {
+                    b.push(key, Event::Exit { pid: f.pid });
+                }
             }
             rt::FORK => {
                 let f = pdinject::format::record::Fork::parse(rec, e).unwrap();
@@ -197,7 +234,7 @@ fn layout_of(r: &Recording, keys: &[Key], inherit: Inherit) -> Layout {
                             start: addr,
                             len,
                             pgoff: 0,
-                            dso: intern(name),
+                            dso: intern(name, String::new()),
                             class: MapClass::of(b"", true, true),
                         },
                     );
@@ -266,7 +303,7 @@ fn describe(r: &[u8], e: Endian) -> String {
     let h = RecordHeader::parse(r, e).unwrap();
     let words: Vec<String> = r[8..]
         .chunks(8)
-        .take(12)
+        .take(40)
         .map(|c| format!("{:x}", e.u64(c, 0).unwrap_or(0)))
         .collect();
     format!(
@@ -810,7 +847,7 @@ fn leak_scan_finds_perf73s_z_leak_and_nothing_else() {
             v["leaked_distinct"].as_u64().unwrap(),
             v["input_addresses"].as_u64().unwrap(),
         );
-        assert!(all > 100, "{name}: too few addresses to tell: {v}");
+        assert!(all > 30, "{name}: too few addresses to tell: {v}");
         match name {
             "fp" => assert_eq!(leaked, 0, "{name}: {v}"),
             _ => assert!(
