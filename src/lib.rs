@@ -31,6 +31,8 @@ pub mod report;
 // Rooms the tests, benches and fuzzers drive directly (their entry points and the
 // views they check); not part of the API.
 #[doc(hidden)]
+pub mod aslr;
+#[doc(hidden)]
 pub mod buildid;
 #[doc(hidden)]
 pub mod format;

@@ -17,6 +17,7 @@ mod common;
 mod convert;
 mod harness;
 
+mod aslr;
 mod attrs;
 mod batch;
 mod budget;
