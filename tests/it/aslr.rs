@@ -408,10 +408,10 @@ fn build_forker(dir: &Path) {
 /// Frame-pointer, exec, fork, two events, system-wide with the kernel: every
 /// record perf 7.3's `inject --aslr` writes is one the pure layout and rewrites make.
 #[test]
-fn pure_aslr_equals_perf73_record_for_record() {
+fn pure_aslr_equals_perf73_record_for_record() -> Outcome {
     const T: &str = "pure_aslr_equals_perf73_record_for_record";
-    let Some(st) = setup(T) else { return };
-    let Some(p73) = perf73(T) else { return };
+    let st = setup(T)?;
+    let p73 = perf73()?;
     build_forker(&st.dir);
     let d = &st.dir;
     let rec = |name: &str, args: &[&str]| -> PathBuf {
@@ -468,22 +468,18 @@ fn pure_aslr_equals_perf73_record_for_record() {
     for (ctx, input) in &cases {
         assert_pure_equals_perf73(&p73, input, ctx);
     }
+    Ok(())
 }
 
 /// The same over the recordings of `record-corpus.sh` in `$PDI_CORPUS` (skipped
 /// without it; `-z` recordings are left out: perf 7.3 copies their COMPRESSED records,
 /// the pure rewrite reads inside them).
 #[test]
-fn pure_aslr_equals_perf73_on_the_corpus() {
-    const T: &str = "pure_aslr_equals_perf73_on_the_corpus";
+fn pure_aslr_equals_perf73_on_the_corpus() -> Outcome {
     let Some(dir) = std::env::var_os("PDI_CORPUS").map(PathBuf::from) else {
-        skip(
-            T,
-            "PDI_CORPUS is not set (bash ../shared/tools/record-corpus.sh DIR)",
-        );
-        return;
+        return skip("PDI_CORPUS is not set (bash ../shared/tools/record-corpus.sh DIR)");
     };
-    let Some(p73) = perf73(T) else { return };
+    let p73 = perf73()?;
     let tmp = tempfile::tempdir().unwrap();
     let names = [
         "fp-small",
@@ -507,14 +503,15 @@ fn pure_aslr_equals_perf73_on_the_corpus() {
         assert_pure_equals_perf73(&p73, &input, n);
         let _ = fs::remove_file(input.with_extension("perf73-aslr"));
     }
+    Ok(())
 }
 
 /// perf 7.3 leaves a forked child's samples in what it inherited at 0; the
 /// Parent layout gives them the parent's places (what pdinject can do instead).
 #[test]
-fn forked_children_keep_their_addresses_with_the_parent_layout() {
+fn forked_children_keep_their_addresses_with_the_parent_layout() -> Outcome {
     const T: &str = "forked_children_keep_their_addresses_with_the_parent_layout";
-    let Some(st) = setup(T) else { return };
+    let st = setup(T)?;
     build_forker(&st.dir);
     let input = st.dir.join("fork.data");
     record_in(
@@ -537,6 +534,7 @@ fn forked_children_keep_their_addresses_with_the_parent_layout() {
         z73 > 20 && zp * 10 < z73,
         "IPs written as 0: {z73} with perf 7.3's layout, {zp} with the parent's"
     );
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------
@@ -616,9 +614,9 @@ fn inject_aslr_b(who: Injector, p73: &Perf, input: &Path, out: &Path) {
 /// perf's inject_aslr.sh test_report_aslr and test_kernel_report_aslr: `perf report`
 /// of the `--aslr -b` output equals `perf report` of `perf inject -b`'s output, for a
 /// frame-pointer recording, two events, and system-wide with the kernel.
-fn check_report_equals_inject_b(test: &str, who: Injector) {
-    let Some(st) = setup(test) else { return };
-    let Some(p73) = perf73(test) else { return };
+fn check_report_equals_inject_b(test: &str, who: Injector) -> Outcome {
+    let st = setup(test)?;
+    let p73 = perf73()?;
     let d = &st.dir;
     for (name, args, kernel) in [
         ("fp", &["-g", "-F", "4000", "--", "./prog"][..], false),
@@ -665,19 +663,22 @@ fn check_report_equals_inject_b(test: &str, who: Injector) {
             first_diff(&want.join("\n"), &got.join("\n"))
         );
     }
+    Ok(())
 }
 
 /// The report check holds for perf 7.3's own `inject -b --aslr` (runs now).
 #[test]
-fn perf73_own_aslr_passes_the_report_check() {
-    check_report_equals_inject_b("perf73_own_aslr_passes_the_report_check", Injector::Perf73);
+fn perf73_own_aslr_passes_the_report_check() -> Outcome {
+    check_report_equals_inject_b("perf73_own_aslr_passes_the_report_check", Injector::Perf73)?;
+    Ok(())
 }
 
 /// The report check with pdinject's `--aslr --buildids`.
 #[test]
 #[ignore = "needs the --aslr wiring (issue 31)"]
-fn aslr_report_equals_inject_b_report() {
-    check_report_equals_inject_b("aslr_report_equals_inject_b_report", Injector::Pdinject);
+fn aslr_report_equals_inject_b_report() -> Outcome {
+    check_report_equals_inject_b("aslr_report_equals_inject_b_report", Injector::Pdinject)?;
+    Ok(())
 }
 
 /// What perf 7.3 reads of pdinject's `--aslr` output is what it reads of its own
@@ -686,10 +687,10 @@ fn aslr_report_equals_inject_b_report() {
 /// child's samples in inherited maps; pdinject's default layout is perf's.
 #[test]
 #[ignore = "needs the --aslr wiring (issue 31)"]
-fn aslr_equals_perf73_symbol_for_symbol() {
+fn aslr_equals_perf73_symbol_for_symbol() -> Outcome {
     const T: &str = "aslr_equals_perf73_symbol_for_symbol";
-    let Some(st) = setup(T) else { return };
-    let Some(p73) = perf73(T) else { return };
+    let st = setup(T)?;
+    let p73 = perf73()?;
     let d = &st.dir;
     let input = d.join("fp.data");
     record_in(&st.perf, d, &input, &["-g", "-F", "4000", "--", "./prog"]);
@@ -708,16 +709,17 @@ fn aslr_equals_perf73_symbol_for_symbol() {
         perf_script(&p73, &ours, &args),
     );
     assert!(want == got, "{}", first_diff(&want, &got));
+    Ok(())
 }
 
 /// Streams: pipe in (file out and stream out) and pipe out give what the file gives
 /// (perf's test_pipe_report_aslr and test_pipe_out_report_aslr).
 #[test]
 #[ignore = "needs the --aslr wiring (issue 31)"]
-fn aslr_streams_in_and_out() {
+fn aslr_streams_in_and_out() -> Outcome {
     const T: &str = "aslr_streams_in_and_out";
-    let Some(st) = setup(T) else { return };
-    let Some(p73) = perf73(T) else { return };
+    let st = setup(T)?;
+    let p73 = perf73()?;
     let d = &st.dir;
     let pipe = d.join("pipe.data");
     let o = run(st
@@ -780,15 +782,16 @@ fn aslr_streams_in_and_out() {
     )
     .into_owned();
     assert!(a == b, "file in, pipe out:\n{}", first_diff(&a, &b));
+    Ok(())
 }
 
 /// The same input gives the same bytes, whatever the thread count (a fleet dedups
 /// and diffs shared profiles).
 #[test]
 #[ignore = "needs the --aslr wiring (issue 31)"]
-fn aslr_output_is_deterministic() {
+fn aslr_output_is_deterministic() -> Outcome {
     const T: &str = "aslr_output_is_deterministic";
-    let Some(st) = setup(T) else { return };
+    let st = setup(T)?;
     let input = st.dir.join("fp.data");
     record_in(
         &st.perf,
@@ -812,6 +815,7 @@ fn aslr_output_is_deterministic() {
         outs.windows(2).all(|w| w[0] == w[1]),
         "outputs differ by thread count"
     );
+    Ok(())
 }
 
 /// benches/leak-scan.py's JSON verdict on `input` and its remapped `out`.
@@ -829,10 +833,10 @@ fn leak_scan(input: &Path, out: &Path) -> serde_json::Value {
 /// leaks from a frame-pointer recording, nearly everything from a `-z` one (perf copies
 /// its COMPRESSED records: issue 31's 10,109 of 10,894).
 #[test]
-fn leak_scan_finds_perf73s_z_leak_and_nothing_else() {
+fn leak_scan_finds_perf73s_z_leak_and_nothing_else() -> Outcome {
     const T: &str = "leak_scan_finds_perf73s_z_leak_and_nothing_else";
-    let Some(st) = setup(T) else { return };
-    let Some(p73) = perf73(T) else { return };
+    let st = setup(T)?;
+    let p73 = perf73()?;
     let d = &st.dir;
     for (name, args) in [
         ("fp", &["-g", "-F", "4000", "--", "./prog"][..]),
@@ -857,15 +861,16 @@ fn leak_scan_finds_perf73s_z_leak_and_nothing_else() {
         }
         eprintln!("{name}: perf 7.3's --aslr leaks {leaked} of {all} addresses");
     }
+    Ok(())
 }
 
 /// No input address survives in pdinject's output, on a frame-pointer recording, a
 /// system-wide one and a `-z` one (perf 7.3 leaks the last one whole).
 #[test]
 #[ignore = "needs the --aslr wiring (issue 31)"]
-fn aslr_leaves_no_input_address() {
+fn aslr_leaves_no_input_address() -> Outcome {
     const T: &str = "aslr_leaves_no_input_address";
-    let Some(st) = setup(T) else { return };
+    let st = setup(T)?;
     let d = &st.dir;
     for (name, args) in [
         ("fp", &["-g", "-F", "4000", "--", "./prog"][..]),
@@ -880,6 +885,7 @@ fn aslr_leaves_no_input_address() {
         assert_eq!(v["leaked_occurrences"], 0, "{name}: {v}");
         assert_eq!(v["kernel_addresses_as_text"], 0, "{name}: {v}");
     }
+    Ok(())
 }
 
 /// DWARF recordings: `--aslr --convert-callchain` keeps the stacks perf 7.3 drops,
@@ -887,10 +893,10 @@ fn aslr_leaves_no_input_address() {
 /// symbols and DSOs, frame for frame).
 #[test]
 #[ignore = "needs the --aslr wiring (issue 31)"]
-fn aslr_after_convert_callchain_keeps_the_chains() {
+fn aslr_after_convert_callchain_keeps_the_chains() -> Outcome {
     const T: &str = "aslr_after_convert_callchain_keeps_the_chains";
-    let Some(st) = setup(T) else { return };
-    let Some(p73) = perf73(T) else { return };
+    let st = setup(T)?;
+    let p73 = perf73()?;
     let d = &st.dir;
     let input = d.join("dwarf.data");
     record_in(
@@ -914,16 +920,17 @@ fn aslr_after_convert_callchain_keeps_the_chains() {
     let theirs = d.join("dwarf.perf73");
     perf73_aslr(&p73, &input, &theirs);
     assert!(perf_script(&p73, &theirs, &["-F", "ip"]).trim().is_empty());
+    Ok(())
 }
 
 /// The kernel moves (perf's test_kernel_aslr): kernel samples' IPs change, and the
 /// kernel map starts at perf's base with its pgoff (the reference symbol) on it.
 #[test]
 #[ignore = "needs the --aslr wiring (issue 31)"]
-fn aslr_moves_the_kernel() {
+fn aslr_moves_the_kernel() -> Outcome {
     const T: &str = "aslr_moves_the_kernel";
-    let Some(st) = setup(T) else { return };
-    let Some(p73) = perf73(T) else { return };
+    let st = setup(T)?;
+    let p73 = perf73()?;
     let input = st.dir.join("k.data");
     record_in(
         &st.perf,
@@ -948,4 +955,5 @@ fn aslr_moves_the_kernel() {
         "the kernel map is not at perf's base:\n{}",
         &s[..s.len().min(2000)]
     );
+    Ok(())
 }
