@@ -79,6 +79,9 @@ pub(super) struct Dump {
     /// map from the first move on.
     indexes: Indexes,
     lost_moves: u64,
+    /// Loads of single images left without lines: their DEBUG_INFO record does not
+    /// read as it says (one note for them all, at the end of the walk).
+    malformed_singles: u64,
 }
 
 /// Why a dump is left out.
@@ -125,6 +128,7 @@ impl Dump {
             img: (shared == Shared::Now).then(|| Image::new(Kind::Shared)),
             indexes: (Vec::new(), None),
             lost_moves: 0,
+            malformed_singles: 0,
         })
     }
 
@@ -161,6 +165,7 @@ impl Dump {
                     .map_err(|e| format!("cannot write its image: {e}"))?;
                 self.id = Some(done.id);
                 self.dropped_note(done.dropped_tables);
+                self.malformed_note(done.malformed_lines);
             }
         }
         // A JIT whose threads take their time before the dump's lock (Java's agent)
@@ -235,6 +240,7 @@ impl Dump {
                 .write(&path)
                 .map_err(|e| format!("cannot write its image: {e}"))?;
             self.dropped_note(done.dropped_tables);
+            self.malformed_singles += done.malformed_lines;
             self.singles.push((path, done.id));
             return Ok((placed, self.singles.len() as u32));
         }
@@ -285,6 +291,8 @@ impl Dump {
                 )
             });
         }
+        let malformed = std::mem::take(&mut self.malformed_singles);
+        self.malformed_note(malformed);
         if lost_moves > 0 {
             self.notes.push(format!(
                 "--jit: {shown}: {lost_moves} code moves name a load not in the dump; left out"
@@ -296,6 +304,15 @@ impl Dump {
         if dropped > 0 {
             self.notes.push(format!(
                 "--jit: {}: {dropped} loads without a name or lines (the image's 32-bit tables are full)",
+                self.path.display()
+            ));
+        }
+    }
+
+    fn malformed_note(&mut self, loads: u64) {
+        if loads > 0 {
+            self.notes.push(format!(
+                "--jit: {}: {loads} loads without lines: their DEBUG_INFO record does not read as it says (its entries do not end where it ends; node 20's V8 writes a freed buffer as a script's name)",
                 self.path.display()
             ));
         }
@@ -364,6 +381,7 @@ impl Dump {
             .map_err(|e| format!("cannot write its image: {e}"))?;
         self.id = Some(done.id);
         self.dropped_note(done.dropped_tables);
+        self.malformed_note(done.malformed_lines);
         Ok(offsets)
     }
 }

@@ -162,6 +162,8 @@ pub(crate) struct Image {
     eh: Option<[(u64, u64); 2]>,
     /// Loads whose name or lines no longer fit the 32-bit tables.
     dropped: u64,
+    /// Loads whose DEBUG_INFO record does not read as it says ([`Lines::add`]).
+    malformed: u64,
 }
 
 /// A finished image.
@@ -171,6 +173,9 @@ pub(crate) struct Done {
     pub id: BuildId,
     /// Loads whose name or lines no longer fit the 32-bit tables.
     pub dropped_tables: u64,
+    /// Loads left without lines because their DEBUG_INFO record does not read as it
+    /// says (its entries do not end where it ends: V8's freed script names).
+    pub malformed_lines: u64,
 }
 
 impl Image {
@@ -185,6 +190,7 @@ impl Image {
             lines: Lines::default(),
             eh: None,
             dropped: 0,
+            malformed: 0,
         }
     }
 
@@ -238,7 +244,9 @@ impl Image {
             .push((at, len, placed.offset, l.code.len() as u64));
         if let Some(lines) = l.lines {
             if (self.names.len() as u64) + self.lines.len() < MAX_TABLE {
-                self.lines.add(placed.offset, l.code.len() as u64, lines);
+                if !self.lines.add(placed.offset, l.code.len() as u64, lines) {
+                    self.malformed += 1;
+                }
             } else {
                 self.dropped += 1;
             }
@@ -274,6 +282,7 @@ impl Image {
         Ok(Done {
             id: bytes.1,
             dropped_tables: self.dropped,
+            malformed_lines: self.malformed,
         })
     }
 
@@ -566,11 +575,28 @@ impl Lines {
     /// changes). Files go into the header's table, each name once: defining them in
     /// the program (DW_LNE_define_file, as genelf_debug does) gave binutils' reader
     /// garbage names once a program defined thousands.
-    fn add(&mut self, offset: u64, csize: u64, l: DebugLines<'_>) {
+    ///
+    /// A record whose entries do not read as it says gives no lines (false): its
+    /// `count` entries (16 bytes and a NUL-terminated name each) must end where the
+    /// record ends, up to 7 bytes of zeros (the padding JITs align records with).
+    /// node 20's V8 writes, for some loads (the baseline code of a script's top
+    /// level), the bytes of a freed buffer where the script's name goes: malloc's
+    /// free-list pointer and key, with a NUL a few bytes in, so the name reads as a
+    /// few bytes of garbage and every entry after it is read from the middle of
+    /// others (addresses far outside the code, names of pointer bytes). perf
+    /// inject's image turns them into lines (`O|.5:2` for code past the record's
+    /// one entry in the code); none of them is a line of the load.
+    fn add(&mut self, offset: u64, csize: u64, l: DebugLines<'_>) -> bool {
         let start = self.prog.len();
+        let (files_before, names_before) = (self.files.len() as u64, self.file_names.len());
         let (mut last_at, mut last_line, mut file, mut rows) = (0u64, 1i64, 0u64, 0);
+        let (mut used, mut read) = (0usize, 0u64);
         let entries = crate::format::jitdump::lines(l.raw, l.count, l.swapped);
         for x in entries {
+            // The entry's bytes: its 16, its name (the marker 0xff for "as before")
+            // and the NUL.
+            used += 16 + x.name.map_or(1, <[u8]>::len) + 1;
+            read += 1;
             let Some(at) = x.addr.checked_sub(l.code_addr) else {
                 continue;
             };
@@ -607,6 +633,18 @@ impl Lines {
             self.prog.push(1); // DW_LNS_copy
             rows += 1;
         }
+        let padding = l.raw.get(used..).unwrap_or_default();
+        let whole = read == l.count && used <= l.raw.len();
+        let well_formed = whole && padding.len() < 8 && padding.iter().all(|&b| b == 0);
+        if !well_formed {
+            // No row of it, and no file only it named.
+            self.prog.truncate(start);
+            if self.files.len() as u64 > files_before {
+                self.files.retain(|_, n| *n <= files_before);
+                self.file_names.truncate(names_before);
+            }
+            return false;
+        }
         if rows == 0 {
             self.prog.truncate(start);
         } else {
@@ -614,6 +652,7 @@ impl Lines {
             // the last line the JIT gave has no line (perf shows none there either).
             self.prog.extend_from_slice(&[0, 1, 1]);
         }
+        true
     }
 
     fn file(&mut self, name: &[u8]) -> u64 {
@@ -677,6 +716,74 @@ fn sleb(out: &mut Vec<u8>, mut v: i64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn entry(out: &mut Vec<u8>, addr: u64, line: u32, name: &[u8]) {
+        out.extend_from_slice(&addr.to_le_bytes());
+        out.extend_from_slice(&line.to_le_bytes());
+        out.extend_from_slice(&1u32.to_le_bytes());
+        out.extend_from_slice(name);
+        out.push(0);
+    }
+
+    /// A DEBUG_INFO record whose entries end where it ends (up to 7 bytes of zeros)
+    /// gives its rows; one whose entries do not (node 20's V8 writing a freed buffer
+    /// as the script's name: a NUL 4 bytes into the name's 18, the rest read from the
+    /// middle of entries) gives none, and leaves no file in the table; a record with
+    /// fewer entries than it says, or bytes after them that are not padding, neither.
+    #[test]
+    fn a_record_that_does_not_read_as_it_says_gives_no_lines() {
+        let code_addr = 0x7f00_0000_1000u64;
+        let name: &[u8] = b"/tmp/repro/r1/w.js";
+        let good = |pad: usize| {
+            let mut raw = Vec::new();
+            for (i, line) in [(0x40u64, 2u32), (0x80, 3), (0x100, 7)] {
+                entry(&mut raw, code_addr + i, line, name);
+            }
+            raw.resize(raw.len() + pad, 0);
+            raw
+        };
+        fn lines(raw: &[u8], count: u64) -> DebugLines<'_> {
+            DebugLines {
+                raw,
+                count,
+                swapped: false,
+                code_addr: 0x7f00_0000_1000,
+            }
+        }
+        let mut l = Lines::default();
+        for pad in [0, 3, 7] {
+            assert!(l.add(0xc0, 0x200, lines(&good(pad), 3)), "padding {pad}");
+        }
+        let kept = (l.prog.len(), l.file_names.clone());
+        assert!(kept.0 > 0 && l.files.len() == 1);
+        // The freed buffer: free-list pointer (a NUL in its fifth byte), key, "js".
+        let freed: &[u8] = b"d\x97\x7f\x1e\0\0\0\0\x99\xd7\x9a\xc5\xaa\xbc\x47\x7fjs";
+        let mut raw = Vec::new();
+        for (i, line) in [(0x40u64, 2u32), (0x80, 3), (0x100, 7), (0x140, 9)] {
+            entry(&mut raw, code_addr + i, line, freed);
+        }
+        let mut bad = vec![(raw, 4)];
+        bad.push((good(8), 3)); // eight bytes more than padding
+        let mut junk = good(0);
+        junk.push(1);
+        bad.push((junk, 3));
+        bad.push((good(0), 4)); // one entry more than the bytes hold
+        for (i, (raw, count)) in bad.iter().enumerate() {
+            assert!(!l.add(0x400, 0x200, lines(raw, *count)), "record {i}");
+            assert_eq!(
+                (l.prog.len(), &l.file_names),
+                (kept.0, &kept.1),
+                "record {i}"
+            );
+            assert_eq!(l.files.len(), 1, "record {i}");
+        }
+        // A later record's file is numbered after the kept ones.
+        let mut raw = Vec::new();
+        entry(&mut raw, code_addr + 0x10, 4, b"b.js");
+        entry(&mut raw, code_addr + 0x20, 5, b"b.js");
+        assert!(l.add(0x600, 0x40, lines(&raw, 2)));
+        assert_eq!(l.files.get(&b"b.js"[..]), Some(&2));
+    }
 
     /// A shelf puts each load where the image puts it, with and without tables
     /// mapped behind the code (and with more claimed mapped than given), and the

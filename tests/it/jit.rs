@@ -6,7 +6,7 @@
 //! and python3.13 are the real JITs (skipped when missing).
 
 use crate::common::{self, Perf};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsStr;
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -40,8 +40,16 @@ fn symbols(perf: &Perf, file: &Path, extra: &[&str]) -> Vec<String> {
 /// `perf script -F ip,sym,srcline` restricted to `dsos`: (symbol, line) per sample,
 /// where perf's "no line" spellings (`??:0`, `DSO[ADDR]`) become "-".
 fn srclines(perf: &Perf, file: &Path, dsos: &str) -> Vec<(String, String)> {
+    srclines_at(perf, file, dsos)
+        .into_iter()
+        .map(|(sym, line, _)| (sym, line))
+        .collect()
+}
+
+/// [`srclines`] with each sample's IP.
+fn srclines_at(perf: &Perf, file: &Path, dsos: &str) -> Vec<(String, String, u64)> {
     let out = common::perf_script(perf, file, &["-F", "ip,sym,srcline", "--dsos", dsos]);
-    let mut v: Vec<(String, String)> = Vec::new();
+    let mut v: Vec<(String, String, u64)> = Vec::new();
     for l in out.lines() {
         if l.starts_with("  ") && !l.starts_with("   ") {
             let s = l.trim();
@@ -49,11 +57,18 @@ fn srclines(perf: &Perf, file: &Path, dsos: &str) -> Vec<(String, String)> {
             if let Some(last) = v.last_mut() {
                 last.1 = if none { "-".into() } else { s.to_string() };
             }
-        } else if let Some((_, sym)) = l.trim().split_once(char::is_whitespace) {
-            v.push((sym.trim().to_string(), "-".into()));
+        } else if let Some((ip, sym)) = l.trim().split_once(char::is_whitespace) {
+            let ip = u64::from_str_radix(ip, 16).unwrap_or(u64::MAX);
+            v.push((sym.trim().to_string(), "-".into(), ip));
         }
     }
     v
+}
+
+/// Whether perf printed a file name that is not text (`���:0`, `ռ1#:2`): the
+/// workloads' file names are ASCII.
+fn garbled(line: &str) -> bool {
+    !line.chars().all(|c| (' '..='~').contains(&c))
 }
 
 /// The `jitted-*.so` images samples hit on perf inject --jit's output `file`, as a
@@ -83,18 +98,21 @@ fn jitted_hit(perf: &Perf, file: &Path) -> String {
 }
 
 /// Asserts that `ours` and `theirs` (from [`srclines`]) are equal, naming the first
-/// samples where they differ. Where perf prints a file name that is not text for
-/// perf inject's image (`���:0`, `ռ1#:2`, for code whose load has no lines: perf
-/// sometimes reads garbage there, more often on a loaded machine), pdinject's line
-/// is not compared; such samples are few.
-fn same_srclines(perf: &Perf, ours: &[(String, String)], theirs: &[(String, String)]) {
-    // The workloads' file names are ASCII: anything else is perf reading garbage.
-    let garbled = |l: &str| !l.chars().all(|c| (' '..='~').contains(&c));
+/// samples where they differ, but for the samples whose lines differ where
+/// `excused` says why (the callers': perf's file names that are not text on the
+/// Java workload, perf's lines from V8's malformed DEBUG_INFO records on node's);
+/// returns how many were excused. Such samples are few.
+fn same_srclines(
+    perf: &Perf,
+    ours: &[(String, String)],
+    theirs: &[(String, String)],
+    excused: &dyn Fn(usize) -> bool,
+) -> usize {
     let differ: Vec<_> = ours
         .iter()
         .zip(theirs)
         .enumerate()
-        .filter(|(_, (a, b))| a.0 != b.0 || (a.1 != b.1 && !garbled(&b.1)))
+        .filter(|&(i, (a, b))| a.0 != b.0 || (a.1 != b.1 && !excused(i)))
         .collect();
     assert!(
         ours.len() == theirs.len() && differ.is_empty(),
@@ -107,18 +125,140 @@ fn same_srclines(perf: &Perf, ours: &[(String, String)], theirs: &[(String, Stri
     );
     // The comparison is not empty: most samples are compared (perf's garbage came
     // to 0.1 to 1.1 % of them), and some of those have a line.
-    let skipped = theirs.iter().filter(|b| garbled(&b.1)).count();
-    let lined = ours
-        .iter()
-        .zip(theirs)
-        .filter(|(a, b)| a.1 != "-" && !garbled(&b.1))
+    let skipped = (0..ours.len())
+        .filter(|&i| ours[i].1 != theirs[i].1 && excused(i))
+        .count();
+    let lined = (0..ours.len())
+        .filter(|&i| ours[i].1 != "-" && !excused(i))
         .count();
     assert!(
         skipped * 10 <= theirs.len() && lined > 0,
-        "{}: {skipped} of {} of perf's source lines are not text, {lined} compared lines",
+        "{}: {skipped} of {} of perf's source lines excused, {lined} compared lines",
         perf.name,
         theirs.len()
     );
+    skipped
+}
+
+/// The code loads of the jitdumps in `dir` and whether their DEBUG_INFO records
+/// read as they say, read here as perf's jitdump specification says (not with
+/// pdinject's reader): the oracle for perf inject's lines from malformed records.
+///
+/// node 20's V8 writes, for the baseline code of a script's top level (`JS:^
+/// /tmp/.../w.js:1:1`, one load a run), the bytes of a freed buffer where the
+/// script's name goes (malloc's free-list pointer and key, then the name's last
+/// bytes: `O|.5\0\0\0\0C<..js`): read as a C string the name is the pointer's few
+/// bytes, and every later entry of the record is read from the middle of others
+/// (addresses far outside the code): its 40 entries end at byte 707 of its 1,400.
+/// perf inject turns them into lines anyway: the one entry inside the code (+0x40,
+/// line 2, the pointer's bytes as its file) is stretched by the garbage entries'
+/// rows over the code after it, so that samples past the record's last real entry
+/// (+0x16e; the samples seen were at +0x432 to +0x556) get `O|.5:2` (text when the
+/// pointer's four bytes are printable; `d\u{97}\u{7f}\u{1e}:2` when not), and perf
+/// 6.1 (addr2line reading a newline in such a name as the end of a frame) unwinds
+/// the load's frame as `(inlined)` frames of those names. pdinject gives such a load
+/// no lines (src/jit/image.rs, `Lines::add`).
+#[derive(Default)]
+struct DumpLines {
+    /// Each load: name, code address, code size, and whether the DEBUG_INFO record
+    /// before it is malformed.
+    loads: Vec<(String, u64, u64, bool)>,
+    /// The base names of the files the well-formed records name.
+    files: BTreeSet<String>,
+}
+
+impl DumpLines {
+    fn read(dir: &Path) -> DumpLines {
+        let mut d = DumpLines::default();
+        let dumps = fs::read_dir(dir).unwrap().filter_map(|e| {
+            let p = e.ok()?.path();
+            let n = p.file_name()?.to_str()?;
+            (n.starts_with("jit-") && n.ends_with(".dump")).then_some(p)
+        });
+        for p in dumps {
+            let b = fs::read(&p).unwrap();
+            let u32_at = |at: usize| u32::from_le_bytes(b[at..at + 4].try_into().unwrap());
+            let u64_at = |at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap());
+            let mut at = u32_at(8) as usize;
+            let mut debug = None;
+            while at + 16 <= b.len() {
+                let size = u32_at(at + 4) as usize;
+                if size < 16 || at + size > b.len() {
+                    break;
+                }
+                let body = at + 16..at + size;
+                match u32_at(at) {
+                    // CODE_LOAD: pid, tid, vma, code_addr, code_size, code_index, name.
+                    0 if body.len() > 40 => {
+                        let name = &b[body.start + 40..body.end];
+                        let name = &name[..name.iter().position(|&c| c == 0).unwrap_or(0)];
+                        d.loads.push((
+                            String::from_utf8_lossy(name).into_owned(),
+                            u64_at(body.start + 16),
+                            u64_at(body.start + 24),
+                            debug.take() == Some(false),
+                        ));
+                    }
+                    // DEBUG_INFO: code_addr, count, entries.
+                    2 if body.len() >= 16 => debug = Some(d.record(&b[body])),
+                    _ => {}
+                }
+                at += size;
+            }
+        }
+        d
+    }
+
+    /// Whether a DEBUG_INFO record's entries (16 bytes and a NUL-terminated name
+    /// each) end where it ends, up to 7 bytes of zeros; the names of one that does
+    /// go into `files`.
+    fn record(&mut self, body: &[u8]) -> bool {
+        let count = u64::from_le_bytes(body[8..16].try_into().unwrap());
+        let (mut at, mut names) = (16, Vec::new());
+        for _ in 0..count {
+            let Some(len) = body
+                .get(at + 16..)
+                .and_then(|r| r.iter().position(|&c| c == 0))
+            else {
+                return false;
+            };
+            names.push(&body[at + 16..at + 16 + len]);
+            at += 16 + len + 1;
+        }
+        let rest = &body[at..];
+        if rest.len() >= 8 || rest.iter().any(|&c| c != 0) {
+            return false;
+        }
+        for n in names.into_iter().filter(|n| n != b"\xff") {
+            let base = n.rsplit(|&c| c == b'/').next().unwrap_or(n);
+            self.files
+                .insert(String::from_utf8_lossy(base).into_owned());
+        }
+        true
+    }
+
+    /// Whether the code at `ip` named `sym` is of loads with a malformed record
+    /// only (and of one at least).
+    fn malformed_at(&self, sym: &str, ip: u64) -> bool {
+        let mut at = self
+            .loads
+            .iter()
+            .filter(|l| l.0 == sym && (l.1..l.1 + l.2).contains(&ip))
+            .peekable();
+        at.peek().is_some() && at.all(|l| l.3)
+    }
+
+    /// Whether every load named `sym` has a malformed record (and one does).
+    fn malformed_name(&self, sym: &str) -> bool {
+        let mut named = self.loads.iter().filter(|l| l.0 == sym).peekable();
+        named.peek().is_some() && named.all(|l| l.3)
+    }
+
+    /// Whether `line` (perf's `FILE:LINE`) names a file of a well-formed record.
+    fn names_file(&self, line: &str) -> bool {
+        let file = line.rsplit_once(':').map_or(line, |x| x.0);
+        self.files.contains(file)
+    }
 }
 
 /// `perf annotate --stdio -s SYM` on `file`: (percent, mnemonic) per instruction
@@ -758,12 +898,40 @@ fn jit_node_matches_perf_inject() -> common::Outcome {
         );
     }
     let list = jitted_hit(&perf, &theirs);
+    let dump = DumpLines::read(dir.path());
     for p in readers() {
-        same_srclines(
-            &p,
-            &srclines(&p, &ours, &mine[0].display().to_string()),
-            &srclines(&p, &theirs, &list),
+        let a = srclines_at(&p, &ours, &mine[0].display().to_string());
+        let b = srclines_at(&p, &theirs, &list);
+        // A load whose DEBUG_INFO record V8 wrote malformed has no line on ours.
+        let lined: Vec<_> = a
+            .iter()
+            .filter(|x| x.1 != "-" && dump.malformed_at(&x.0, x.2))
+            .collect();
+        assert!(
+            lined.is_empty(),
+            "{}: lines in loads with a malformed DEBUG_INFO record: {lined:?}",
+            p.name
         );
+        // Where the lines differ, the one perf defect (see DumpLines): the sample is in
+        // such a load, ours has no line, perf's names no file of a well-formed record.
+        let excused = |i: usize| {
+            let (x, y) = (&a[i], &b[i]);
+            x.1 == "-" && x.2 == y.2 && dump.malformed_at(&x.0, x.2) && !dump.names_file(&y.1)
+        };
+        let strip = |v: &[(String, String, u64)]| -> Vec<(String, String)> {
+            v.iter().map(|x| (x.0.clone(), x.1.clone())).collect()
+        };
+        let n = same_srclines(&p, &strip(&a), &strip(&b), &excused);
+        if n > 0 {
+            let shown: Vec<_> = (0..a.len().min(b.len()))
+                .filter(|&i| a[i].1 != b[i].1)
+                .map(|i| format!("{:#x} {}: {:?}", b[i].2, b[i].0, b[i].1))
+                .collect();
+            eprintln!(
+                "{}: {n} samples in loads whose DEBUG_INFO record V8 wrote malformed: no line on ours, perf inject's: {shown:?}",
+                p.name
+            );
+        }
     }
     // perf annotate of the hottest optimized JS function: the same instructions with
     // the same share of its samples.
@@ -977,11 +1145,28 @@ fn jit_threads_directory() -> common::Outcome {
     Ok(())
 }
 
+/// Whether chain `theirs` is `ours` with some frames that `bad` names (loads whose
+/// DEBUG_INFO record V8 wrote malformed, see [`DumpLines`]) each replaced by one or
+/// more `(inlined)` frames, and nothing else changed.
+fn inlined_in_place(ours: &[String], theirs: &[String], bad: &dyn Fn(&str) -> bool) -> bool {
+    let Some((frame, rest)) = ours.split_first() else {
+        return theirs.is_empty();
+    };
+    let inlined = theirs
+        .iter()
+        .take_while(|f| f.ends_with(" (inlined)"))
+        .count();
+    (theirs.first() == Some(frame) && inlined_in_place(rest, &theirs[1..], bad))
+        || (bad(frame) && (1..=inlined).any(|k| inlined_in_place(rest, &theirs[k..], bad)))
+}
+
 /// node recorded with DWARF stacks: every load gets an image of its own, as perf's
 /// libdw unwinder needs (one shared image would be reported to libdw at as many
 /// overlapping places, and the chains would stop at the first JIT frame); each
 /// sample's whole chain, unwound by perf 6.1, 6.12 and 7.3 at report time, equals the
-/// one on perf inject --jit's output.
+/// one on perf inject --jit's output, but where perf turns a frame of a load whose
+/// DEBUG_INFO record V8 wrote malformed into `(inlined)` frames of garbage names
+/// (see [`DumpLines`]).
 #[test]
 fn jit_node_dwarf_chains_match_perf_inject() -> common::Outcome {
     let (node, perf) = node_and_perf()?;
@@ -994,7 +1179,8 @@ fn jit_node_dwarf_chains_match_perf_inject() -> common::Outcome {
         &["-F", "200", "--call-graph", "dwarf,8192"],
         &["20", "300"],
     );
-    let chains = |p: &Perf, f: &Path| -> Vec<String> {
+    // Each sample's frames (perf's garbage names may hold any character).
+    let chains = |p: &Perf, f: &Path| -> Vec<Vec<String>> {
         common::perf_script(p, f, &["-F", "ip,sym"])
             .split("\n\n")
             .map(|s| {
@@ -1005,8 +1191,7 @@ fn jit_node_dwarf_chains_match_perf_inject() -> common::Outcome {
                             .map_or(l.trim(), |x| x.1)
                             .to_string()
                     })
-                    .collect::<Vec<_>>()
-                    .join("|")
+                    .collect()
             })
             .collect()
     };
@@ -1020,25 +1205,46 @@ fn jit_node_dwarf_chains_match_perf_inject() -> common::Outcome {
         notes(&report)
     );
     let readers = readers();
-    let mine: Vec<Vec<String>> = readers.iter().map(|p| chains(p, &ours)).collect();
+    let mine: Vec<Vec<Vec<String>>> = readers.iter().map(|p| chains(p, &ours)).collect();
     let theirs = dir.path().join("perf-jit.data");
     perf_inject_jit(&perf, &data, &theirs);
+    let dump = DumpLines::read(dir.path());
+    let bad = |frame: &str| dump.malformed_name(frame);
     for (p, a) in readers.iter().zip(&mine) {
         let b = chains(p, &theirs);
-        let differ = a.iter().zip(&b).filter(|(x, y)| x != y).count();
+        // perf's one defect (see DumpLines): a frame of a load whose DEBUG_INFO
+        // record V8 wrote malformed unwound as `(inlined)` frames of garbage names
+        // (perf 6.1's addr2line reading a newline in such a name); every other
+        // difference fails.
+        let (excused, differ): (Vec<_>, Vec<_>) = a
+            .iter()
+            .zip(&b)
+            .filter(|(x, y)| x != y)
+            .partition(|(x, y)| inlined_in_place(x, y, &bad));
         assert!(
-            a.len() == b.len() && differ == 0,
-            "{}: {differ} of {} chains differ from perf inject --jit's; first: {:?}",
+            a.len() == b.len() && differ.is_empty(),
+            "{}: {} of {} chains differ from perf inject --jit's; first: {:?}",
             p.name,
+            differ.len(),
             a.len(),
-            a.iter().zip(&b).find(|(x, y)| x != y)
+            differ.first().map(|(x, y)| (x.join("|"), y.join("|")))
         );
+        if !excused.is_empty() {
+            let shown: Vec<_> = excused.iter().map(|(_, y)| y.join("|")).collect();
+            eprintln!(
+                "{}: {} chains with a frame of a load whose DEBUG_INFO record V8 wrote malformed as (inlined) frames on perf inject's output: {shown:?}",
+                p.name,
+                excused.len()
+            );
+        }
     }
     // perf 6.1 unwinds through the JIT frames to node's main (perf 7.3 stops at the
     // first JIT frame on both outputs).
     let deep = mine[0]
         .iter()
-        .filter(|c| c.contains("Builtin:") && c.contains("node::Start"))
+        .filter(|c| {
+            c.iter().any(|f| f.contains("Builtin:")) && c.iter().any(|f| f.contains("node::Start"))
+        })
         .count();
     assert!(
         deep > 0,
@@ -1228,7 +1434,8 @@ fn jit_java_matches_perf_inject() -> common::Outcome {
     let list = jitted_hit(&perf, &theirs);
     for p in readers() {
         let a = srclines(&p, &ours, &mine[0].display().to_string());
-        same_srclines(&p, &a, &srclines(&p, &theirs, &list));
+        let b = srclines(&p, &theirs, &list);
+        same_srclines(&p, &a, &b, &|i| garbled(&b[i].1));
         assert!(
             a.iter()
                 .any(|(s, l)| s.contains("Hot.") && l.contains("Hot.java:")),
