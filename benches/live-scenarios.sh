@@ -69,6 +69,8 @@ B=$W/bin
 \$B/liveprog \$B/libdep.so 200 800 > $W/a-v1-2.pid &
 sleep 0.4
 mv \$B/libdep-v2.so \$B/libdep.so
+# a rename within a few ms of a mapping is taken as after it (docs/live.md)
+sleep 0.1
 \$B/liveprog \$B/libdep.so 200 800 > $W/a-v2-1.pid &
 \$B/liveprog \$B/libdep.so 200 800 > $W/a-v2-2.pid &
 \$B/delprog - 300 700 > $W/b.pid &

@@ -34,7 +34,7 @@
 //! * **Every mapping of the file.** An ID speaks for a file identity only when a
 //!   stat of the file after the last of its mapping records arrived shows it
 //!   unchanged since the earliest of them (the cache's own hard link moves the
-//!   ctime: the layout rule accepts that, as for perf's links), and no capture of
+//!   ctime: its link record, issue 29, vouches for that and for nothing else), and no capture of
 //!   it found it changed or found another ID.
 
 mod procfs;
@@ -778,6 +778,27 @@ pub(crate) fn mono_to_wall(mono: i128) -> i128 {
     mono + (procfs::wall_ns() - procfs::mono_ns())
 }
 
+/// What excuses a ctime moved after a mapping: only pdinject's own link of the file
+/// into the capture's cache (its link record, issue 29). A rename, an unlink or a
+/// rewrite with its times set back look alike to a stat, so nothing else does, and a
+/// file renamed or deleted before its record arrived gets no ID.
+pub(crate) fn own_link_evidence(
+    sh: &Shared,
+    file: &std::fs::File,
+    meta: &std::fs::Metadata,
+    id: BuildId,
+) -> crate::buildid::vouch::CtimeEvidence {
+    let Some(cache) = &sh.cfg.cache else {
+        return Default::default();
+    };
+    let vouchers = crate::buildid::vouch::Vouchers {
+        dpkg: None,
+        cache: Some(cache.dir.clone()),
+        same_layout: false,
+    };
+    vouchers.evidence(file, meta, std::path::Path::new(""), Some(id))
+}
+
 /// Whether what was captured of `e` speaks for every recorded mapping of it.
 fn judge_entry(sh: &Shared, key: &Key, e: &mut Entry) -> Result<(BuildId, String), Refusal> {
     let unproven = |why: String| Err((Reason::Unsupported, why));
@@ -841,15 +862,21 @@ fn judge_entry(sh: &Shared, key: &Key, e: &mut Entry) -> Result<(BuildId, String
         (Some(a), None) | (None, Some(a)) => a,
         (None, None) => return unproven("no mapping of it has a known time".into()),
     };
-    let times = e.times.expect("stat_seq >= seq_max > 0 means a stat");
+    let Some(times) = e.times else {
+        return unproven("the captured file was never stat'ed".into());
+    };
     let start = mono_to_wall(lb) - procfs::file_time_slack_ns();
+    let evidence = match e.file.as_deref().map(|f| (f, f.metadata())) {
+        Some((f, Ok(m))) => own_link_evidence(sh, f, &m, id),
+        _ => Default::default(),
+    };
     crate::buildid::elf::judge(
         &times,
         &e.loads,
         &e.maps,
         start,
         crate::buildid::Place::RecordedInode,
-        &crate::buildid::vouch::CtimeEvidence::default(),
+        &evidence,
     )
     .map_err(|(r, d)| (r, format!("captured while mapped, but {d}")))?;
     let via = if sh.root_only.load(Ordering::Relaxed) {

@@ -230,9 +230,12 @@ fn prove(sh: &Shared, job: &Job) -> Found1 {
                 &maps,
                 mono_to_wall(lb) - procfs::file_time_slack_ns(),
                 Place::RecordedInode,
-                // Nothing excuses a ctime moved after the mapping (issue 29): the
-                // capture reads the file within moments of its record.
-                &crate::buildid::vouch::CtimeEvidence::default(),
+                // Only pdinject's own link excuses a ctime moved after the mapping
+                // (issue 29).
+                &match read.as_ref().map(|r| r.0).or(b.last.as_ref().map(|l| l.3)) {
+                    Some(id) => super::own_link_evidence(sh, &file, &meta, id),
+                    None => Default::default(),
+                },
             )
         }
     };

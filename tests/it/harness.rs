@@ -281,8 +281,23 @@ fn tests_in_sources() -> BTreeSet<(String, String, bool)> {
         .filter_map(|l| l.trim().strip_prefix("mod ")?.strip_suffix(';'))
         .collect();
     let mut found = BTreeSet::new();
+    // Each top-level file, and the files of a module's own directory
+    // (tests/it/install/https.rs is a part of `install`).
+    let mut files = Vec::new();
     for e in std::fs::read_dir(&dir).expect("tests/it") {
         let path = e.expect("tests/it entry").path();
+        if path.is_dir() {
+            let Some(module) = path.file_name().and_then(|n| n.to_str()) else {
+                continue;
+            };
+            for f in std::fs::read_dir(&path).expect("a tests/it module directory") {
+                let f = f.expect("a tests/it module entry").path();
+                if f.extension().is_some_and(|x| x == "rs") {
+                    files.push((module.to_string(), f));
+                }
+            }
+            continue;
+        }
         let Some(module) = path
             .file_name()
             .and_then(|n| n.to_str())
@@ -290,6 +305,10 @@ fn tests_in_sources() -> BTreeSet<(String, String, bool)> {
         else {
             continue;
         };
+        files.push((module.to_string(), path));
+    }
+    for (module, path) in files {
+        let module = module.as_str();
         if module == "main" {
             continue;
         }

@@ -191,16 +191,18 @@ fn redirect_to_plain_http(to: u16) -> u16 {
 
 /// One pdinject run with its own HOME (so its own `~/.debug`) and `env`; returns the
 /// report's entry for the program, the run's wall time and the output.
+/// A run with `HOME` at `home`, its output and report in `home/out-NAME`.
 fn run_in(
     rec: &Path,
-    home: &Path,
+    (home, name): (&Path, &str),
     known: &str,
     extra: &[&str],
     env: &[(&str, &Path)],
 ) -> (serde_json::Value, Duration, PathBuf) {
-    fs::create_dir_all(home).unwrap();
-    let out = home.join("out.data");
-    let report = home.join("report.json");
+    let dir = home.join(format!("out-{name}"));
+    fs::create_dir_all(&dir).unwrap();
+    let out = dir.join("out.data");
+    let report = dir.join("report.json");
     let mut c = pdinject();
     c.env("HOME", home)
         .env_remove("DEBUGINFOD_URLS")
@@ -301,58 +303,72 @@ fn debuginfod_over_https_behind_a_tls_front() -> Outcome {
     fs::create_dir_all(&ca_dir).unwrap();
     fs::copy(&ca, ca_dir.join("good-ca.pem")).unwrap();
 
-    let fetched = |r: &serde_json::Value, home: &Path, what: &str| {
-        let d = report_dso(r, &s(&st.fx.prog)).unwrap();
-        assert_eq!(d["cached"], "fetched", "{what}: {}", report_summary(r));
-        let entry = d["cache_entry"].as_str().unwrap();
-        let elf = home.join(".debug").join(entry).join("elf");
-        assert!(
-            fs::read(&elf).unwrap() == prog_bytes,
-            "{what}: {} is not the served file byte for byte",
-            elf.display()
+    // The three fetching runs share one HOME: a file pdinject links into a cache
+    // moves its ctime, and only that cache's link record vouches for it (issue 29),
+    // so a second cache would refuse the other DSOs. After each run the program's
+    // entry goes, and the next run fetches it again.
+    let home = st.dir.join("home");
+    let debug = home.join(".debug");
+    let forget_prog = || {
+        let _ = fs::remove_file(
+            debug
+                .join(".build-id")
+                .join(&PROG_ID[..2])
+                .join(&PROG_ID[2..]),
         );
+        let _ = fs::remove_dir_all(debug.join(s(&st.fx.prog).trim_start_matches('/')));
     };
-
-    // Through TLS: the server from DEBUGINFOD_URLS (a bare --debuginfod), the CA from
-    // SSL_CERT_FILE; then from SSL_CERT_DIR.
-    let urls = PathBuf::from(&https);
-    let h_https = st.dir.join("home-https");
-    let (r, t_https, out_https) = run_in(
-        &rec,
-        &h_https,
-        &known,
-        &["--debuginfod"],
-        &[("DEBUGINFOD_URLS", &urls), ("SSL_CERT_FILE", &ca)],
-    );
-    fetched(&r, &h_https, "https, SSL_CERT_FILE");
-    let h_dir = st.dir.join("home-https-dir");
-    let (r, _, _) = run_in(
-        &rec,
-        &h_dir,
-        &known,
-        &["--debuginfod"],
-        &[("DEBUGINFOD_URLS", &urls), ("SSL_CERT_DIR", &ca_dir)],
-    );
-    fetched(&r, &h_dir, "https, SSL_CERT_DIR");
-    // The same through plain http: the same output, the same symbols in perf.
-    let h_http = st.dir.join("home-http");
-    let (r, t_http, out_http) = run_in(&rec, &h_http, &known, &["--debuginfod", &http], &[]);
-    fetched(&r, &h_http, "http");
-    assert!(
-        fs::read(&out_https).unwrap() == fs::read(&out_http).unwrap(),
-        "the outputs of the https and http runs differ"
-    );
-    let script = |out: &Path, home: &Path| {
+    let script = |out: &Path| {
         let o = run_ok(
             st.perf
                 .cmd()
-                .env("HOME", home)
+                .env("HOME", &home)
                 .args(["script", "-F", "ip,sym,dso", "-i"])
                 .arg(out),
         );
         String::from_utf8_lossy(&o.stdout).into_owned()
     };
-    let (sym_https, sym_http) = (script(&out_https, &h_https), script(&out_http, &h_http));
+    // A run that fetches the program: its output, its time, perf script on it.
+    let fetch_run = |what: &str, extra: &[&str], env: &[(&str, &Path)]| {
+        let (r, took, out) = run_in(&rec, (&home, what), &known, extra, env);
+        let d = report_dso(&r, &s(&st.fx.prog)).unwrap();
+        assert_eq!(d["cached"], "fetched", "{what}: {}", report_summary(&r));
+        let entry = d["cache_entry"].as_str().unwrap();
+        let elf = debug.join(entry).join("elf");
+        assert!(
+            fs::read(&elf).unwrap() == prog_bytes,
+            "{what}: {} is not the served file byte for byte",
+            elf.display()
+        );
+        let symbols = script(&out);
+        forget_prog();
+        (fs::read(&out).unwrap(), took, symbols)
+    };
+
+    // Through TLS: the server from DEBUGINFOD_URLS (a bare --debuginfod), the CA from
+    // SSL_CERT_FILE; then from SSL_CERT_DIR.
+    let urls = PathBuf::from(&https);
+    let (out_https, t_https, sym_https) = fetch_run(
+        "https",
+        &["--debuginfod"],
+        &[("DEBUGINFOD_URLS", &urls), ("SSL_CERT_FILE", &ca)],
+    );
+    let (out_dir, _, _) = fetch_run(
+        "https-dir",
+        &["--debuginfod"],
+        &[("DEBUGINFOD_URLS", &urls), ("SSL_CERT_DIR", &ca_dir)],
+    );
+    // The same through plain http: the same output, the same symbols in perf.
+    let (out_http, t_http, sym_http) = fetch_run("http", &["--debuginfod", &http], &[]);
+    for (what, out) in [("SSL_CERT_DIR", &out_dir), ("http", &out_http)] {
+        let at = out_https.iter().zip(out).position(|(x, y)| x != y);
+        assert!(
+            &out_https == out,
+            "the outputs of the https and {what} runs differ: {} and {} bytes, first at {at:?}",
+            out_https.len(),
+            out.len()
+        );
+    }
     assert!(
         sym_https.contains("prog_spin"),
         "perf script, https:\n{sym_https}"
@@ -360,8 +376,8 @@ fn debuginfod_over_https_behind_a_tls_front() -> Outcome {
     assert_eq!(sym_https, sym_http, "perf script: https against http");
     // What TLS costs: the cache stage of `pdinject -v` (where the fetch happens), with
     // the program fetched through the TLS front, straight from debuginfod over http,
-    // or not fetched; each kind in a HOME of its own whose cache holds the other DSOs
-    // already (the program's entry is removed after each run), the kinds taking
+    // or not fetched; in the HOME above, whose cache holds the other DSOs already
+    // (the program's entry is removed after each run), the kinds taking
     // turns (so that a load on the machine meets each alike), medians of 9.
     let cache_ms = |home: &Path, extra: &[&str], env: &[(&str, &Path)]| -> f64 {
         let mut c = pdinject();
@@ -370,7 +386,7 @@ fn debuginfod_over_https_behind_a_tls_front() -> Outcome {
             .env_remove("SSL_CERT_DIR")
             .args(["-v", "--known-build-ids", &known])
             .arg(&rec)
-            .arg(home.join("out.data"))
+            .arg(home.join("out-timed.data"))
             .args(extra);
         for p in ["ALL_PROXY", "HTTPS_PROXY", "HTTP_PROXY"] {
             c.env_remove(p).env_remove(p.to_lowercase());
@@ -393,14 +409,7 @@ fn debuginfod_over_https_behind_a_tls_front() -> Outcome {
         };
         assert!(err.contains(fetched), "not {fetched}:\n{err}");
         // Away with the program's entry, so the next run fetches it again.
-        let debug = home.join(".debug");
-        let _ = fs::remove_file(
-            debug
-                .join(".build-id")
-                .join(&PROG_ID[..2])
-                .join(&PROG_ID[2..]),
-        );
-        let _ = fs::remove_dir_all(debug.join(s(&st.fx.prog).trim_start_matches('/')));
+        forget_prog();
         ms
     };
     // (name, flags, variables)
@@ -416,9 +425,7 @@ fn debuginfod_over_https_behind_a_tls_front() -> Outcome {
     ];
     let mut times: Vec<Vec<f64>> = vec![Vec::new(); kinds.len()];
     for round in 0..10 {
-        for (k, (name, extra, env)) in kinds.iter().enumerate() {
-            let home = st.dir.join(format!("time-{name}"));
-            fs::create_dir_all(&home).unwrap();
+        for (k, (_, extra, env)) in kinds.iter().enumerate() {
             let ms = cache_ms(&home, extra, env);
             // The first round fills the cache with the other DSOs: not counted.
             if round > 0 {
@@ -451,7 +458,7 @@ fn debuginfod_over_https_behind_a_tls_front() -> Outcome {
         let h = st.dir.join(home);
         let (r, _, _) = run_in(
             &rec,
-            &h,
+            (&h, "refused"),
             &known,
             &["--debuginfod", url],
             &[("SSL_CERT_FILE", ca)],
