@@ -123,6 +123,9 @@ pub struct Options {
     pub callchains: Callchains,
     /// `--jit`: jitdumps become images and mapping records first (`crate::jit`).
     pub jit: JitChoice,
+    /// `--aslr`: addresses moved to a layout that gives away none of the recorded
+    /// machine's (`crate::aslr`, docs/aslr.md).
+    pub addresses: Addresses,
     /// The memo of file proofs the run consults (a batch shares one across its
     /// inputs; `None`: every proof reads its file).
     pub memo: Option<std::sync::Arc<crate::buildid::memo::Memo>>,
@@ -148,6 +151,18 @@ pub enum Callchains {
     Converted,
 }
 
+/// What the output's addresses are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Addresses {
+    /// As recorded.
+    #[default]
+    AsRecorded,
+    /// `--aslr`: every mapping moved to perf 7.3's deterministic layout, every
+    /// address that names a place in the recorded machine's memory remapped or
+    /// removed (docs/aslr.md).
+    Remapped,
+}
+
 impl Default for Options {
     fn default() -> Self {
         Options {
@@ -167,6 +182,7 @@ impl Default for Options {
             attrs_for: AttrsFor::Verbatim,
             callchains: Callchains::AsRecorded,
             jit: JitChoice::Off,
+            addresses: Addresses::AsRecorded,
             memo: None,
             vouchers: crate::buildid::vouch::Vouchers::default(),
             live: crate::live::LiveChoice::Off,
@@ -200,6 +216,7 @@ impl std::fmt::Debug for Options {
             .field("attrs_for", &self.attrs_for)
             .field("callchains", &self.callchains)
             .field("jit", &self.jit)
+            .field("addresses", &self.addresses)
             .field("vouchers", &self.vouchers)
             .field("live", &self.live)
             .finish_non_exhaustive()

@@ -115,6 +115,8 @@ pub struct SinkReport {
     pub in_place: Option<InPlaceReport>,
     /// `--convert-callchain`: what the conversion did.
     pub convert: Option<crate::convert::Counts>,
+    /// `--aslr`: what was removed, by reason.
+    pub aslr: Option<crate::aslr::Dropped>,
 }
 
 /// The whole report.
@@ -182,6 +184,9 @@ pub struct Report {
     /// `--convert-callchain`: samples converted, and those whose chain lost frames,
     /// by reason (absent for other runs).
     pub convert: Option<crate::convert::Counts>,
+    /// `--aslr`: records removed from the output because they hold addresses that
+    /// cannot be remapped, by reason (absent for other runs).
+    pub aslr: Option<crate::aslr::Dropped>,
     /// Build-ID cache totals (absent with --no-buildid-cache).
     pub cache: Option<crate::buildid::cache::CacheTotals>,
     /// Symbol store totals (absent without --symbol-store).
@@ -248,6 +253,9 @@ impl Report {
         )?;
         if let Some(c) = &self.convert {
             writeln!(w, "  {}", c.line())?;
+        }
+        if let Some(d) = &self.aslr {
+            writeln!(w, "  {}", crate::aslr::line(d))?;
         }
         if self.unwound_samples > 0 {
             writeln!(

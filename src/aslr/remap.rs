@@ -88,6 +88,12 @@ pub enum DropReason {
     AuxTrace,
     /// A HEADER_FEATURE record of BPF_PROG_INFO (JITed addresses; pdinject only).
     BpfProgInfo,
+    /// Tracing data that cannot be read (its kernel addresses cannot be found).
+    TracingData,
+    /// A sample that cannot be read, or of an event not declared.
+    Unreadable,
+    /// A mapping record the layout placed nowhere (a guest machine's).
+    Unplaced,
 }
 
 impl DropReason {
@@ -106,6 +112,9 @@ impl DropReason {
             DropReason::TextPoke => "TEXT_POKE records",
             DropReason::AuxTrace => "AUX trace records",
             DropReason::BpfProgInfo => "BPF program info (JITed addresses)",
+            DropReason::TracingData => "tracing data that cannot be read (kernel addresses)",
+            DropReason::Unreadable => "samples that cannot be read or name no event",
+            DropReason::Unplaced => "mapping records of no layout (guest machines)",
         }
     }
 }
@@ -525,9 +534,12 @@ pub fn callchain_deferred(
 pub fn record(h: &RecordHeader, rec: &[u8], e: Endian) -> Verdict {
     const FEATURE_BPF_PROG_INFO: u64 = 25;
     match h.kind {
-        rt::SAMPLE | rt::MMAP | rt::MMAP2 | kind::KSYMBOL | kind::CALLCHAIN_DEFERRED => {
-            Verdict::Rewritten
-        }
+        rt::SAMPLE
+        | rt::MMAP
+        | rt::MMAP2
+        | kind::KSYMBOL
+        | kind::CALLCHAIN_DEFERRED
+        | rt::HEADER_TRACING_DATA => Verdict::Rewritten,
         kind::TEXT_POKE => Verdict::Drop(DropReason::TextPoke),
         rt::AUXTRACE | rt::AUXTRACE_INFO | kind::AUXTRACE_ERROR => {
             Verdict::Drop(DropReason::AuxTrace)
@@ -538,6 +550,29 @@ pub fn record(h: &RecordHeader, rec: &[u8], e: Endian) -> Verdict {
         }
         _ => Verdict::Keep,
     }
+}
+
+/// A stream's HEADER_TRACING_DATA record (its header, the padded size, the tracing
+/// data after it) with the data's kernel addresses left out
+/// ([`super::tracing::without_kernel_addresses`]), its size padded again to 8 as perf
+/// pads it.
+pub fn tracing_data(rec: &[u8], e: Endian, out: &mut Vec<u8>) -> Verdict {
+    let Some(data) = rec.get(16..) else {
+        return Verdict::Drop(DropReason::TracingData);
+    };
+    let Some(t) = super::tracing::without_kernel_addresses(data) else {
+        return Verdict::Drop(DropReason::TracingData);
+    };
+    let padded = t.len().next_multiple_of(8);
+    let Ok(size) = u32::try_from(padded) else {
+        return Verdict::Drop(DropReason::TracingData);
+    };
+    out.extend_from_slice(&rec[..8]);
+    out.extend_from_slice(&e.put_u32(size));
+    out.extend_from_slice(&rec[12..16]);
+    out.extend_from_slice(&t);
+    out.resize(out.len() + padded - t.len(), 0);
+    Verdict::Rewritten
 }
 
 #[cfg(test)]

@@ -25,6 +25,7 @@ pub struct Fingerprint<'a> {
     attrs_for: AttrsFor,
     callchains: Callchains,
     jit: crate::options::JitChoice,
+    addresses: crate::options::Addresses,
     /// dpkg's database and --trust-same-layout (the cache's link record is the
     /// cache's state, as a file's times are: not an option).
     dpkg: Option<&'a Path>,
@@ -45,6 +46,7 @@ impl<'a> Fingerprint<'a> {
             attrs_for,
             callchains,
             jit,
+            addresses,
             // How fast, not what: threads and progress.
             jobs: _,
             progress: _,
@@ -76,6 +78,7 @@ impl<'a> Fingerprint<'a> {
             attrs_for: *attrs_for,
             callchains: *callchains,
             jit: *jit,
+            addresses: *addresses,
             dpkg: vouchers.dpkg.as_deref(),
             same_layout: vouchers.same_layout,
         }
@@ -97,6 +100,7 @@ impl fmt::Display for Fingerprint<'_> {
             attrs_for,
             callchains,
             jit,
+            addresses,
             dpkg,
             same_layout,
         } = self;
@@ -124,6 +128,9 @@ impl fmt::Display for Fingerprint<'_> {
                 write!(f, ";jit=all")
             }
         }?;
+        if *addresses == crate::options::Addresses::Remapped {
+            write!(f, ";aslr")?;
+        }
         if *dpkg != Some(Path::new(crate::buildid::vouch::DPKG_ADMINDIR)) {
             write!(f, ";dpkg_admindir={dpkg:?}")?;
         }

@@ -97,6 +97,11 @@ pub struct EngineArgs {
     /// drop the stack dumps (perf 7.3's flag; see docs/convert.md).
     #[arg(long = "convert-callchain")]
     pub convert_callchain: bool,
+    /// Move every mapping to a fixed layout and remap every address that names a
+    /// place in the recorded machine's memory, or remove it (perf 7.3's flag; see
+    /// docs/aslr.md): a profile that can leave the building.
+    #[arg(long = "aslr")]
+    pub aslr: bool,
     /// Build IDs to use for paths: 'HEX PATH,HEX PATH' (as perf inject).
     #[arg(long = "known-build-ids", value_name = "LIST")]
     pub known_build_ids: Option<String>,
@@ -277,6 +282,11 @@ impl EngineArgs {
                 pdinject::options::Callchains::Converted
             } else {
                 pdinject::options::Callchains::AsRecorded
+            },
+            addresses: if self.aslr {
+                pdinject::options::Addresses::Remapped
+            } else {
+                pdinject::options::Addresses::AsRecorded
             },
             live: match self.live {
                 LiveArg::Auto => pdinject::live::LiveChoice::Auto,

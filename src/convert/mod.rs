@@ -123,11 +123,28 @@ pub(crate) fn convert_attr(attr: &mut [u8], e: Endian) -> bool {
     true
 }
 
+/// `a` as the conversion leaves it (see [`convert_attr`]).
+pub(crate) fn converted(a: &Attr) -> Attr {
+    let mut a = a.clone();
+    if is_dwarf(a.sample_type) {
+        a.sample_type = (a.sample_type | st::CALLCHAIN) & !(st::REGS_USER | st::STACK_USER);
+        a.sample_regs_user = 0;
+        a.sample_stack_user = 0;
+    }
+    a
+}
+
 /// Rewrites the attrs an EVENT_DESC payload repeats (`u32 nr, u32 attr_size`, then
 /// per event the attr, `u32 nr_ids`, a string, the ids): readers such as
 /// linux-perf-data take the attrs from it rather than from the attrs section.
 /// Stops at the first thing that does not fit.
 pub(crate) fn convert_event_desc(p: &mut [u8], e: Endian) {
+    rewrite_event_desc(p, e, &convert_attr)
+}
+
+/// Rewrites, with `how`, the attrs an EVENT_DESC payload repeats (see
+/// [`convert_event_desc`]).
+pub(crate) fn rewrite_event_desc(p: &mut [u8], e: Endian, how: &dyn Fn(&mut [u8], Endian) -> bool) {
     let (Some(nr), Some(sz)) = (e.u32(p, 0), e.u32(p, 4)) else {
         return;
     };
@@ -141,7 +158,7 @@ pub(crate) fn convert_event_desc(p: &mut [u8], e: Endian) {
             return;
         };
         if let Some(attr) = p.get_mut(at..a) {
-            convert_attr(attr, e);
+            how(attr, e);
         }
         let next = (a + 8)
             .checked_add(slen as usize)
@@ -153,9 +170,13 @@ pub(crate) fn convert_event_desc(p: &mut [u8], e: Endian) {
     }
 }
 
-/// Rewrites the attrs section of the finished file-format perf.data at `path`, in
-/// place (the same sizes), and the copy of the attrs in its EVENT_DESC feature.
-pub(crate) fn convert_file_attrs(path: &std::path::Path) -> Result<()> {
+/// Rewrites with `how` (which says whether it changed one) the attrs section of the
+/// finished file-format perf.data at `path`, in place (the same sizes), and the
+/// copy of the attrs in its EVENT_DESC feature.
+pub(crate) fn rewrite_file_attrs(
+    path: &std::path::Path,
+    how: &dyn Fn(&mut [u8], Endian) -> bool,
+) -> Result<()> {
     use std::os::unix::fs::FileExt;
     let io = |err| Error::io(path, err);
     let f = std::fs::OpenOptions::new()
@@ -176,7 +197,7 @@ pub(crate) fn convert_file_attrs(path: &std::path::Path) -> Result<()> {
     }
     let mut changed = false;
     for a in attrs.chunks_exact_mut(entry) {
-        changed |= convert_attr(&mut a[..entry - 16], h.endian);
+        changed |= how(&mut a[..entry - 16], h.endian);
     }
     if changed {
         f.write_all_at(&attrs, h.attrs.offset).map_err(io)?;
@@ -196,7 +217,7 @@ pub(crate) fn convert_file_attrs(path: &std::path::Path) -> Result<()> {
             let mut p = vec![0u8; size as usize];
             f.read_exact_at(&mut p, off).map_err(io)?;
             let before = p.clone();
-            convert_event_desc(&mut p, h.endian);
+            rewrite_event_desc(&mut p, h.endian, how);
             if p != before {
                 f.write_all_at(&p, off).map_err(io)?;
             }

@@ -161,7 +161,9 @@ enum Output {
 /// sink in any form.
 fn sink_for(target: &Output, opts: &Options) -> Box<dyn Sink> {
     let (form, callchains) = (opts.form, opts.callchains);
-    let edits = callchains == Callchains::Converted || opts.jit != crate::options::JitChoice::Off;
+    let edits = callchains == Callchains::Converted
+        || opts.jit != crate::options::JitChoice::Off
+        || opts.addresses == crate::options::Addresses::Remapped;
     match target {
         Output::Stdout => {
             let w = BufWriter::with_capacity(1 << 20, std::io::stdout().lock());
@@ -186,8 +188,9 @@ fn stream_sink<'w>(
     name: &Path,
     opts: &Options,
 ) -> Box<dyn Sink + 'w> {
-    let edits =
-        opts.callchains == Callchains::Converted || opts.jit != crate::options::JitChoice::Off;
+    let edits = opts.callchains == Callchains::Converted
+        || opts.jit != crate::options::JitChoice::Off
+        || opts.addresses == crate::options::Addresses::Remapped;
     let mut sink = StreamSink::new(w, name);
     sink.set_attrs_for(opts.attrs_for);
     match (edits, opts.form) {
@@ -268,14 +271,7 @@ fn run_plain(cx: Context<'_>, input: &Path, output: &Path) -> Result<(Report, Op
     let (mut report, tmp) = match target {
         Output::File { tmp, .. } => {
             let mut r = r
-                .and_then(|r| match cx.opts.callchains {
-                    // The attrs of the finished output lose the dumps, wherever the
-                    // sink wrote them (crate::convert::convert_file_attrs).
-                    Callchains::Converted => {
-                        crate::convert::convert_file_attrs(&tmp.header_file_path()).map(|()| r)
-                    }
-                    Callchains::AsRecorded => Ok(r),
-                })
+                .and_then(|r| rewrite_attrs(&tmp.header_file_path(), cx.opts).map(|()| r))
                 .map_err(|e| e.for_output(&tmp.path, output))?;
             // The attrs are cut in the finished output, whatever sink wrote it: the
             // output's own header says where they ended up.
@@ -300,6 +296,25 @@ fn run_plain(cx: Context<'_>, input: &Path, output: &Path) -> Result<(Report, Op
     report.input = input.display().to_string();
     report.output = output.display().to_string();
     Ok((report, tmp))
+}
+
+/// The attrs of a finished file output as its data has them, wherever the sink wrote
+/// them: a conversion's lose the dumps (crate::convert::convert_attr), `--aslr`'s the
+/// registers (crate::aslr::remap::strip_attr).
+fn rewrite_attrs(path: &Path, opts: &Options) -> Result<()> {
+    let converts = opts.callchains == Callchains::Converted;
+    let remaps = opts.addresses == crate::options::Addresses::Remapped;
+    if !converts && !remaps {
+        return Ok(());
+    }
+    crate::convert::rewrite_file_attrs(path, &|a, e| {
+        let mut changed = converts && crate::convert::convert_attr(a, e);
+        if remaps {
+            crate::aslr::remap::strip_attr(a, e, false);
+            changed = true;
+        }
+        changed
+    })
 }
 
 /// Checks that every attr of a file input can be written at `to.size()`, before
@@ -365,6 +380,11 @@ pub fn run_in_place_in(cx: Context<'_>, path: &Path) -> Result<Report> {
     if opts.jit != crate::options::JitChoice::Off {
         return Err(Error::Usage(
             "--jit inserts records into the data, which an in-place run cannot do; write a new file: pdinject --jit IN OUT".into(),
+        ));
+    }
+    if opts.addresses == crate::options::Addresses::Remapped {
+        return Err(Error::Usage(
+            "--aslr removes records and the register dumps of samples, which leaves the data shorter than an in-place run can write; write a new file: pdinject --aslr IN OUT".into(),
         ));
     }
     let restored = crate::write::inplace::recover(path)?;
@@ -561,6 +581,8 @@ fn with_facts<R>(engine: &Engine<'_>, f: impl FnOnce(&Facts<'_>) -> R) -> R {
         output_kept: &output_kept,
         spill: engine.spill(),
         splices: engine.splices(),
+        layout: engine.layout(),
+        time_mode: engine.time_mode(),
         first_seqs: engine.first_seqs(),
         // live capture hook (issue 32)
         live: engine.live_capture(),

@@ -317,6 +317,8 @@ pub(crate) struct Engine<'a> {
     /// the sink splices in ([`crate::jit`]), and those records once chosen.
     jit: Option<crate::jit::Stage>,
     splices: Option<crate::jit::Splices>,
+    /// `--aslr`: the layout's events, as the scan meets them.
+    aslr: Option<crate::aslr::Recorder>,
     /// The number of the first record of each data file scanned.
     first_seqs: Vec<u64>,
     // live capture hook (issue 32): the stream's capture, fed by the driver as
@@ -404,6 +406,8 @@ impl<'a> Engine<'a> {
                 crate::options::JitChoice::Off => None,
             },
             splices: None,
+            aslr: (cx.opts.addresses == crate::options::Addresses::Remapped)
+                .then(crate::aslr::Recorder::new),
             first_seqs: Vec::new(),
             live: None,
         }
@@ -442,10 +446,21 @@ impl<'a> Engine<'a> {
         self.splices.as_ref()
     }
 
-    /// Whether the data may change (`--jit`): a file is then resolved after its
-    /// whole scan, once the jitdumps are read into the model.
+    /// Whether the data may change (`--jit`, `--aslr`): a file is then resolved after
+    /// its whole scan, once the jitdumps are read into the model and the mappings laid
+    /// out.
     pub(crate) fn edits_data(&self) -> bool {
-        self.jit.is_some()
+        self.jit.is_some() || self.aslr.is_some()
+    }
+
+    /// `--aslr`: the layout of the mappings resolved so far.
+    pub(crate) fn layout(&self) -> Option<&crate::aslr::layout::Layout> {
+        self.aslr.as_ref().and_then(|a| a.laid())
+    }
+
+    /// Whether samples are resolved by time (else by record number alone).
+    pub(crate) fn time_mode(&self) -> bool {
+        self.time_mode.unwrap_or(false)
     }
 
     /// The input's name in messages.
@@ -713,6 +728,9 @@ impl<'a> Engine<'a> {
             }
             _ => {}
         }
+        if self.aslr.is_some() && matches!(kind, rt::EXIT | crate::aslr::remap::kind::KSYMBOL) {
+            return self.aslr_record(r);
+        }
         if kind >= rt::USER_START
             || !matches!(
                 kind,
@@ -795,6 +813,27 @@ impl<'a> Engine<'a> {
     }
 
     /// A SAMPLE, MMAP, MMAP2, COMM or FORK record: the model and the span of times.
+    /// `--aslr`: an EXIT or KSYMBOL record, an event of the layout only.
+    fn aslr_record(&mut self, r: &Rec<'_>) -> Result<()> {
+        let (Some(trailer), Some(a)) = (self.trailer, self.aslr.as_mut()) else {
+            return Ok(());
+        };
+        let time_mode = self.time_mode.unwrap_or(false);
+        let sid = trailer.read(r.bytes, self.e);
+        let at = Stamp {
+            time_mode,
+            seq: r.seq,
+        };
+        if r.header.kind == rt::EXIT {
+            if let Some(f) = Fork::parse(r.bytes, self.e) {
+                a.task(r.offset, at.key(sid.time.or(f.time)), rt::EXIT, &f);
+            }
+        } else {
+            a.ksymbol(r.offset, at.key(sid.time), r.bytes, self.e);
+        }
+        Ok(())
+    }
+
     fn model_record(&mut self, r: &Rec<'_>) -> Result<()> {
         let kind = r.header.kind;
         let (Some(trailer), Some(first)) = (self.trailer, self.attrs.first()) else {
@@ -855,6 +894,9 @@ impl<'a> Engine<'a> {
                 if let Some(j) = &mut self.jit {
                     j.mapping(r.seq, r.header.cpumode(), &m, sid.time);
                 }
+                if let Some(a) = &mut self.aslr {
+                    a.mapping(r.offset, at.key(sid.time), r.header.cpumode(), &m);
+                }
                 self.builder
                     .mmap(at.key(sid.time), r.header.cpumode(), &m)
                     .map_err(|l| l.at(r.offset))?
@@ -905,6 +947,9 @@ impl<'a> Engine<'a> {
         let t = trailer.read(r.bytes, e).time.or(time);
         if let Some(t) = t {
             self.span.note(t);
+        }
+        if let (Some(a), Some(f)) = (&mut self.aslr, Fork::parse(r.bytes, e)) {
+            a.task(r.offset, at.key(t), rt::FORK, &f);
         }
         self.builder
             .fork(at.key(t), pid, ppid)
@@ -1001,6 +1046,20 @@ impl<'a> Engine<'a> {
             start: &start,
         };
         let hits = self.resolve_hits(&batch, files, chunks, stop, progress)?;
+        if let Some(a) = &mut self.aslr {
+            // A file's mappings are laid out at once; a stream's up to the batch's end.
+            let upto = match self.from_records {
+                true => chunks.iter().map(|c| c.end).max().unwrap_or(0),
+                false => u64::MAX,
+            };
+            a.layout(upto).map_err(|k| {
+                Error::unsupported(format!(
+                    "--aslr: the stream's mapping records go back in time across its rounds (at {} ns), so no layout keeps perf's order; save the stream and give it by path",
+                    k.time
+                ))
+                .in_file(&self.name)
+            })?;
+        }
         if let Some(j) = &mut self.jit {
             let t = Instant::now();
             j.resolved(&hits.offsets, hits.max_time);
@@ -1375,6 +1434,7 @@ impl<'a> Engine<'a> {
             ids_new: sink.ids_new,
             in_place: sink.in_place.clone(),
             convert: sink.convert.clone(),
+            aslr: sink.aslr.clone(),
             jobs,
             resolved_beside_scan: self.ahead_stat.0,
             resolved_again: self.ahead_stat.1,

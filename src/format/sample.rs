@@ -369,6 +369,11 @@ impl Times {
         }
     }
 
+    /// The byte order of the records.
+    pub fn endian(&self) -> Endian {
+        self.e
+    }
+
     /// The time of record `rec` of `kind`.
     pub fn of(&self, kind: u32, rec: &[u8]) -> Option<u64> {
         use super::record::rt;

@@ -8,7 +8,7 @@
 //! * a file to a file: the header and what precedes the data copied, the data
 //!   written edited, the feature tail written after it
 //!   ([`crate::write::write_tail_at`]); a conversion's attrs are rewritten in the
-//!   finished file by the caller ([`crate::convert::convert_file_attrs`]), as for
+//!   finished file by the caller ([`crate::convert::rewrite_file_attrs`]), as for
 //!   every file output;
 //! * a file to a stream: the stream sink's header records (HEADER_ATTR rewritten),
 //!   then the data edited;
@@ -27,7 +27,7 @@ use crate::input::PerfInput;
 use crate::jit::Insert;
 use crate::options::{Callchains, Form};
 use crate::report::SinkReport;
-use crate::write::{copy_prefix, write_tail_at};
+use crate::write::copy_prefix;
 use crate::{Error, Result};
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet};
@@ -65,6 +65,8 @@ pub(crate) struct EditedSink<'w> {
     released: BinaryHeap<Reverse<(u64, usize)>>,
     /// Where a stream's bytes so far end.
     end: u64,
+    /// What `--aslr` removed, by reason.
+    dropped: crate::aslr::Dropped,
     report: SinkReport,
 }
 
@@ -102,6 +104,7 @@ impl<'w> EditedSink<'w> {
             walker: None,
             released: BinaryHeap::new(),
             end: 0,
+            dropped: crate::aslr::Dropped::new(),
             report: SinkReport::default(),
         }
     }
@@ -140,7 +143,14 @@ impl<'w> EditedSink<'w> {
     ) -> Result<()> {
         let df = &input.data_files[i];
         let (from, to) = (df.range.offset, df.range.offset + df.range.size);
-        let mut ed = Editor::new(facts, replaced, input.data_files.len() == 1, i == 0);
+        let converts = self.converts();
+        let mut ed = Editor::new(
+            facts,
+            replaced,
+            input.data_files.len() == 1,
+            i == 0,
+            converts,
+        );
         match (self.converts(), facts.spill) {
             (true, Some(spill)) => {
                 self.counts = spill.take((from, to), &mut |part, seq| {
@@ -160,7 +170,9 @@ impl<'w> EditedSink<'w> {
                     .map_err(|e| e.in_file(&df.path))?;
             }
         }
-        ed.finish(emit)
+        ed.finish(emit)?;
+        merge_dropped(&mut self.dropped, &ed.dropped);
+        Ok(())
     }
 
     /// A file input into a file output.
@@ -200,7 +212,11 @@ impl<'w> EditedSink<'w> {
         }
         self.report.timings.insert("write-data", t.elapsed());
         let t = Instant::now();
-        write_tail_at(input, out, plan_t.payload.as_deref(), from + size)
+        let shape = match facts.layout {
+            Some(_) => crate::write::TailShape::Edited(crate::aslr::shared_feature),
+            None => crate::write::TailShape::AsInput,
+        };
+        crate::write::write_tail_shaped(input, out, plan_t.payload.as_deref(), from + size, shape)
             .map_err(|e| e.in_file(&input.header_path))?;
         let f = std::fs::OpenOptions::new()
             .write(true)
@@ -265,6 +281,9 @@ impl<'w> EditedSink<'w> {
             if converts {
                 convert_attr_records(&mut head, e)?;
             }
+            if facts.layout.is_some() {
+                head = crate::aslr::shared_head(&head, e, &mut self.dropped)?;
+            }
             s.write_raw(&head)?;
             let t = Instant::now();
             for i in 0..input.data_files.len() {
@@ -312,7 +331,7 @@ impl<'w> EditedSink<'w> {
             out.extend_from_slice(b);
             Ok(())
         };
-        let mut ed = Editor::new(facts, &replaced, true, true);
+        let mut ed = Editor::new(facts, &replaced, true, true, self.converts());
         ed.released = std::mem::take(&mut self.released);
         match (self.converts(), facts.spill) {
             (true, Some(spill)) => {
@@ -339,6 +358,7 @@ impl<'w> EditedSink<'w> {
             }
         }
         self.released = std::mem::take(&mut ed.released);
+        merge_dropped(&mut self.dropped, &ed.dropped);
         *self.report.timings.entry("write-data").or_default() += t.elapsed();
         let b = Batch::Bytes {
             bytes: &out,
@@ -356,6 +376,13 @@ impl<'w> EditedSink<'w> {
                 "edited output: stream bytes for a file output of a file".into(),
             )),
         }
+    }
+}
+
+/// Adds `more` to `into`.
+fn merge_dropped(into: &mut crate::aslr::Dropped, more: &crate::aslr::Dropped) {
+    for (&why, &n) in more {
+        *into.entry(why).or_default() += n;
     }
 }
 
@@ -415,6 +442,12 @@ pub(crate) struct Editor<'a> {
     expand: bool,
     /// A stream's FINISHED_ROUND records go (see [`crate::jit::Splices::at_end`]).
     drop_rounds: bool,
+    /// `--aslr`: every record written moves to the layout, or goes.
+    remap: Option<crate::aslr::Remapper<'a>>,
+    /// What the remap removed, by reason.
+    dropped: crate::aslr::Dropped,
+    /// The remap's output buffer, kept from record to record.
+    scratch: Vec<u8>,
 }
 
 impl<'a> Editor<'a> {
@@ -423,7 +456,16 @@ impl<'a> Editor<'a> {
         replaced: &'a HashMap<u64, &'a [u8]>,
         gated: bool,
         takes: bool,
+        converted: bool,
     ) -> Self {
+        let remap = facts.layout.map(|l| {
+            // The records the remap sees are the conversion's, of its attrs.
+            let attrs: Vec<crate::format::attr::Attr> = match converted {
+                true => facts.attrs.iter().map(crate::convert::converted).collect(),
+                false => facts.attrs.to_vec(),
+            };
+            crate::aslr::Remapper::new(l, &attrs, &[], facts.endian, facts.time_mode)
+        });
         let (inserts, drops, at_end): (&[Insert], _, _) = match facts.splices {
             // A stream's inserts go at its end (EditedSink::finish).
             Some(s) if s.at_end => (&[], Some(&s.drops), true),
@@ -448,8 +490,12 @@ impl<'a> Editor<'a> {
             released,
             gated,
             takes,
-            expand: !inserts.is_empty() || at_end,
+            // Compressed data holds addresses too: the remap opens it.
+            expand: !inserts.is_empty() || at_end || remap.is_some(),
             drop_rounds: at_end,
+            remap,
+            dropped: crate::aslr::Dropped::new(),
+            scratch: Vec::new(),
         }
     }
 
@@ -483,6 +529,26 @@ impl<'a> Editor<'a> {
                 copy(emit)?;
                 if !r.inner {
                     last_end.set(r.offset + r.bytes.len() as u64);
+                }
+                if let Some(e) = self.remap.as_ref().map(|m| m.endian())
+                    && r.header.kind == rt::HEADER_TRACING_DATA
+                    && !r.inner
+                {
+                    // The tracing data is the record's payload, after it: read whole
+                    // and written without the kernel's addresses, or not at all.
+                    let end = r.offset + r.bytes.len() as u64;
+                    let size = u64::from(e.u32(r.bytes, 8).unwrap_or(0));
+                    let mut full = r.bytes.to_vec();
+                    full.extend_from_slice(&src.window(end, size)?);
+                    last_end.set(end + size);
+                    let mut out = Vec::with_capacity(full.len());
+                    return match crate::aslr::remap::tracing_data(&full, e, &mut out) {
+                        crate::aslr::remap::Verdict::Drop(why) => {
+                            *self.dropped.entry(why).or_default() += 1;
+                            Ok(())
+                        }
+                        _ => emit(&out),
+                    };
                 }
                 self.record(r, emit)
             },
@@ -526,13 +592,53 @@ impl<'a> Editor<'a> {
                     break;
                 }
                 self.released.pop();
-                emit(&self.inserts[i].bytes)?;
+                self.insert(i, emit)?;
             }
         }
-        match self.replaced.get(&r.seq) {
-            Some(new) => emit(new),
-            None => emit(r.bytes),
-        }
+        let replaced = self.replaced.get(&r.seq).copied();
+        let Some(remap) = &self.remap else {
+            return emit(replaced.unwrap_or(r.bytes));
+        };
+        let time = (kind == rt::SAMPLE)
+            .then(|| self.times.of(kind, r.bytes))
+            .flatten();
+        // One buffer for every record (a fresh one each was a tenth of `--aslr`'s time).
+        let mut out = std::mem::take(&mut self.scratch);
+        out.clear();
+        let r = match remap.record(r.bytes, r.seq, time, &mut out) {
+            Err(why) => {
+                *self.dropped.entry(why).or_default() += 1;
+                Ok(())
+            }
+            // A record in build-ID form takes the remapped start and pgoff.
+            Ok(()) => match replaced {
+                Some(new) if out.len() >= 40 && new.len() >= 40 => {
+                    let mut new = new.to_vec();
+                    new[16..24].copy_from_slice(&out[16..24]);
+                    new[32..40].copy_from_slice(&out[32..40]);
+                    emit(&new)
+                }
+                _ => emit(&out),
+            },
+        };
+        self.scratch = out;
+        r
+    }
+
+    /// Insert `i` (a JIT's mapping record), moved to the layout with the code it maps.
+    fn insert(&self, i: usize, emit: &mut dyn FnMut(&[u8]) -> Result<()>) -> Result<()> {
+        let b = &self.inserts[i].bytes;
+        let Some(remap) = &self.remap else {
+            return emit(b);
+        };
+        let e = self.times.endian();
+        let (Some(pid), Some(start)) = (e.u32(b, 8), e.u64(b, 16)) else {
+            return emit(b);
+        };
+        let mut b = b.clone();
+        let moved = remap.jit_start(pid, start, self.inserts[i].time);
+        b[16..24].copy_from_slice(&e.put_u64(moved));
+        emit(&b)
     }
 
     /// The inserts still waiting, at the end of the data.
@@ -541,7 +647,7 @@ impl<'a> Editor<'a> {
             return Ok(());
         }
         while let Some(Reverse((_, i))) = self.released.pop() {
-            emit(&self.inserts[i].bytes)?;
+            self.insert(i, emit)?;
         }
         Ok(())
     }
@@ -647,6 +753,9 @@ impl Sink for EditedSink<'_> {
         }
         if self.converts() {
             r.convert = Some(self.counts.clone());
+        }
+        if facts.layout.is_some() {
+            r.aslr = Some(self.dropped.clone());
         }
         Ok(r)
     }

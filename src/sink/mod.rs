@@ -108,6 +108,10 @@ pub struct Facts<'a> {
     pub spill: Option<&'a crate::convert::Spill>,
     /// `--jit`: the records spliced into the data and those dropped from it.
     pub splices: Option<&'a crate::jit::Splices>,
+    /// `--aslr`: the layout the addresses move to.
+    pub layout: Option<&'a crate::aslr::layout::Layout>,
+    /// Whether records are ordered by time (else by number alone).
+    pub time_mode: bool,
     /// The number of the first record of each data file (an editing sink walks a
     /// file's records by the numbers the scan gave them).
     pub first_seqs: &'a [u64],

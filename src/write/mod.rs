@@ -364,13 +364,16 @@ pub fn write_tail_at(
 }
 
 /// Which of the input's feature sections a tail carries.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug)]
 pub enum TailShape {
     /// All of them.
     AsInput,
     /// All but DIR_FORMAT: a directory's records written as one file (perf would
     /// otherwise take the file for a directory's header file).
     OneFile,
+    /// Each as the function gives it back (`--aslr`: the recorded machine's addresses
+    /// go); `None` leaves the section out.
+    Edited(fn(u32, Vec<u8>) -> Option<Vec<u8>>),
 }
 
 /// [`write_tail_at`] with the feature sections `shape` keeps.
@@ -391,8 +394,23 @@ pub fn write_tail_shaped(
         .map_err(io)?;
     let data_end = h.feature_table_offset();
     let mut features = h.features;
-    if shape == TailShape::OneFile {
-        features[(FEAT_DIR_FORMAT / 64) as usize] &= !(1 << (FEAT_DIR_FORMAT % 64));
+    let mut edited: Vec<(u32, Vec<u8>)> = Vec::new();
+    match shape {
+        TailShape::AsInput => {}
+        TailShape::OneFile => {
+            features[(FEAT_DIR_FORMAT / 64) as usize] &= !(1 << (FEAT_DIR_FORMAT % 64));
+        }
+        TailShape::Edited(edit) => {
+            for (bit, s) in &input.features {
+                if *bit == FEAT_BUILD_ID && build_id_payload.is_some() {
+                    continue;
+                }
+                match edit(*bit, src.read_at(s.offset, s.size)?) {
+                    Some(p) => edited.push((*bit, p)),
+                    None => features[(*bit / 64) as usize] &= !(1 << (*bit % 64)),
+                }
+            }
+        }
     }
     if build_id_payload.is_some() {
         features[0] |= 1 << FEAT_BUILD_ID;
@@ -415,6 +433,11 @@ pub fn write_tail_shaped(
             let r = (pos, p.len() as u64);
             pos += p.len() as u64;
             payloads.push(p);
+            r
+        } else if let Some((_, p)) = edited.iter().find(|(b, _)| *b == bit) {
+            let r = (pos, p.len() as u64);
+            pos += p.len() as u64;
+            payloads.push(p.clone());
             r
         } else {
             let (_, s) = input

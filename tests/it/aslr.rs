@@ -3,13 +3,11 @@
 //! - The pure layout and record rewrites (`pdinject::aslr`) driven over real
 //!   recordings by a small reader here, against perf 7.3's own `perf inject --aslr`:
 //!   the records perf 7.3 writes are the records the pure functions make, record for
-//!   record. These run now.
+//!   record.
 //! - The command line `pdinject --aslr IN OUT` against the checks issue 31 names
 //!   (perf's `inject_aslr.sh`, perf 7.3 symbol for symbol, pipes, callchains, the
 //!   kernel, determinism, the leak scan, DWARF recordings converted then remapped).
-//!   They wait for the engine's per-chunk rewrite to carry `--aslr`: each is
-//!   `#[ignore]`d with the reason "needs the --aslr wiring (issue 31)"; run them with
-//!   `cargo test --release --test it aslr -- --include-ignored` once it lands.
+//!   They run `pdinject --aslr` itself.
 
 use super::common::*;
 use pdinject::aslr::layout::{Config, Event, Inherit, Layout, LayoutBuilder, MapClass};
@@ -471,15 +469,35 @@ fn pure_aslr_equals_perf73_record_for_record() -> Outcome {
     Ok(())
 }
 
-/// The same over the recordings of `record-corpus.sh` in `$PDI_CORPUS` (skipped
-/// without it; `-z` recordings are left out: perf 7.3 copies their COMPRESSED records,
-/// the pure rewrite reads inside them).
+/// The same over the recordings of `record-corpus.sh`: those in `$PDI_CORPUS`, or
+/// a corpus the test records (about 40 s). `-z` recordings are left out: perf 7.3
+/// copies their COMPRESSED records, the pure rewrite reads inside them.
 #[test]
 fn pure_aslr_equals_perf73_on_the_corpus() -> Outcome {
-    let Some(dir) = std::env::var_os("PDI_CORPUS").map(PathBuf::from) else {
-        return skip("PDI_CORPUS is not set (bash ../shared/tools/record-corpus.sh DIR)");
-    };
+    const T: &str = "pure_aslr_equals_perf73_on_the_corpus";
+    let st = setup(T)?;
     let p73 = perf73()?;
+    let dir = match std::env::var_os("PDI_CORPUS").map(PathBuf::from) {
+        Some(d) => d,
+        None => {
+            let script = manifest_dir().join("../shared/tools/record-corpus.sh");
+            if !script.exists() {
+                return skip(format!("{} is missing", script.display()));
+            }
+            let d = st.dir.join("corpus");
+            let o = run(Command::new("bash")
+                .arg(&script)
+                .arg(&d)
+                .env("HOME", test_home()));
+            assert!(o.status.success(), "record-corpus.sh: {}", tail(&o.stderr));
+            d
+        }
+    };
+    assert!(
+        dir.join("fp-med.data").exists(),
+        "no fp-med.data in {}",
+        dir.display()
+    );
     let tmp = tempfile::tempdir().unwrap();
     let names = [
         "fp-small",
@@ -538,7 +556,7 @@ fn forked_children_keep_their_addresses_with_the_parent_layout() -> Outcome {
 }
 
 // ---------------------------------------------------------------------------
-// The command line (waits for the wiring)
+// The command line
 
 /// `pdinject --aslr ARGS IN OUT`, must succeed.
 fn pdinject_aslr(input: &Path, out: &Path, extra: &[&str]) -> std::process::Output {
@@ -549,7 +567,26 @@ fn pdinject_aslr(input: &Path, out: &Path, extra: &[&str]) -> std::process::Outp
 /// headers and 8+-digit hex addresses left out, sorted; kernel DSOs named `[kernel]`
 /// when `kernel` (a module may be read as the kernel on one side).
 fn report_lines(perf: &Perf, file: &Path, kernel: bool) -> Vec<String> {
-    let o = run_ok(perf.cmd().args(["report", "--stdio", "-i"]).arg(file));
+    report_lines_of(
+        &run_ok(perf.cmd().args(["report", "--stdio", "-i"]).arg(file)),
+        kernel,
+    )
+}
+
+/// [`report_lines`] with `--no-children`, of a file or (`stdin`) of a stream read on
+/// perf's stdin: perf 7.3 reports a stream on its stdin without the children column.
+fn report_lines_no_children(perf: &Perf, input: &Path, stdin: bool) -> Vec<String> {
+    let mut c = perf.cmd();
+    c.args(["report", "--stdio", "--no-children", "-i"]);
+    if stdin {
+        c.arg("-").stdin(fs::File::open(input).unwrap());
+    } else {
+        c.arg(input);
+    }
+    report_lines_of(&run_ok(&mut c), false)
+}
+
+fn report_lines_of(o: &std::process::Output, kernel: bool) -> Vec<String> {
     let hex = |w: &str| {
         let w = w.trim_start_matches("0x");
         w.len() >= 8 && w.chars().all(|c| c.is_ascii_hexdigit())
@@ -675,7 +712,6 @@ fn perf73_own_aslr_passes_the_report_check() -> Outcome {
 
 /// The report check with pdinject's `--aslr --buildids`.
 #[test]
-#[ignore = "needs the --aslr wiring (issue 31)"]
 fn aslr_report_equals_inject_b_report() -> Outcome {
     check_report_equals_inject_b("aslr_report_equals_inject_b_report", Injector::Pdinject)?;
     Ok(())
@@ -686,7 +722,6 @@ fn aslr_report_equals_inject_b_report() -> Outcome {
 /// IP, symbol and DSO with its callchain (`perf script`). perf 7.3 zeroes a forked
 /// child's samples in inherited maps; pdinject's default layout is perf's.
 #[test]
-#[ignore = "needs the --aslr wiring (issue 31)"]
 fn aslr_equals_perf73_symbol_for_symbol() -> Outcome {
     const T: &str = "aslr_equals_perf73_symbol_for_symbol";
     let st = setup(T)?;
@@ -715,7 +750,6 @@ fn aslr_equals_perf73_symbol_for_symbol() -> Outcome {
 /// Streams: pipe in (file out and stream out) and pipe out give what the file gives
 /// (perf's test_pipe_report_aslr and test_pipe_out_report_aslr).
 #[test]
-#[ignore = "needs the --aslr wiring (issue 31)"]
 fn aslr_streams_in_and_out() -> Outcome {
     const T: &str = "aslr_streams_in_and_out";
     let st = setup(T)?;
@@ -731,19 +765,20 @@ fn aslr_streams_in_and_out() -> Outcome {
         ])
         .stdout(fs::File::create(&pipe).unwrap()));
     assert!(o.status.success());
-    let clean = d.join("pipe.clean");
-    run_ok(
-        p73.cmd()
-            .args(["inject", "-b", "-i"])
-            .arg(&pipe)
-            .arg("-o")
-            .arg(&clean),
-    );
-    let want = report_lines(&p73, &clean, false);
+    // The reference is perf 7.3's report of the stream itself, read on its stdin:
+    // perf 7.3 cannot read what `perf inject -b` (its own or 6.1's) makes of a 6.1
+    // stream as a file ("Invalid HEADER_CPU_DOMAIN_INFO: section too small", "Attributes
+    // and data overlap"), and reads pdinject's.
+    let want = report_lines_no_children(&p73, &pipe, true);
+    assert!(!want.is_empty(), "perf 7.3 reads nothing of the stream");
     // pipe in, file out
     let f = d.join("pipe.aslr");
     pdinject_aslr(&pipe, &f, &["--buildids"]);
-    assert_eq!(want, report_lines(&p73, &f, false), "pipe in, file out");
+    assert_eq!(
+        want,
+        report_lines_no_children(&p73, &f, false),
+        "pipe in, file out"
+    );
     // pipe in, pipe out (stdin to stdout)
     let s = d.join("pipe.aslr.stream");
     let o = run(pdinject()
@@ -751,12 +786,11 @@ fn aslr_streams_in_and_out() -> Outcome {
         .stdin(fs::File::open(&pipe).unwrap())
         .stdout(fs::File::create(&s).unwrap()));
     assert!(o.status.success(), "{}", tail(&o.stderr));
-    let o = run_ok(
-        p73.cmd()
-            .args(["report", "--stdio", "-i", "-"])
-            .stdin(fs::File::open(&s).unwrap()),
+    assert_eq!(
+        want,
+        report_lines_no_children(&p73, &s, true),
+        "pipe in, pipe out"
     );
-    assert!(!o.stdout.is_empty());
     // file in, pipe out
     let file = d.join("fp.data");
     record_in(&st.perf, d, &file, &["-g", "-F", "4000", "--", "./prog"]);
@@ -788,7 +822,6 @@ fn aslr_streams_in_and_out() -> Outcome {
 /// The same input gives the same bytes, whatever the thread count (a fleet dedups
 /// and diffs shared profiles).
 #[test]
-#[ignore = "needs the --aslr wiring (issue 31)"]
 fn aslr_output_is_deterministic() -> Outcome {
     const T: &str = "aslr_output_is_deterministic";
     let st = setup(T)?;
@@ -867,7 +900,6 @@ fn leak_scan_finds_perf73s_z_leak_and_nothing_else() -> Outcome {
 /// No input address survives in pdinject's output, on a frame-pointer recording, a
 /// system-wide one and a `-z` one (perf 7.3 leaks the last one whole).
 #[test]
-#[ignore = "needs the --aslr wiring (issue 31)"]
 fn aslr_leaves_no_input_address() -> Outcome {
     const T: &str = "aslr_leaves_no_input_address";
     let st = setup(T)?;
@@ -888,11 +920,117 @@ fn aslr_leaves_no_input_address() -> Outcome {
     Ok(())
 }
 
+/// Tracing data keeps the event formats and loses the kernel's addresses (its printk
+/// formats and kallsyms list them as text: perf 7.3 copies them), from a file and from
+/// a stream, into a file and into a stream: perf still reads the tracepoint's fields.
+#[test]
+fn aslr_tracing_data_keeps_the_formats_not_the_kernel_addresses() -> Outcome {
+    const T: &str = "aslr_tracing_data_keeps_the_formats_not_the_kernel_addresses";
+    let st = setup(T)?;
+    let d = &st.dir;
+    let args = ["-e", "sched:sched_switch", "-g", "--", "./prog"];
+    let file = d.join("tp.data");
+    record_in(&st.perf, d, &file, &args);
+    let pipe = d.join("tp.pipe");
+    let o = run(st
+        .perf
+        .cmd()
+        .current_dir(d)
+        .args(["record", "-q", "-o", "-"])
+        .args(args)
+        .stdout(fs::File::create(&pipe).unwrap()));
+    assert!(o.status.success(), "{}", tail(&o.stderr));
+    let kernel_text = |f: &Path| {
+        let b = fs::read(f).unwrap();
+        b.windows(11).filter(|w| w == b"0xffffffff8").count()
+    };
+    for input in [&file, &pipe] {
+        assert!(
+            kernel_text(input) > 10,
+            "{}: no printk formats",
+            input.display()
+        );
+        let out = input.with_extension("aslr");
+        pdinject_aslr(input, &out, &[]);
+        assert_eq!(kernel_text(&out), 0, "{}", out.display());
+        let v = leak_scan(input, &out);
+        assert_eq!(v["kernel_addresses_as_text"], 0, "{v}");
+        let o = run_ok(
+            st.perf
+                .cmd()
+                .args(["evlist", "--trace-fields", "-i"])
+                .arg(&out),
+        );
+        let text = String::from_utf8_lossy(&o.stdout);
+        assert!(text.contains("prev_comm"), "{}: {text}", out.display());
+    }
+    // A stream into a stream.
+    let stream = d.join("tp.stream-stream");
+    let o = run(pdinject()
+        .args(["--aslr", "-", "-"])
+        .stdin(fs::File::open(&pipe).unwrap())
+        .stdout(fs::File::create(&stream).unwrap()));
+    assert!(o.status.success(), "{}", tail(&o.stderr));
+    assert_eq!(kernel_text(&stream), 0);
+    // A file into a stream.
+    let stream = d.join("tp.file-stream");
+    let o = run(pdinject()
+        .arg("--aslr")
+        .arg(&file)
+        .arg("-")
+        .stdout(fs::File::create(&stream).unwrap()));
+    assert!(o.status.success(), "{}", tail(&o.stderr));
+    assert_eq!(kernel_text(&stream), 0);
+    Ok(())
+}
+
+/// `--jit --aslr`: the JIT images' mappings move with the code they map, so every
+/// sample keeps its JIT symbol (perf 7.3 writes the images' records at the recorded
+/// addresses and its samples in them read `[unknown]`), and nothing leaks.
+#[test]
+fn aslr_with_jit_keeps_the_jit_symbols() -> Outcome {
+    const T: &str = "aslr_with_jit_keeps_the_jit_symbols";
+    let st = setup(T)?;
+    let p73 = perf73()?;
+    let d = &st.dir;
+    let bin = d.join("minijit");
+    gcc(&[
+        fixtures_src().join("minijit.c").as_os_str(),
+        std::ffi::OsStr::new("-o"),
+        bin.as_os_str(),
+    ]);
+    let input = d.join("m.data");
+    record_in(&st.perf, d, &input, &["-k", "1", "-g", "--", "./minijit"]);
+    let (plain, shared) = (d.join("m.jit"), d.join("m.jit-aslr"));
+    run_ok(pdinject().arg("--jit").arg(&input).arg(&plain));
+    pdinject_aslr(&input, &shared, &["--jit"]);
+    let syms = |f: &Path| {
+        // The IP (the first word) differs by design: the symbol and DSO must not.
+        let mut v: Vec<String> = perf_script(&p73, f, &["-F", "ip,sym,dso", "-G"])
+            .lines()
+            .map(|l| l.split_whitespace().skip(1).collect::<Vec<_>>().join(" "))
+            .filter(|l| !l.is_empty())
+            .collect();
+        v.sort();
+        v
+    };
+    let (want, got) = (syms(&plain), syms(&shared));
+    let jitted = got.iter().filter(|l| l.starts_with("fn")).count();
+    assert!(jitted > 100, "{jitted} samples in fnA/fnB");
+    assert!(
+        want == got,
+        "{}",
+        first_diff(&want.join("\n"), &got.join("\n"))
+    );
+    let v = leak_scan(&input, &shared);
+    assert_eq!(v["leaked_occurrences"], 0, "{v}");
+    Ok(())
+}
+
 /// DWARF recordings: `--aslr --convert-callchain` keeps the stacks perf 7.3 drops,
 /// and its chains are the conversion's chains with the addresses remapped (same
 /// symbols and DSOs, frame for frame).
 #[test]
-#[ignore = "needs the --aslr wiring (issue 31)"]
 fn aslr_after_convert_callchain_keeps_the_chains() -> Outcome {
     const T: &str = "aslr_after_convert_callchain_keeps_the_chains";
     let st = setup(T)?;
@@ -926,7 +1064,6 @@ fn aslr_after_convert_callchain_keeps_the_chains() -> Outcome {
 /// The kernel moves (perf's test_kernel_aslr): kernel samples' IPs change, and the
 /// kernel map starts at perf's base with its pgoff (the reference symbol) on it.
 #[test]
-#[ignore = "needs the --aslr wiring (issue 31)"]
 fn aslr_moves_the_kernel() -> Outcome {
     const T: &str = "aslr_moves_the_kernel";
     let st = setup(T)?;

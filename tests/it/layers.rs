@@ -31,15 +31,19 @@ const FLOORS: &[&[&str]] = &[
     // them; identify asks it through buildid::Captured.
     &["live"],
     &["options"],
+    // `--jit`: jitdumps read into images and records the engine folds into its
+    // model and the sink splices in (an engine stage since issue 30).
+    &["jit"],
     &["resolve"],
+    // `--aslr`: the layout the engine builds after the resolve, the rewrites the sink
+    // applies (docs/aslr.md).
+    &["aslr"],
     // --convert-callchain: unwinds samples again with what the resolve used; its
     // counts go into the report.
     &["convert"],
     &["report"],
     &["engine"],
     &["sink"],
-    // `--jit`: jitdumps into images and records, before the run (the driver calls it).
-    &["jit"],
     &["driver"],
     &["batch"],
 ];
