@@ -452,106 +452,119 @@ impl LayoutBuilder {
 impl Layout {
     /// Lays out `events` (sorted by key, all after the last key laid) after those laid.
     fn apply(&mut self, events: &[(Key, Event)]) {
-        let cfg = self.cfg;
-        let page = cfg.page.max(1);
-        let (keys, placed, spaces) = (&mut self.keys, &mut self.placed, &mut self.spaces);
         for &(key, ev) in events {
-            let at = keys.len() as u32;
-            keys.push(key);
-            match ev {
-                Event::Map {
-                    pid,
-                    space,
-                    start,
-                    len,
-                    pgoff,
-                    dso,
-                    class,
-                } => {
-                    let (sid, base) = match space {
-                        Space::Kernel => (KERNEL_SPACE, cfg.kernel_base),
-                        Space::User => (u64::from(pid), cfg.user_base),
-                    };
-                    let s = spaces.entry(sid).or_default();
-                    let inv = if class.keyed_by_start {
-                        start
-                    } else {
-                        start.wrapping_sub(pgoff)
-                    };
-                    s.lay(
-                        at,
-                        Piece {
-                            start,
-                            end: start.saturating_add(len),
-                            dso,
-                            inv,
-                            by_start: class.keyed_by_start,
-                            born: at,
-                            died: u32::MAX,
-                        },
-                    );
-                    let new_start = s.findnew(at, start, len, base, page);
-                    placed.push(Some(Placed {
-                        start: new_start,
-                        pgoff: if class.pgoff_is_addr {
-                            new_start
-                        } else {
-                            pgoff
-                        },
-                    }));
-                }
+            let at = self.keys.len() as u32;
+            self.keys.push(key);
+            let placed = match ev {
+                Event::Map { .. } => Some(self.lay_map(at, ev)),
                 Event::Unmap { addr, len } => {
-                    let s = spaces.entry(KERNEL_SPACE).or_default();
-                    let new = s.findnew(at, addr, len, cfg.kernel_base, page);
+                    let page = self.cfg.page.max(1);
+                    let s = self.spaces.entry(KERNEL_SPACE).or_default();
+                    let new = s.findnew(at, addr, len, self.cfg.kernel_base, page);
                     s.remove_at(at, addr);
-                    placed.push(Some(Placed {
+                    Some(Placed {
                         start: new,
                         pgoff: 0,
-                    }));
+                    })
                 }
                 Event::Exit { pid } => {
-                    if let Some(s) = spaces.get_mut(&u64::from(pid)) {
+                    if let Some(s) = self.spaces.get_mut(&u64::from(pid)) {
                         for (_, i) in std::mem::take(&mut s.alive) {
                             s.pieces[i].died = at;
                         }
                     }
-                    placed.push(None);
+                    None
                 }
                 Event::Fork { pid, parent } => {
-                    let (pieces, inherited) = match spaces.get(&u64::from(parent)) {
-                        Some(p) => (
-                            p.alive.values().map(|&i| p.pieces[i]).collect::<Vec<_>>(),
-                            (cfg.inherit == Inherit::Parent).then(|| (p.top, p.shifts.clone())),
-                        ),
-                        None => (Vec::new(), None),
-                    };
-                    let c = spaces.entry(u64::from(pid)).or_default();
-                    // perf removes a thread it already had under that pid and starts the
-                    // child from a copy of its parent's maps.
-                    for (_, i) in std::mem::take(&mut c.alive) {
-                        c.pieces[i].died = at;
-                    }
-                    for p in pieces {
-                        c.add(Piece { born: at, ..p });
-                    }
-                    if let Some((top, shifts)) = inherited {
-                        c.top = top;
-                        for (k, sh) in shifts {
-                            c.shifts.insert(
-                                k,
-                                Shift {
-                                    shift: sh.shift,
-                                    created: at,
-                                },
-                            );
-                        }
-                    }
-                    placed.push(None);
+                    self.fork(at, pid, parent);
+                    None
                 }
-            }
+            };
+            self.placed.push(placed);
         }
-        for s in spaces.values_mut() {
+        for s in self.spaces.values_mut() {
             s.freeze();
+        }
+    }
+
+    /// A mapping event (number `at`): laid over its space's pieces, then placed.
+    fn lay_map(&mut self, at: u32, ev: Event) -> Placed {
+        let Event::Map {
+            pid,
+            space,
+            start,
+            len,
+            pgoff,
+            dso,
+            class,
+        } = ev
+        else {
+            return Placed { start: 0, pgoff: 0 };
+        };
+        let (sid, base) = match space {
+            Space::Kernel => (KERNEL_SPACE, self.cfg.kernel_base),
+            Space::User => (u64::from(pid), self.cfg.user_base),
+        };
+        let page = self.cfg.page.max(1);
+        let s = self.spaces.entry(sid).or_default();
+        let inv = if class.keyed_by_start {
+            start
+        } else {
+            start.wrapping_sub(pgoff)
+        };
+        s.lay(
+            at,
+            Piece {
+                start,
+                end: start.saturating_add(len),
+                dso,
+                inv,
+                by_start: class.keyed_by_start,
+                born: at,
+                died: u32::MAX,
+            },
+        );
+        let new_start = s.findnew(at, start, len, base, page);
+        Placed {
+            start: new_start,
+            pgoff: if class.pgoff_is_addr {
+                new_start
+            } else {
+                pgoff
+            },
+        }
+    }
+
+    /// A new process `pid` forked from `parent` at event `at`: perf removes a thread it
+    /// already had under that pid and starts the child from a copy of its parent's
+    /// maps (and, with [`Inherit::Parent`], its places and top).
+    fn fork(&mut self, at: u32, pid: u32, parent: u32) {
+        let inherit = self.cfg.inherit;
+        let (pieces, inherited) = match self.spaces.get(&u64::from(parent)) {
+            Some(p) => (
+                p.alive.values().map(|&i| p.pieces[i]).collect::<Vec<_>>(),
+                (inherit == Inherit::Parent).then(|| (p.top, p.shifts.clone())),
+            ),
+            None => (Vec::new(), None),
+        };
+        let c = self.spaces.entry(u64::from(pid)).or_default();
+        for (_, i) in std::mem::take(&mut c.alive) {
+            c.pieces[i].died = at;
+        }
+        for p in pieces {
+            c.add(Piece { born: at, ..p });
+        }
+        if let Some((top, shifts)) = inherited {
+            c.top = top;
+            for (k, sh) in shifts {
+                c.shifts.insert(
+                    k,
+                    Shift {
+                        shift: sh.shift,
+                        created: at,
+                    },
+                );
+            }
         }
     }
 

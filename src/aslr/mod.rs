@@ -278,7 +278,8 @@ impl<'a> Remapper<'a> {
         Key::new(if self.time_mode { time.unwrap_or(0) } else { 0 }, seq)
     }
 
-    /// Record `rec` (number `seq`) rewritten into `out`; `Err` with why it goes.
+    /// Record `rec` (number `seq`) rewritten into `out` (cleared first); `Err` with why
+    /// it goes.
     pub(crate) fn record(
         &self,
         rec: &[u8],
@@ -291,8 +292,10 @@ impl<'a> Remapper<'a> {
             out.extend_from_slice(rec);
             return Ok(());
         };
-        let start = out.len();
-        // Rewritten straight into `out`; anything but a rewrite takes its bytes back.
+        // Rewritten straight into `out` (the rewrites clear it first); anything but a
+        // rewrite takes its bytes back.
+        out.clear();
+        let start = 0;
         let verdict = match remap::record(&h, rec, e) {
             Verdict::Rewritten => self.rewrite(&h, rec, seq, sample_time, out),
             v => v,

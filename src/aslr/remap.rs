@@ -313,77 +313,18 @@ pub fn sample(
         }
     }
     if t & st::READ != 0 {
-        let rfm = ctx.read_format;
-        let times = u64::from(rfm & rf::TOTAL_TIME_ENABLED != 0)
-            + u64::from(rfm & rf::TOTAL_TIME_RUNNING != 0);
-        let per = 1 + u64::from(rfm & rf::ID != 0) + u64::from(rfm & rf::LOST != 0);
-        if rfm & rf::GROUP != 0 {
-            let nr = w.copy("truncated read group count")?;
-            let n = nr
-                .checked_mul(per)
-                .and_then(|v| v.checked_add(times))
-                .ok_or(SampleError {
-                    at: w.at,
-                    what: "read group count overflows",
-                })?;
-            w.copy_n(n, "read group larger than the sample")?;
-        } else {
-            w.copy_n(per + times, "truncated read value")?;
-        }
+        copy_read(&mut w, ctx.read_format)?;
     }
-    if t & st::CALLCHAIN != 0 {
-        let nr = w.copy("truncated callchain count")?;
-        let mut cm = mode;
-        let mut i = 0;
-        while i < nr {
-            let v = w.get("callchain larger than the sample")?;
-            i += 1;
-            if v >= CONTEXT_MAX {
-                w.put(v);
-                if v == USER_DEFERRED {
-                    if i >= nr {
-                        return Ok(Verdict::Drop(DropReason::TruncatedDeferredCookie));
-                    }
-                    w.copy("callchain larger than the sample")?;
-                    i += 1;
-                    cm = misc::USER;
-                    continue;
-                }
-                match marker_mode(v) {
-                    Some(m) => cm = m,
-                    None => return Ok(Verdict::Drop(DropReason::BadCallchainContext)),
-                }
-                continue;
-            }
-            let nv = map(pid, cm, v);
-            w.put(nv);
-        }
+    if t & st::CALLCHAIN != 0
+        && let Some(drop) = callchain(&mut w, mode, &|m, a| map(pid, m, a))?
+    {
+        return Ok(drop);
     }
     if t & st::RAW != 0 {
         return Ok(Verdict::Drop(DropReason::Raw));
     }
     if t & st::BRANCH_STACK != 0 {
-        let nr = w.copy("truncated branch stack count")?;
-        if ctx.branch_sample_type & bst::HW_INDEX != 0 {
-            w.copy("truncated branch hw_index")?;
-        }
-        if nr > (w.rec.len() as u64) / 24 {
-            return Err(SampleError {
-                at: w.at,
-                what: "branch stack larger than the sample",
-            });
-        }
-        for _ in 0..nr {
-            let from = w.get("branch stack larger than the sample")?;
-            let to = w.get("branch stack larger than the sample")?;
-            let (f, t2) = (map(pid, mode, from), map(pid, mode, to));
-            w.put(f);
-            w.put(t2);
-            w.copy("branch stack larger than the sample")?;
-        }
-        if ctx.branch_sample_type & bst::COUNTERS != 0 {
-            w.copy_n(nr, "branch counters larger than the sample")?;
-        }
+        branch_stack(&mut w, ctx.branch_sample_type, &|a| map(pid, mode, a))?;
     }
     if t & st::REGS_USER != 0 && w.get("truncated user regs abi")? != 0 {
         w.skip_n(u64::from(ctx.regs_user), "user regs larger than the sample")?;
@@ -419,6 +360,91 @@ pub fn sample(
     })?;
     out[6..8].copy_from_slice(&e.put_u16(size));
     Ok(Verdict::Rewritten)
+}
+
+/// A READ field (one value or a group), copied.
+fn copy_read(w: &mut Walk<'_, '_>, rfm: u64) -> Result<(), SampleError> {
+    let times =
+        u64::from(rfm & rf::TOTAL_TIME_ENABLED != 0) + u64::from(rfm & rf::TOTAL_TIME_RUNNING != 0);
+    let per = 1 + u64::from(rfm & rf::ID != 0) + u64::from(rfm & rf::LOST != 0);
+    if rfm & rf::GROUP != 0 {
+        let nr = w.copy("truncated read group count")?;
+        let n = nr
+            .checked_mul(per)
+            .and_then(|v| v.checked_add(times))
+            .ok_or(SampleError {
+                at: w.at,
+                what: "read group count overflows",
+            })?;
+        w.copy_n(n, "read group larger than the sample")
+    } else {
+        w.copy_n(per + times, "truncated read value")
+    }
+}
+
+/// A callchain, each entry remapped in the space its marker names (from the sample's
+/// cpumode `mode` on; `map(mode, addr)`); `Some` verdict when the sample goes.
+fn callchain(
+    w: &mut Walk<'_, '_>,
+    mode: u16,
+    map: &dyn Fn(u16, u64) -> u64,
+) -> Result<Option<Verdict>, SampleError> {
+    let nr = w.copy("truncated callchain count")?;
+    let mut cm = mode;
+    let mut i = 0;
+    while i < nr {
+        let v = w.get("callchain larger than the sample")?;
+        i += 1;
+        if v >= CONTEXT_MAX {
+            w.put(v);
+            if v == USER_DEFERRED {
+                if i >= nr {
+                    return Ok(Some(Verdict::Drop(DropReason::TruncatedDeferredCookie)));
+                }
+                w.copy("callchain larger than the sample")?;
+                i += 1;
+                cm = misc::USER;
+                continue;
+            }
+            match marker_mode(v) {
+                Some(m) => cm = m,
+                None => return Ok(Some(Verdict::Drop(DropReason::BadCallchainContext))),
+            }
+            continue;
+        }
+        w.put(map(cm, v));
+    }
+    Ok(None)
+}
+
+/// A branch stack, both ends of each entry remapped (`map(addr)`), flags, `hw_idx` and
+/// counters copied.
+fn branch_stack(
+    w: &mut Walk<'_, '_>,
+    branch_sample_type: u64,
+    map: &dyn Fn(u64) -> u64,
+) -> Result<(), SampleError> {
+    let nr = w.copy("truncated branch stack count")?;
+    if branch_sample_type & bst::HW_INDEX != 0 {
+        w.copy("truncated branch hw_index")?;
+    }
+    if nr > (w.rec.len() as u64) / 24 {
+        return Err(SampleError {
+            at: w.at,
+            what: "branch stack larger than the sample",
+        });
+    }
+    for _ in 0..nr {
+        let from = w.get("branch stack larger than the sample")?;
+        let to = w.get("branch stack larger than the sample")?;
+        w.put(map(from));
+        w.put(map(to));
+        w.copy("branch stack larger than the sample")?;
+    }
+    if branch_sample_type & bst::COUNTERS != 0 {
+        w.copy_n(nr, "branch counters larger than the sample")?;
+    }
+    Ok(())
 }
 
 /// The `sample_type` the output's attr carries for a recorded one.
