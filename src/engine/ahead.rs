@@ -87,7 +87,7 @@ impl<'f> Beside<'f> {
             every: every
                 .filter(|_| files.len() == 1 && !engine.edits_data())
                 .map(|n| n.max(1)),
-            spill: engine.spill.clone(),
+            spill: engine.stages.spill.clone(),
             files,
             stop,
             attrs: engine.attrs().to_vec(),
@@ -132,6 +132,7 @@ impl<'f> Beside<'f> {
         // The IDs the header's table and --known-build-ids give (as the last
         // resolve's tables have them: a file's table is in its header).
         let claimed = engine
+            .head
             .meta
             .as_ref()
             .map(|m| crate::buildid::claimed_user_ids(&m.table, &engine.opts().known))
@@ -255,7 +256,7 @@ impl Engine<'_> {
     /// input is not resolved ahead of its scan: compressed data (resolved in order
     /// by one decompressor) or records before any attr.
     fn ahead(&mut self) -> Option<Ahead> {
-        if self.attrs.is_empty() || self.scan.compressed > 0 || self.time_mode.is_none() {
+        if self.head.attrs.is_empty() || self.scan.compressed > 0 || self.head.time_mode.is_none() {
             return None;
         }
         let model = self.builder.snapshot();
@@ -264,7 +265,7 @@ impl Engine<'_> {
         let trust = batch_trust(self.decide_trust(&meta, model.kernel_ref.as_ref()), &start);
         Some(Ahead {
             unwind: self.unwind_config(&meta),
-            time_mode: self.time_mode.unwrap_or(false),
+            time_mode: self.head.time_mode.unwrap_or(false),
             allow_local: crate::buildid::LocalFiles::of(&trust.local),
             start,
             upto_seq: self.walker.seq,
@@ -289,7 +290,7 @@ impl Engine<'_> {
         let kernel_ref = self.builder.kernel_ref.clone();
         let trust = self.effective_trust(&meta, kernel_ref.as_ref(), &start);
         let unwind = self.unwind_config(&meta);
-        let time_mode = self.time_mode.unwrap_or(false);
+        let time_mode = self.head.time_mode.unwrap_or(false);
         done.iter().all(|(a, newest)| {
             let in_order = !time_mode
                 || match (newest, self.builder.oldest_event_from(a.upto_seq)) {
@@ -305,13 +306,13 @@ impl Engine<'_> {
 
     /// Hits of `batches` resolved ahead of the scan, merged into the next resolve's.
     fn add_prior(&mut self, hits: Hits, tables: UnwindTables, batches: u64) {
-        self.prior = Some(hits);
-        self.tables = Some(tables);
-        self.ahead_stat = (batches, false);
+        self.res.prior = Some(hits);
+        self.res.tables = Some(tables);
+        self.res.ahead_stat = (batches, false);
     }
 
     /// Batches resolved ahead of the scan were thrown away (to be resolved again).
     fn ahead_redone(&mut self) {
-        self.ahead_stat = (0, true);
+        self.res.ahead_stat = (0, true);
     }
 }

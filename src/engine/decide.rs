@@ -20,9 +20,10 @@ impl Engine<'_> {
         kernel_ref: Option<&(String, u64)>,
         start: &RecordingStart,
     ) -> HostTrust {
-        let trust = match &self.trust {
+        let trust = match &self.origin.trust {
             Some(t) => t.clone(),
             None => self
+                .origin
                 .trust
                 .insert(self.decide_trust(meta, kernel_ref))
                 .clone(),
@@ -36,7 +37,7 @@ impl Engine<'_> {
         meta: &Metadata,
         kernel_ref: Option<&(String, u64)>,
     ) -> HostTrust {
-        match self.host {
+        match self.origin.host {
             Host::Closed => {
                 let no = || Err((Reason::OtherHost, "the host was not consulted".to_string()));
                 HostTrust {
@@ -55,10 +56,11 @@ impl Engine<'_> {
 
     /// How user stacks are walked, decided once from `--unwind`, the events and ARCH.
     pub(super) fn unwind_config(&mut self, meta: &Metadata) -> Option<UnwindConfig> {
-        if let Some(c) = self.unwind {
+        if let Some(c) = self.res.unwind {
             return c;
         }
         let has_stacks = self
+            .head
             .attrs
             .iter()
             .any(|a| a.sample_type & st::STACK_USER != 0 && a.sample_type & st::REGS_USER != 0);
@@ -85,7 +87,7 @@ impl Engine<'_> {
             }),
             None => {
                 if has_stacks {
-                    self.notes.push(format!(
+                    self.said.notes.push(format!(
                         "user stacks are not unwound: architecture {} is not supported (x86_64, aarch64)",
                         arch.unwrap_or("unknown")
                     ));
@@ -93,7 +95,7 @@ impl Engine<'_> {
                 None
             }
         });
-        self.unwind = Some(cfg);
+        self.res.unwind = Some(cfg);
         cfg
     }
 }

@@ -48,21 +48,23 @@ impl Engine<'_> {
     /// The metadata: a file's from its header; a stream's from its HEADER_FEATURE
     /// records, fixed at the first batch that needs them (perf sends them first).
     pub(super) fn metadata(&mut self) -> Metadata {
-        let (e, f) = (self.e, &self.stream_features);
-        self.meta
+        let (e, f) = (self.e, &self.head.stream_features);
+        self.head
+            .meta
             .get_or_insert_with(|| Metadata::read(e, |bit| f.get(&bit).cloned(), None))
             .clone()
     }
 
     /// The recording's start as far as the records seen so far tell.
     pub(crate) fn start(&self) -> RecordingStart {
-        let clock = match &self.meta {
+        let clock = match &self.head.meta {
             Some(m) => m.clock,
             None => self
+                .head
                 .stream_features
                 .get(&FEAT_CLOCK_DATA)
                 .and_then(|p| parse_clock_data(p, self.e)),
         };
-        self.dating.start(self.span, clock.as_ref())
+        self.origin.dating.start(self.origin.span, clock.as_ref())
     }
 }

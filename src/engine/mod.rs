@@ -252,10 +252,28 @@ enum ChunkStart {
 pub(crate) struct Engine<'a> {
     opts: &'a Options,
     pool: &'a rayon::ThreadPool,
-    host: Host,
+    origin: Origin,
     /// The input's name in messages.
     name: PathBuf,
     e: Endian,
+    head: Head,
+    walker: Walker,
+    builder: ModelBuilder,
+    scan: ScanOutput,
+    res: Resolved,
+    /// Mapping records outside compressed data, in input order.
+    mappings: Vec<MappingRecord>,
+    /// The data file being scanned.
+    file: usize,
+    said: Said,
+    budget: Budget,
+    stages: Stages,
+    /// The number of the first record of each data file scanned.
+    first_seqs: Vec<u64>,
+}
+
+/// What the input says of itself: a file's header, or a stream's header records as they arrive.
+struct Head {
     attrs: Vec<Attr>,
     /// The bodies of a stream's HEADER_ATTR records (attr, then ids), for a file
     /// written from the stream.
@@ -267,16 +285,21 @@ pub(crate) struct Engine<'a> {
     meta: Option<Metadata>,
     trailer: Option<TrailerLayout>,
     time_mode: Option<bool>,
-    walker: Walker,
-    builder: ModelBuilder,
-    scan: ScanOutput,
     /// HEADER_BUILD_ID records already taken (a stream may repeat them).
     seen_ids: HashSet<(u16, BuildId, String)>,
-    span: Span,
-    dating: Dating,
-    trust: Option<HostTrust>,
-    unwind: Option<Option<UnwindConfig>>,
-    tables: Option<UnwindTables>,
+    /// Offsets of a stream's HEADER_ATTR, HEADER_FEATURE and HEADER_BUILD_ID records
+    /// outside compressed data, not yet written: the stream sink repairs or leaves
+    /// out some of them and passes the rest of a batch on without walking it (the
+    /// batch is cold by then; walking every record header cost a twentieth of a
+    /// stream run).
+    user_records: Vec<u64>,
+    /// A stream's records whose size is not a multiple of 8 (perf 7.3 refuses
+    /// them), HEADER_FEATURE and COMPRESSED records aside (perf 7.3 reads those).
+    unaligned: u64,
+}
+
+/// The resolve beside the scan: its hits, decisions and the state it keeps between batches.
+struct Resolved {
     /// Hits of batches resolved ahead of the scan (see [`Beside`]).
     prior: Option<Hits>,
     /// Batches resolved ahead of the scan and kept; whether they were thrown away.
@@ -289,27 +312,37 @@ pub(crate) struct Engine<'a> {
     /// point (perf keeps one zstd frame open for the whole recording), so it is
     /// resolved in order, batch after batch, through one decompressor.
     flat_walker: Option<Walker>,
-    /// Mapping records outside compressed data, in input order.
-    mappings: Vec<MappingRecord>,
-    /// Offsets of a stream's HEADER_ATTR, HEADER_FEATURE and HEADER_BUILD_ID records
-    /// outside compressed data, not yet written: the stream sink repairs or leaves
-    /// out some of them and passes the rest of a batch on without walking it (the
-    /// batch is cold by then; walking every record header cost a twentieth of a
-    /// stream run).
-    user_records: Vec<u64>,
-    /// A stream's records whose size is not a multiple of 8 (perf 7.3 refuses
-    /// them), HEADER_FEATURE and COMPRESSED records aside (perf 7.3 reads those).
-    unaligned: u64,
-    /// The data file being scanned.
-    file: usize,
+    tables: Option<UnwindTables>,
+    unwind: Option<Option<UnwindConfig>>,
+}
+
+/// Where and when the input was recorded, and what that lets the run trust.
+struct Origin {
+    host: Host,
+    trust: Option<HostTrust>,
+    dating: Dating,
+    span: Span,
+}
+
+/// What the run tells: notes and timings.
+struct Said {
     notes: Vec<String>,
     timings: BTreeMap<&'static str, Duration>,
+}
+
+/// What a stream keeps across its batches (`--stream-memory`), and the most it kept; the
+/// output's part is the sink's, told through [`Engine::check_output_kept`].
+struct Budget {
     /// What a stream keeps across its batches (`--stream-memory`), and the most it
     /// kept; the output's part is the sink's, told through
     /// [`Engine::check_output_kept`].
     kept: StreamKept,
     kept_peak: AtomicU64,
     output_kept: AtomicU64,
+}
+
+/// The stages a mode adds to the one pass: conversion, JIT, ASLR, live capture.
+struct Stages {
     /// Where the resolve writes the records it converts, when it converts them
     /// (`--convert-callchain`, [`Engine::convert_into`]).
     spill: Option<std::sync::Arc<crate::convert::Spill>>,
@@ -319,8 +352,6 @@ pub(crate) struct Engine<'a> {
     splices: Option<crate::jit::Splices>,
     /// `--aslr`: the layout's events, as the scan meets them.
     aslr: Option<crate::aslr::Recorder>,
-    /// The number of the first record of each data file scanned.
-    first_seqs: Vec<u64>,
     // live capture hook (issue 32): the stream's capture, fed by the driver as
     // records are read, consulted by identify.
     live: Option<crate::live::LiveStream>,
@@ -347,18 +378,18 @@ impl<'a> Engine<'a> {
                 buildid::cache::prefetch_kallsyms(c);
             }
         }
-        s.trailer = attrs
+        s.head.trailer = attrs
             .first()
             .map(|a| TrailerLayout::new(a.sample_type, a.sample_id_all()));
-        s.attrs = attrs;
-        s.meta = Some(meta);
+        s.head.attrs = attrs;
+        s.head.meta = Some(meta);
         s
     }
 
     /// An engine for a stream, whose attrs and features arrive as records.
     pub(crate) fn for_stream(cx: Context<'a>, name: &Path, e: Endian, dating: Dating) -> Self {
         let mut s = Self::new(cx, name, e, dating);
-        s.from_records = true;
+        s.head.from_records = true;
         s
     }
 
@@ -366,50 +397,62 @@ impl<'a> Engine<'a> {
         Engine {
             opts: cx.opts,
             pool: cx.pool,
-            host: cx.host,
+            origin: Origin {
+                host: cx.host,
+                trust: None,
+                dating,
+                span: Span::default(),
+            },
             name: name.to_path_buf(),
             e,
-            attrs: Vec::new(),
-            attr_records: Vec::new(),
-            from_records: false,
-            stream_features: BTreeMap::new(),
-            meta: None,
-            trailer: None,
-            time_mode: None,
+            head: Head {
+                attrs: Vec::new(),
+                attr_records: Vec::new(),
+                from_records: false,
+                stream_features: BTreeMap::new(),
+                meta: None,
+                trailer: None,
+                time_mode: None,
+                seen_ids: HashSet::new(),
+                user_records: Vec::new(),
+                unaligned: 0,
+            },
             walker: Walker::new(e, 0),
             builder: ModelBuilder::new(),
             scan: ScanOutput::default(),
-            seen_ids: HashSet::new(),
-            span: Span::default(),
-            dating,
-            trust: None,
-            unwind: None,
-            tables: None,
-            prior: None,
-            ahead_stat: (0, false),
-            decided: BTreeMap::new(),
-            claims: buildid::Claims::default(),
-            hits: Hits::default(),
-            flat_walker: None,
-            mappings: Vec::new(),
-            user_records: Vec::new(),
-            unaligned: 0,
-            file: 0,
-            notes: Vec::new(),
-            timings: BTreeMap::new(),
-            kept: StreamKept::default(),
-            kept_peak: AtomicU64::new(0),
-            output_kept: AtomicU64::new(0),
-            spill: None,
-            jit: match cx.opts.jit {
-                crate::options::JitChoice::Inject(maps) => Some(crate::jit::Stage::new(maps)),
-                crate::options::JitChoice::Off => None,
+            res: Resolved {
+                prior: None,
+                ahead_stat: (0, false),
+                decided: BTreeMap::new(),
+                claims: buildid::Claims::default(),
+                hits: Hits::default(),
+                flat_walker: None,
+                tables: None,
+                unwind: None,
             },
-            splices: None,
-            aslr: (cx.opts.addresses == crate::options::Addresses::Remapped)
-                .then(crate::aslr::Recorder::new),
+            mappings: Vec::new(),
+            file: 0,
+            said: Said {
+                notes: Vec::new(),
+                timings: BTreeMap::new(),
+            },
+            budget: Budget {
+                kept: StreamKept::default(),
+                kept_peak: AtomicU64::new(0),
+                output_kept: AtomicU64::new(0),
+            },
+            stages: Stages {
+                spill: None,
+                jit: match cx.opts.jit {
+                    crate::options::JitChoice::Inject(maps) => Some(crate::jit::Stage::new(maps)),
+                    crate::options::JitChoice::Off => None,
+                },
+                splices: None,
+                aslr: (cx.opts.addresses == crate::options::Addresses::Remapped)
+                    .then(crate::aslr::Recorder::new),
+                live: None,
+            },
             first_seqs: Vec::new(),
-            live: None,
         }
     }
 
@@ -417,50 +460,50 @@ impl<'a> Engine<'a> {
     // feeds it the records as they are read.
     /// The stream's live capture.
     pub(crate) fn set_live(&mut self, live: Option<crate::live::LiveStream>) {
-        self.live = live;
+        self.stages.live = live;
     }
 
     /// The live capture, to feed records to.
     pub(crate) fn live_mut(&mut self) -> Option<&mut crate::live::LiveStream> {
-        self.live.as_mut()
+        self.stages.live.as_mut()
     }
 
     /// The live capture, while it captures.
     pub(crate) fn live_capture(&self) -> Option<&crate::live::Capture> {
-        self.live.as_ref().and_then(|l| l.capture())
+        self.stages.live.as_ref().and_then(|l| l.capture())
     }
 
     /// `--convert-callchain`: the resolve converts each chunk into `spill`, which the
     /// sink writes (see [`crate::convert`]).
     pub(crate) fn convert_into(&mut self, spill: std::sync::Arc<crate::convert::Spill>) {
-        self.spill = Some(spill);
+        self.stages.spill = Some(spill);
     }
 
     /// The spill the resolve converts into, if any.
     pub(crate) fn spill(&self) -> Option<&crate::convert::Spill> {
-        self.spill.as_deref()
+        self.stages.spill.as_deref()
     }
 
     /// `--jit`: the records to splice into the data, once chosen.
     pub(crate) fn splices(&self) -> Option<&crate::jit::Splices> {
-        self.splices.as_ref()
+        self.stages.splices.as_ref()
     }
 
     /// Whether the data may change (`--jit`, `--aslr`): a file is then resolved after
     /// its whole scan, once the jitdumps are read into the model and the mappings laid
     /// out.
     pub(crate) fn edits_data(&self) -> bool {
-        self.jit.is_some() || self.aslr.is_some()
+        self.stages.jit.is_some() || self.stages.aslr.is_some()
     }
 
     /// `--aslr`: the layout of the mappings resolved so far.
     pub(crate) fn layout(&self) -> Option<&crate::aslr::layout::Layout> {
-        self.aslr.as_ref().and_then(|a| a.laid())
+        self.stages.aslr.as_ref().and_then(|a| a.laid())
     }
 
     /// Whether samples are resolved by time (else by record number alone).
     pub(crate) fn time_mode(&self) -> bool {
-        self.time_mode.unwrap_or(false)
+        self.head.time_mode.unwrap_or(false)
     }
 
     /// The input's name in messages.
@@ -475,17 +518,17 @@ impl<'a> Engine<'a> {
 
     /// The events so far.
     pub(crate) fn attrs(&self) -> &[Attr] {
-        &self.attrs
+        &self.head.attrs
     }
 
     /// The bodies of a stream's HEADER_ATTR records (attr bytes, then u64 ids).
     pub(crate) fn attr_records(&self) -> &[Vec<u8>] {
-        &self.attr_records
+        &self.head.attr_records
     }
 
     /// Feature payloads a stream carried in HEADER_FEATURE records, by bit.
     pub(crate) fn stream_features(&self) -> &BTreeMap<u32, Vec<u8>> {
-        &self.stream_features
+        &self.head.stream_features
     }
 
     /// The mapping records outside compressed data, in input order.
@@ -499,33 +542,35 @@ impl<'a> Engine<'a> {
     pub(crate) fn forget_mappings_before(&mut self, offset: u64) {
         let n = self.mappings.partition_point(|m| m.offset < offset);
         self.mappings.drain(..n);
-        let n = self.user_records.partition_point(|&o| o < offset);
-        self.user_records.drain(..n);
+        let n = self.head.user_records.partition_point(|&o| o < offset);
+        self.head.user_records.drain(..n);
     }
 
     /// Offsets of a stream's HEADER_ATTR, HEADER_FEATURE and HEADER_BUILD_ID records
     /// outside compressed data not yet written, ascending.
     pub(crate) fn user_records(&self) -> &[u64] {
-        &self.user_records
+        &self.head.user_records
     }
 
     /// A stream's records whose size is not a multiple of 8, but HEADER_FEATURE and
     /// COMPRESSED ones (which perf 7.3 reads unaligned).
     pub(crate) fn unaligned_records(&self) -> u64 {
-        self.unaligned
+        self.head.unaligned
     }
 
     /// A stream's budget (`--stream-memory`): what it keeps across batches after the
     /// record at `offset` grew it. Files are held to the model's own rule instead.
     fn check_kept(&mut self, offset: u64) -> Result<()> {
-        if !self.from_records {
+        if !self.head.from_records {
             return Ok(());
         }
-        self.kept.model = self.builder.used();
-        self.kept.output = self.output_kept.load(Ordering::Relaxed);
-        self.kept_peak
-            .fetch_max(self.kept.total(), Ordering::Relaxed);
-        self.kept
+        self.budget.kept.model = self.builder.used();
+        self.budget.kept.output = self.budget.output_kept.load(Ordering::Relaxed);
+        self.budget
+            .kept_peak
+            .fetch_max(self.budget.kept.total(), Ordering::Relaxed);
+        self.budget
+            .kept
             .check(self.opts.stream_memory)
             .map_err(|over| over.at(offset))
     }
@@ -533,8 +578,8 @@ impl<'a> Engine<'a> {
     /// What a stream keeps across batches, the output's part included.
     fn kept_total(&self) -> u64 {
         StreamKept {
-            output: self.output_kept.load(Ordering::Relaxed),
-            ..self.kept
+            output: self.budget.output_kept.load(Ordering::Relaxed),
+            ..self.budget.kept
         }
         .total()
     }
@@ -548,7 +593,8 @@ impl<'a> Engine<'a> {
     /// A stream carries `bytes` of records to its next batch (the report's figure
     /// of what it kept counts them).
     pub(crate) fn note_carried(&self, bytes: u64) {
-        self.kept_peak
+        self.budget
+            .kept_peak
             .fetch_max(self.kept_total().saturating_add(bytes), Ordering::Relaxed);
     }
 
@@ -556,12 +602,14 @@ impl<'a> Engine<'a> {
     /// file's build-ID table and tracing data) checks them, with everything the
     /// stream keeps, against its budget; `offset` is the record that grew them.
     pub(crate) fn check_output_kept(&self, bytes: u64, offset: u64) -> Result<()> {
-        self.output_kept.store(bytes, Ordering::Relaxed);
+        self.budget.output_kept.store(bytes, Ordering::Relaxed);
         let kept = StreamKept {
             output: bytes,
-            ..self.kept
+            ..self.budget.kept
         };
-        self.kept_peak.fetch_max(kept.total(), Ordering::Relaxed);
+        self.budget
+            .kept_peak
+            .fetch_max(kept.total(), Ordering::Relaxed);
         kept.check(self.opts.stream_memory)
             .map_err(|over| over.at(offset).in_file(&self.name))
     }
@@ -574,7 +622,7 @@ impl<'a> Engine<'a> {
 
     /// Every decision so far, by address space (kernel or not) and name.
     pub(crate) fn decided(&self) -> &BTreeMap<(bool, String), Decision> {
-        &self.decided
+        &self.res.decided
     }
 
     /// The number the scan gives the next record.
@@ -609,18 +657,18 @@ impl<'a> Engine<'a> {
             return true;
         }
         let key = (e.is_kernel(), e.filename.clone());
-        match self.decided.get(&key) {
+        match self.res.decided.get(&key) {
             Some(d) => d
                 .outcome
                 .contradiction()
                 .is_none_or(|c| c.verdict == buildid::Verdict::Confirmed),
-            None => !self.claims.is_contested(key.0, &key.1),
+            None => !self.res.claims.is_contested(key.0, &key.1),
         }
     }
 
     /// Adds `d` to the time of `stage` in the report.
     pub(crate) fn add_time(&mut self, stage: &'static str, d: Duration) {
-        *self.timings.entry(stage).or_default() += d;
+        *self.said.timings.entry(stage).or_default() += d;
     }
 
     /// Scans `src[from..end)`, `window` bytes at a time: model events, attrs and
@@ -714,12 +762,12 @@ impl<'a> Engine<'a> {
     fn on_record(&mut self, r: &Rec<'_>) -> Result<()> {
         self.scan.records += 1;
         let kind = r.header.kind;
-        if self.from_records && !r.inner {
+        if self.head.from_records && !r.inner {
             self.note_stream_record(r);
         }
         match kind {
-            rt::HEADER_ATTR if self.from_records => return self.attr_record(r),
-            rt::HEADER_FEATURE if self.from_records => return self.feature_record(r),
+            rt::HEADER_ATTR if self.head.from_records => return self.attr_record(r),
+            rt::HEADER_FEATURE if self.head.from_records => return self.feature_record(r),
             rt::HEADER_BUILD_ID => return self.build_id_record(r),
             rt::AUX | rt::AUXTRACE | rt::AUXTRACE_INFO => self.scan.has_aux = true,
             rt::COMPRESSED | rt::COMPRESSED2 => {
@@ -728,7 +776,9 @@ impl<'a> Engine<'a> {
             }
             _ => {}
         }
-        if self.aslr.is_some() && matches!(kind, rt::EXIT | crate::aslr::remap::kind::KSYMBOL) {
+        if self.stages.aslr.is_some()
+            && matches!(kind, rt::EXIT | crate::aslr::remap::kind::KSYMBOL)
+        {
             return self.aslr_record(r);
         }
         if kind >= rt::USER_START
@@ -749,9 +799,9 @@ impl<'a> Engine<'a> {
         if matches!(
             kind,
             rt::HEADER_ATTR | rt::HEADER_FEATURE | rt::HEADER_BUILD_ID
-        ) && self.user_records.last().is_none_or(|&l| l < r.offset)
+        ) && self.head.user_records.last().is_none_or(|&l| l < r.offset)
         {
-            self.user_records.push(r.offset);
+            self.head.user_records.push(r.offset);
         }
         if !r.header.size.is_multiple_of(8)
             && !matches!(
@@ -759,7 +809,7 @@ impl<'a> Engine<'a> {
                 rt::HEADER_FEATURE | rt::COMPRESSED | rt::COMPRESSED2 | rt::HEADER_BUILD_ID
             )
         {
-            self.unaligned += 1;
+            self.head.unaligned += 1;
         }
     }
 
@@ -773,9 +823,9 @@ impl<'a> Engine<'a> {
         // in 7.x). See sink::stream for why outputs carry no marker.
         if !f.payload.is_empty() && id < 256 {
             let payload = f.payload.to_vec();
-            self.kept.features += payload.len() as u64;
-            if let Some(old) = self.stream_features.insert(id as u32, payload) {
-                self.kept.features -= old.len() as u64;
+            self.budget.kept.features += payload.len() as u64;
+            if let Some(old) = self.head.stream_features.insert(id as u32, payload) {
+                self.budget.kept.features -= old.len() as u64;
             }
             return self.check_kept(r.offset);
         }
@@ -790,6 +840,7 @@ impl<'a> Engine<'a> {
         // perf keeps the first ID it is told for a name; repeats add nothing.
         let name = String::from_utf8_lossy(entry.filename).into_owned();
         if !self
+            .head
             .seen_ids
             .insert((entry.cpumode, entry.build_id, name.clone()))
         {
@@ -802,7 +853,7 @@ impl<'a> Engine<'a> {
             ));
         }
         // The name is held twice: the entry and the set of those seen.
-        self.kept.build_ids += 2 * name.len() as u64 + crate::limits::STREAM_ID_COST;
+        self.budget.kept.build_ids += 2 * name.len() as u64 + crate::limits::STREAM_ID_COST;
         self.scan.stream_build_ids.push(TableEntry {
             cpumode: entry.cpumode,
             pid: entry.pid,
@@ -815,10 +866,10 @@ impl<'a> Engine<'a> {
     /// A SAMPLE, MMAP, MMAP2, COMM or FORK record: the model and the span of times.
     /// `--aslr`: an EXIT or KSYMBOL record, an event of the layout only.
     fn aslr_record(&mut self, r: &Rec<'_>) -> Result<()> {
-        let (Some(trailer), Some(a)) = (self.trailer, self.aslr.as_mut()) else {
+        let (Some(trailer), Some(a)) = (self.head.trailer, self.stages.aslr.as_mut()) else {
             return Ok(());
         };
-        let time_mode = self.time_mode.unwrap_or(false);
+        let time_mode = self.head.time_mode.unwrap_or(false);
         let sid = trailer.read(r.bytes, self.e);
         let at = Stamp {
             time_mode,
@@ -836,16 +887,19 @@ impl<'a> Engine<'a> {
 
     fn model_record(&mut self, r: &Rec<'_>) -> Result<()> {
         let kind = r.header.kind;
-        let (Some(trailer), Some(first)) = (self.trailer, self.attrs.first()) else {
+        let (Some(trailer), Some(first)) = (self.head.trailer, self.head.attrs.first()) else {
             return Err(Error::format(
                 r.offset,
                 format!("record of type {kind} before any HEADER_ATTR"),
             ));
         };
         let sample_type = first.sample_type;
-        let time_mode = *self.time_mode.get_or_insert_with(|| {
-            self.attrs.iter().all(|a| a.sample_type & st::TIME != 0)
-                && self.attrs[0].sample_id_all()
+        let time_mode = *self.head.time_mode.get_or_insert_with(|| {
+            self.head
+                .attrs
+                .iter()
+                .all(|a| a.sample_type & st::TIME != 0)
+                && self.head.attrs[0].sample_id_all()
         });
         let at = Stamp {
             time_mode,
@@ -855,7 +909,7 @@ impl<'a> Engine<'a> {
             rt::SAMPLE => {
                 self.scan.samples += 1;
                 if let Some(t) = crate::format::sample::sample_time(r.bytes, self.e, sample_type) {
-                    self.span.note(t);
+                    self.origin.span.note(t);
                 }
                 return Ok(());
             }
@@ -887,14 +941,14 @@ impl<'a> Engine<'a> {
             })?;
         let sid = trailer.read(r.bytes, e);
         if let Some(t) = sid.time {
-            self.span.note(t);
+            self.origin.span.note(t);
         }
         let dso = match parse_mmap(&r.header, r.bytes, body_end, e) {
             Some(m) => {
-                if let Some(j) = &mut self.jit {
+                if let Some(j) = &mut self.stages.jit {
                     j.mapping(r.seq, r.header.cpumode(), &m, sid.time);
                 }
-                if let Some(a) = &mut self.aslr {
+                if let Some(a) = &mut self.stages.aslr {
                     a.mapping(r.offset, at.key(sid.time), r.header.cpumode(), &m);
                 }
                 self.builder
@@ -924,7 +978,7 @@ impl<'a> Engine<'a> {
         let e = self.e;
         let sid = trailer.read(r.bytes, e);
         if let Some(t) = sid.time {
-            self.span.note(t);
+            self.origin.span.note(t);
         }
         let pid = Comm::parse(r.bytes, e)
             .ok_or_else(|| Error::format(r.offset, "COMM record is truncated"))?
@@ -946,9 +1000,9 @@ impl<'a> Engine<'a> {
         };
         let t = trailer.read(r.bytes, e).time.or(time);
         if let Some(t) = t {
-            self.span.note(t);
+            self.origin.span.note(t);
         }
-        if let (Some(a), Some(f)) = (&mut self.aslr, Fork::parse(r.bytes, e)) {
+        if let (Some(a), Some(f)) = (&mut self.stages.aslr, Fork::parse(r.bytes, e)) {
             a.task(r.offset, at.key(t), rt::FORK, &f);
         }
         self.builder
@@ -968,44 +1022,50 @@ impl<'a> Engine<'a> {
             .chunks_exact(8)
             .filter_map(|c| e.u64(c, 0))
             .collect();
-        if self.attrs.len() >= MAX_STREAM_ATTRS {
+        if self.head.attrs.len() >= MAX_STREAM_ATTRS {
             return Err(Error::format(
                 r.offset,
                 format!("more than {MAX_STREAM_ATTRS} HEADER_ATTR records"),
             ));
         }
-        if self.trailer.is_none() {
-            self.trailer = Some(TrailerLayout::new(a.sample_type, a.sample_id_all()));
+        if self.head.trailer.is_none() {
+            self.head.trailer = Some(TrailerLayout::new(a.sample_type, a.sample_id_all()));
         }
-        self.kept.attrs += (body.len() + 8 * a.ids.len()) as u64 + crate::limits::STREAM_ATTR_COST;
-        self.attrs.push(a);
-        self.attr_records.push(body.to_vec());
+        self.budget.kept.attrs +=
+            (body.len() + 8 * a.ids.len()) as u64 + crate::limits::STREAM_ATTR_COST;
+        self.head.attrs.push(a);
+        self.head.attr_records.push(body.to_vec());
         self.check_kept(r.offset)
     }
 
     /// `--jit`, once the input is scanned: the jitdumps its markers name are read
     /// into the model ([`crate::jit::Stage::read`]).
     fn read_jitdumps(&mut self, last: bool) -> Result<()> {
-        let Some(mut j) = self.jit.take() else {
+        let Some(mut j) = self.stages.jit.take() else {
             return Ok(());
         };
         let t = Instant::now();
         let meta = self.metadata();
         let keep_all = if self.scan.has_aux {
             Some("the recording has AUX data (a decoder walks the code)")
-        } else if self.attrs.iter().any(|a| a.sample_type & st::ADDR != 0) {
+        } else if self
+            .head
+            .attrs
+            .iter()
+            .any(|a| a.sample_type & st::ADDR != 0)
+        {
             Some("the recording has data addresses (perf mem names them by the mappings)")
         } else {
             None
         };
         let rec = crate::jit::Recording {
-            attrs: &self.attrs,
+            attrs: &self.head.attrs,
             hostname: meta.hostname.as_deref(),
-            end_time: self.span.max.unwrap_or(0),
+            end_time: self.origin.span.max.unwrap_or(0),
             keep_all,
         };
         let r = j.read(&rec, &mut self.builder, self.pool, last);
-        self.jit = Some(j);
+        self.stages.jit = Some(j);
         self.add_time("jit-dumps", t.elapsed());
         r.map_err(|e| e.in_file(&self.name))
     }
@@ -1021,13 +1081,13 @@ impl<'a> Engine<'a> {
         stop: &AtomicBool,
         progress: &(dyn Fn(u64) + Sync),
     ) -> Result<Vec<Decision>> {
-        if self.attrs.is_empty() {
+        if self.head.attrs.is_empty() {
             // Nothing can have been sampled or mapped without an event.
             return Ok(Vec::new());
         }
         // A file's jitdumps are read once it is scanned; a stream's on from batch to
         // batch.
-        if ending == Ending::Ended || self.from_records {
+        if ending == Ending::Ended || self.head.from_records {
             self.read_jitdumps(ending == Ending::Ended)?;
         }
         let t = Instant::now();
@@ -1046,9 +1106,9 @@ impl<'a> Engine<'a> {
             start: &start,
         };
         let hits = self.resolve_hits(&batch, files, chunks, stop, progress)?;
-        if let Some(a) = &mut self.aslr {
+        if let Some(a) = &mut self.stages.aslr {
             // A file's mappings are laid out at once; a stream's up to the batch's end.
-            let upto = match self.from_records {
+            let upto = match self.head.from_records {
                 true => chunks.iter().map(|c| c.end).max().unwrap_or(0),
                 false => u64::MAX,
             };
@@ -1060,25 +1120,25 @@ impl<'a> Engine<'a> {
                 .in_file(&self.name)
             })?;
         }
-        if let Some(j) = &mut self.jit {
+        if let Some(j) = &mut self.stages.jit {
             let t = Instant::now();
             j.resolved(&hits.offsets, hits.max_time);
             let ended = ending == Ending::Ended;
             if ended {
                 j.choose(self.pool);
             }
-            let stream = self.from_records.then_some(ended);
-            let splices = j.splices(self.e, &self.attrs, stream);
+            let stream = self.head.from_records.then_some(ended);
+            let splices = j.splices(self.e, &self.head.attrs, stream);
             if !splices.inserts.is_empty() && self.scan.compressed > 0 {
                 j.notes.push(
                     "--jit: the recording's compressed records (perf record -z) are written expanded, as perf inject writes them: the JIT records go between them by time".into(),
                 );
             }
-            self.splices = Some(splices);
+            self.stages.splices = Some(splices);
             self.add_time("jit-images", t.elapsed());
         }
         let (groups, fresh) = self.undecided_groups(&model, hits);
-        self.claims = buildid::Claims::gather(&model, &meta.table, &self.scan.stream_build_ids);
+        self.res.claims = buildid::Claims::gather(&model, &meta.table, &self.scan.stream_build_ids);
         let groups = self.with_contested(groups);
         if groups.is_empty() {
             return Ok(Vec::new());
@@ -1099,10 +1159,11 @@ impl<'a> Engine<'a> {
     ) -> Result<Hits> {
         let model = batch.model;
         let unwind = self.unwind_config(batch.meta);
-        let time_mode = self.time_mode.unwrap_or(false);
+        let time_mode = self.head.time_mode.unwrap_or(false);
         let t = Instant::now();
         let (memo, vouchers) = (&self.opts.memo, self.opts.effective_vouchers());
         let tables = self
+            .res
             .tables
             .get_or_insert_with(|| UnwindTables::new(memo.clone(), vouchers));
         tables.grow(model);
@@ -1115,21 +1176,21 @@ impl<'a> Engine<'a> {
             &batch.meta.table,
             &self.opts.known,
         ));
-        let mut resolver = Resolver::new(model, &self.attrs, time_mode, self.e);
+        let mut resolver = Resolver::new(model, &self.head.attrs, time_mode, self.e);
         if let Some(cfg) = unwind {
             resolver = resolver.with_unwinding(cfg, &*tables);
         }
-        if let Some(j) = &self.jit {
+        if let Some(j) = &self.stages.jit {
             resolver = resolver.with_offsets(&j.offset_dsos());
         }
         let local = batch.trust.local.clone().err().map(|(_, why)| why);
-        let tap = match &self.spill {
+        let tap = match &self.stages.spill {
             Some(spill) if self.scan.compressed == 0 => {
                 let conv = crate::convert::Converter::new(
                     model,
                     unwind,
                     local.as_deref(),
-                    &self.attrs,
+                    &self.head.attrs,
                     self.e,
                 )
                 .map_err(|e| e.in_file(&self.name))?;
@@ -1138,12 +1199,12 @@ impl<'a> Engine<'a> {
             _ => None,
         };
         let hits = if self.scan.compressed > 0 {
-            let mut w = match self.flat_walker.take() {
-                Some(w) if self.from_records => w,
+            let mut w = match self.res.flat_walker.take() {
+                Some(w) if self.head.from_records => w,
                 _ => Walker::new(self.e, chunks.first().map_or(0, |c| c.first_seq)),
             };
             let r = flat::resolve(self.pool, &resolver, &mut w, files, chunks, stop, progress);
-            self.flat_walker = Some(w);
+            self.res.flat_walker = Some(w);
             r?
         } else {
             let tap = tap.as_ref().map(|t| t as &dyn crate::resolve::Rewrite);
@@ -1154,7 +1215,7 @@ impl<'a> Engine<'a> {
         drop(resolver);
         self.add_time("resolve", t.elapsed());
         let mut hits = hits;
-        if let Some(prior) = self.prior.take() {
+        if let Some(prior) = self.res.prior.take() {
             hits.merge(prior);
         }
         Ok(hits)
@@ -1170,7 +1231,7 @@ impl<'a> Engine<'a> {
         for (i, d) in model.dsos.iter().enumerate() {
             let key = (d.kind.is_kernel_space(), d.name.clone());
             let id = i as DsoId;
-            if let Some(dec) = self.decided.get_mut(&key) {
+            if let Some(dec) = self.res.decided.get_mut(&key) {
                 if !dec.group.dsos.contains(&id) {
                     // The entry already written named the first file; perf keeps a
                     // mapping of another inode apart, without that ID.
@@ -1191,7 +1252,7 @@ impl<'a> Engine<'a> {
             g.dsos.push(id);
             g.hits += hits.per_dso.get(i).copied().unwrap_or(0);
         }
-        self.hits.merge(hits);
+        self.res.hits.merge(hits);
         // Listed: what samples touched; every DSO mapped as code with --buildid-all or
         // AUX data; and the vdso, which perf always lists.
         let groups: Vec<Group> = groups
@@ -1208,7 +1269,8 @@ impl<'a> Engine<'a> {
         // that DSO is decided again (its entry in a file output is written at the
         // end; a stream output gets a record for a proven ID from here on).
         groups.extend(
-            self.decided
+            self.res
+                .decided
                 .values()
                 .filter(|d| {
                     d.outcome.contradiction().is_none()
@@ -1217,6 +1279,7 @@ impl<'a> Engine<'a> {
                             Some(buildid::Source::Mmap2 | buildid::Source::InputTable)
                         )
                         && self
+                            .res
                             .claims
                             .is_contested(d.group.kind.is_kernel_space(), &d.group.name)
                 })
@@ -1234,7 +1297,7 @@ impl<'a> Engine<'a> {
             stream: &self.scan.stream_build_ids,
             known: &self.opts.known,
             trust: batch.trust,
-            claims: &self.claims,
+            claims: &self.res.claims,
             times: batch.start.clone(),
             symfs: self.opts.symfs.as_deref(),
             memo: self.opts.memo.as_deref(),
@@ -1252,7 +1315,7 @@ impl<'a> Engine<'a> {
             .map(|(o, g)| encodable(g, o, self.e))
             .collect();
         // The JIT images are answered by the stage that wrote them.
-        let outcomes = match &self.jit {
+        let outcomes = match &self.stages.jit {
             Some(j) => outcomes
                 .into_iter()
                 .zip(groups)
@@ -1332,7 +1395,7 @@ impl<'a> Engine<'a> {
         for (group, outcome) in again {
             let key = (group.kind.is_kernel_space(), group.name.clone());
             if outcome.contradiction().is_some()
-                && let Some(d) = self.decided.get_mut(&key)
+                && let Some(d) = self.res.decided.get_mut(&key)
             {
                 d.outcome = outcome.without_file();
                 new.push(d.clone());
@@ -1359,9 +1422,9 @@ impl<'a> Engine<'a> {
                 store,
             };
             // The name is held twice: the key and the group.
-            self.kept.decisions +=
+            self.budget.kept.decisions +=
                 2 * d.group.name.len() as u64 + crate::limits::STREAM_DECISION_COST;
-            self.decided.insert(
+            self.res.decided.insert(
                 (d.group.kind.is_kernel_space(), d.group.name.clone()),
                 d.clone(),
             );
@@ -1375,16 +1438,16 @@ impl<'a> Engine<'a> {
     pub(crate) fn finish(mut self, sink: SinkReport, jobs: usize) -> Report {
         let mut r = self.counts(&sink, jobs);
         // live capture hook (issue 32): its summary line and counts.
-        if let Some(l) = self.live.take() {
+        if let Some(l) = self.stages.live.take() {
             let (summary, notes) = l.finish();
             r.live = summary;
-            self.notes.extend(notes);
+            self.said.notes.extend(notes);
         }
-        r.notes.append(&mut self.notes);
-        if let Some(j) = &mut self.jit {
+        r.notes.append(&mut self.said.notes);
+        if let Some(j) = &mut self.stages.jit {
             r.notes.append(&mut j.notes);
         }
-        let meta = self.meta.take().unwrap_or_default();
+        let meta = self.head.meta.take().unwrap_or_default();
         if meta.table.legacy {
             r.notes.push(
                 "the input's build-ID table uses the pre-2010 layout; no entries are added to it"
@@ -1411,34 +1474,37 @@ impl<'a> Engine<'a> {
     fn counts(&self, sink: &SinkReport, jobs: usize) -> Report {
         Report {
             records: self.scan.records,
-            samples: self.hits.samples,
-            guest_samples: self.hits.guest_samples,
-            unmapped_addresses: self.hits.unmapped,
-            unknown_event_samples: self.hits.unknown_event,
+            samples: self.res.hits.samples,
+            guest_samples: self.res.hits.guest_samples,
+            unmapped_addresses: self.res.hits.unmapped,
+            unknown_event_samples: self.res.hits.unknown_event,
             compressed_records: self.scan.compressed,
-            time_ordered: self.time_mode.unwrap_or(false),
+            time_ordered: self.head.time_mode.unwrap_or(false),
             aux_all_hit: self.scan.has_aux,
-            unwound_samples: self.hits.unwound_samples,
-            unwound_frames: self.hits.unwound_frames,
-            over_budget_samples: self.hits.over_budget,
-            frame_capped_samples: self.hits.frame_capped,
+            unwound_samples: self.res.hits.unwound_samples,
+            unwound_frames: self.res.hits.unwound_frames,
+            over_budget_samples: self.res.hits.over_budget,
+            frame_capped_samples: self.res.hits.frame_capped,
             // None in conversion mode, where no time budget applies (docs/convert.md).
             unwind_budget_us: self
+                .res
                 .unwind
                 .flatten()
                 .filter(|c| c.budget != Duration::MAX)
                 .map(|c| c.budget.as_secs_f64() * 1e6),
             stream_kept_bytes: self
+                .head
                 .from_records
-                .then(|| self.kept_peak.load(Ordering::Relaxed)),
+                .then(|| self.budget.kept_peak.load(Ordering::Relaxed)),
             ids_new: sink.ids_new,
             in_place: sink.in_place.clone(),
             convert: sink.convert.clone(),
             aslr: sink.aslr.clone(),
             jobs,
-            resolved_beside_scan: self.ahead_stat.0,
-            resolved_again: self.ahead_stat.1,
+            resolved_beside_scan: self.res.ahead_stat.0,
+            resolved_again: self.res.ahead_stat.1,
             timings_ms: self
+                .said
                 .timings
                 .iter()
                 .chain(sink.timings.iter())
@@ -1454,7 +1520,7 @@ impl<'a> Engine<'a> {
             RecordingStart::Unknown(why) => Some(why),
             RecordingStart::Known(_) => None,
         };
-        match (&self.trust, undated) {
+        match (&self.origin.trust, undated) {
             (Some(t), _) if t.local.is_err() => match &t.local {
                 Err((_, why)) => Some(format!("no local file is trusted: {why}")),
                 Ok(()) => None,
@@ -1478,10 +1544,10 @@ impl<'a> Engine<'a> {
         r.store = self.opts.store.as_ref().map(|st| {
             buildid::store::StoreTotals::of(
                 &st.dir,
-                self.decided.values().filter_map(|d| d.store.as_ref()),
+                self.res.decided.values().filter_map(|d| d.store.as_ref()),
             )
         });
-        for d in std::mem::take(&mut self.decided).into_values() {
+        for d in std::mem::take(&mut self.res.decided).into_values() {
             let o = d.outcome;
             let detail = if d.later_file && o.build_id().is_some() {
                 Some(
@@ -1495,7 +1561,7 @@ impl<'a> Engine<'a> {
                 .group
                 .dsos
                 .iter()
-                .map(|&i| self.hits.per_dso.get(i as usize).copied().unwrap_or(0))
+                .map(|&i| self.res.hits.per_dso.get(i as usize).copied().unwrap_or(0))
                 .sum();
             r.dsos_hit += 1;
             if o.build_id().is_some() {
