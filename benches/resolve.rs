@@ -40,7 +40,7 @@ fn bench_file() -> Option<PathBuf> {
 fn open_and_resolve(path: &Path, opts: &Options) -> u64 {
     let r = analyse(path, opts).expect("analyse the bench file");
     black_box(&r.dsos);
-    r.samples
+    r.reading.samples
 }
 
 fn bench_resolve(c: &mut Criterion) {
@@ -52,7 +52,7 @@ fn bench_resolve(c: &mut Criterion) {
         return;
     };
     let samples = match analyse(&path, &Options::default()) {
-        Ok(r) => r.samples,
+        Ok(r) => r.reading.samples,
         Err(e) => {
             eprintln!("resolve bench: {}: {e}; nothing measured", path.display());
             return;

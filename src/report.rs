@@ -119,8 +119,10 @@ pub struct SinkReport {
     pub aslr: Option<crate::aslr::Dropped>,
 }
 
-/// The whole report.
+/// The whole report. Its JSON (`--report`) is flat: the parts below are written as
+/// fields of the report itself.
 #[derive(Clone, Debug, Default, Serialize)]
+#[non_exhaustive]
 pub struct Report {
     /// Input path.
     pub input: String,
@@ -129,6 +131,35 @@ pub struct Report {
     /// Pipe format: IDs were written as HEADER_BUILD_ID records in the stream, not as
     /// a table.
     pub pipe: bool,
+    /// What the input held and how it was read.
+    #[serde(flatten)]
+    pub reading: Reading,
+    /// DSOs and their IDs.
+    #[serde(flatten)]
+    pub ids: IdCounts,
+    /// DWARF unwinding of user stacks.
+    #[serde(flatten)]
+    pub unwinding: Unwinding,
+    /// How the run went: memory, batches resolved beside the scan, times, threads.
+    #[serde(flatten)]
+    pub run: RunFigures,
+    /// Notes about the run (things the user should know).
+    pub notes: Vec<String>,
+    /// What the modes that change the data did (each absent for other runs).
+    #[serde(flatten)]
+    pub modes: Modes,
+    /// Build-ID cache totals (absent with --no-buildid-cache).
+    pub cache: Option<crate::buildid::cache::CacheTotals>,
+    /// Symbol store totals (absent without --symbol-store).
+    pub store: Option<crate::buildid::store::StoreTotals>,
+    /// Per DSO.
+    pub dsos: Vec<DsoReport>,
+}
+
+/// What the input held and how it was read.
+#[derive(Clone, Debug, Default, Serialize)]
+#[non_exhaustive]
+pub struct Reading {
     /// Records read (compressed ones' contents included).
     pub records: u64,
     /// Samples decoded.
@@ -145,6 +176,12 @@ pub struct Report {
     pub time_ordered: bool,
     /// AUX data present: every mapped DSO counts as hit.
     pub aux_all_hit: bool,
+}
+
+/// DSOs and their IDs.
+#[derive(Clone, Debug, Default, Serialize)]
+#[non_exhaustive]
+pub struct IdCounts {
     /// Distinct DSOs touched by samples (or mapped, with --buildid-all).
     pub dsos_hit: usize,
     /// DSOs with an ID in the output table (pipe: known to perf from the stream).
@@ -153,6 +190,12 @@ pub struct Report {
     pub ids_new: usize,
     /// DSOs without an ID.
     pub ids_missing: usize,
+}
+
+/// DWARF unwinding of user stacks.
+#[derive(Clone, Debug, Default, Serialize)]
+#[non_exhaustive]
+pub struct Unwinding {
     /// Samples whose user stack was unwound.
     pub unwound_samples: u64,
     /// Return addresses found by unwinding.
@@ -163,6 +206,12 @@ pub struct Report {
     pub frame_capped_samples: u64,
     /// The per-sample unwinding budget in microseconds, when unwinding ran.
     pub unwind_budget_us: Option<f64>,
+}
+
+/// How the run went: memory, batches resolved beside the scan, times, threads.
+#[derive(Clone, Debug, Default, Serialize)]
+#[non_exhaustive]
+pub struct RunFigures {
     /// A stream input: the most it kept across its batches, in estimated bytes (the
     /// `--stream-memory` budget's measure); absent for a file.
     pub stream_kept_bytes: Option<u64>,
@@ -177,8 +226,15 @@ pub struct Report {
     pub timings_ms: std::collections::BTreeMap<String, f64>,
     /// Worker threads used.
     pub jobs: usize,
-    /// Notes about the run (things the user should know).
-    pub notes: Vec<String>,
+    /// Print stage timings in the human summary.
+    #[serde(skip)]
+    pub verbose_timings: bool,
+}
+
+/// What the modes that change the data did (each absent for other runs).
+#[derive(Clone, Debug, Default, Serialize)]
+#[non_exhaustive]
+pub struct Modes {
     /// `--in-place`: how the file was changed (absent for other runs).
     pub in_place: Option<InPlaceReport>,
     /// `--convert-callchain`: samples converted, and those whose chain lost frames,
@@ -187,18 +243,9 @@ pub struct Report {
     /// `--aslr`: records removed from the output because they hold addresses that
     /// cannot be remapped, by reason (absent for other runs).
     pub aslr: Option<crate::aslr::Dropped>,
-    /// Build-ID cache totals (absent with --no-buildid-cache).
-    pub cache: Option<crate::buildid::cache::CacheTotals>,
-    /// Symbol store totals (absent without --symbol-store).
-    pub store: Option<crate::buildid::store::StoreTotals>,
     /// Live capture (issue 32; absent when it did not run).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub live: Option<crate::live::LiveSummary>,
-    /// Per DSO.
-    pub dsos: Vec<DsoReport>,
-    /// Print stage timings in the human summary.
-    #[serde(skip)]
-    pub verbose_timings: bool,
 }
 
 impl Report {
@@ -238,43 +285,49 @@ impl Report {
             "pdinject: {} -> {}: {} samples, {} DSOs hit, {} build IDs {} ({} new), {} missing",
             escape(&name(&self.input, "<stdin>")),
             escape(&name(&self.output, "<stdout>")),
-            self.samples,
-            self.dsos_hit,
-            self.ids_written,
+            self.reading.samples,
+            self.ids.dsos_hit,
+            self.ids.ids_written,
             if self.pipe {
                 "in the stream"
-            } else if self.in_place.as_ref().is_some_and(|p| p.ids_in_records > 0) {
+            } else if self
+                .modes
+                .in_place
+                .as_ref()
+                .is_some_and(|p| p.ids_in_records > 0)
+            {
                 "in mapping records and table"
             } else {
                 "in table"
             },
-            self.ids_new,
-            self.ids_missing
+            self.ids.ids_new,
+            self.ids.ids_missing
         )?;
-        if let Some(c) = &self.convert {
+        if let Some(c) = &self.modes.convert {
             writeln!(w, "  {}", c.line())?;
         }
-        if let Some(d) = &self.aslr {
+        if let Some(d) = &self.modes.aslr {
             writeln!(w, "  {}", crate::aslr::line(d))?;
         }
-        if self.unwound_samples > 0 {
+        if self.unwinding.unwound_samples > 0 {
             writeln!(
                 w,
                 "  unwound {} user stacks ({} return addresses); {} over the time budget, {} at the frame cap",
-                self.unwound_samples,
-                self.unwound_frames,
-                self.over_budget_samples,
-                self.frame_capped_samples
+                self.unwinding.unwound_samples,
+                self.unwinding.unwound_frames,
+                self.unwinding.over_budget_samples,
+                self.unwinding.frame_capped_samples
             )?;
         }
-        if self.verbose_timings {
+        if self.run.verbose_timings {
             let t: Vec<String> = self
+                .run
                 .timings_ms
                 .iter()
                 .map(|(k, v)| format!("{k} {v:.1} ms"))
                 .collect();
-            writeln!(w, "  timings ({} threads): {}", self.jobs, t.join(", "))?;
-            if let Some(k) = self.stream_kept_bytes {
+            writeln!(w, "  timings ({} threads): {}", self.run.jobs, t.join(", "))?;
+            if let Some(k) = self.run.stream_kept_bytes {
                 writeln!(
                     w,
                     "  kept across batches: {} at most (--stream-memory)",
@@ -355,7 +408,7 @@ impl Report {
         // is in the JSON report and with -v.
         for group in by_reason.chunk_by(|a, b| a.reason == b.reason) {
             let reason = group[0].reason.map(reason_word).unwrap_or("missing");
-            if group.len() > GROUP_OVER && !self.verbose_timings {
+            if group.len() > GROUP_OVER && !self.run.verbose_timings {
                 let examples: Vec<String> = group[..GROUP_EXAMPLES]
                     .iter()
                     .map(|d| escape(&d.path))

@@ -119,7 +119,7 @@ fn run(
     // report is committed together with the output (one run, one outcome).
     let cache_dir = opts.cache.as_ref().map(|c| c.dir.clone());
     let mut finish = |report: &mut Report| -> Result<()> {
-        report.verbose_timings = args.run.verbose;
+        report.run.verbose_timings = args.run.verbose;
         match &cache_dir {
             Some(dir) => add_cache(report, dir, args.archive.as_deref()),
             None => Ok(()),

@@ -1440,7 +1440,7 @@ impl<'a> Engine<'a> {
         // live capture hook (issue 32): its summary line and counts.
         if let Some(l) = self.stages.live.take() {
             let (summary, notes) = l.finish();
-            r.live = summary;
+            r.modes.live = summary;
             self.said.notes.extend(notes);
         }
         r.notes.append(&mut self.said.notes);
@@ -1459,7 +1459,7 @@ impl<'a> Engine<'a> {
         }
         r.notes.extend(sink.notes);
         let in_records = self.dso_lines(&mut r);
-        r.ids_written = r.ids_written.saturating_sub(sink.ids_lost);
+        r.ids.ids_written = r.ids.ids_written.saturating_sub(sink.ids_lost);
         if in_records > 0 {
             // Records pass through byte for byte (samples and mappings as recorded);
             // what pdinject writes is the table and its own records.
@@ -1472,44 +1472,59 @@ impl<'a> Engine<'a> {
 
     /// The report's counts and times, without notes or DSO lines.
     fn counts(&self, sink: &SinkReport, jobs: usize) -> Report {
-        Report {
-            records: self.scan.records,
-            samples: self.res.hits.samples,
-            guest_samples: self.res.hits.guest_samples,
-            unmapped_addresses: self.res.hits.unmapped,
-            unknown_event_samples: self.res.hits.unknown_event,
-            compressed_records: self.scan.compressed,
-            time_ordered: self.head.time_mode.unwrap_or(false),
-            aux_all_hit: self.scan.has_aux,
-            unwound_samples: self.res.hits.unwound_samples,
-            unwound_frames: self.res.hits.unwound_frames,
-            over_budget_samples: self.res.hits.over_budget,
-            frame_capped_samples: self.res.hits.frame_capped,
-            // None in conversion mode, where no time budget applies (docs/convert.md).
-            unwind_budget_us: self
-                .res
-                .unwind
-                .flatten()
-                .filter(|c| c.budget != Duration::MAX)
-                .map(|c| c.budget.as_secs_f64() * 1e6),
-            stream_kept_bytes: self
-                .head
-                .from_records
-                .then(|| self.budget.kept_peak.load(Ordering::Relaxed)),
-            ids_new: sink.ids_new,
+        let hits = &self.res.hits;
+        let modes = crate::report::Modes {
             in_place: sink.in_place.clone(),
             convert: sink.convert.clone(),
             aslr: sink.aslr.clone(),
-            jobs,
-            resolved_beside_scan: self.res.ahead_stat.0,
-            resolved_again: self.res.ahead_stat.1,
-            timings_ms: self
-                .said
-                .timings
-                .iter()
-                .chain(sink.timings.iter())
-                .map(|(k, v)| (k.to_string(), v.as_secs_f64() * 1e3))
-                .collect(),
+            ..Default::default()
+        };
+        Report {
+            reading: crate::report::Reading {
+                records: self.scan.records,
+                samples: hits.samples,
+                guest_samples: hits.guest_samples,
+                unmapped_addresses: hits.unmapped,
+                unknown_event_samples: hits.unknown_event,
+                compressed_records: self.scan.compressed,
+                time_ordered: self.head.time_mode.unwrap_or(false),
+                aux_all_hit: self.scan.has_aux,
+            },
+            unwinding: crate::report::Unwinding {
+                unwound_samples: hits.unwound_samples,
+                unwound_frames: hits.unwound_frames,
+                over_budget_samples: hits.over_budget,
+                frame_capped_samples: hits.frame_capped,
+                // None in conversion mode, where no time budget applies (docs/convert.md).
+                unwind_budget_us: self
+                    .res
+                    .unwind
+                    .flatten()
+                    .filter(|c| c.budget != Duration::MAX)
+                    .map(|c| c.budget.as_secs_f64() * 1e6),
+            },
+            ids: crate::report::IdCounts {
+                ids_new: sink.ids_new,
+                ..Default::default()
+            },
+            modes,
+            run: crate::report::RunFigures {
+                stream_kept_bytes: self
+                    .head
+                    .from_records
+                    .then(|| self.budget.kept_peak.load(Ordering::Relaxed)),
+                resolved_beside_scan: self.res.ahead_stat.0,
+                resolved_again: self.res.ahead_stat.1,
+                timings_ms: self
+                    .said
+                    .timings
+                    .iter()
+                    .chain(sink.timings.iter())
+                    .map(|(k, v)| (k.to_string(), v.as_secs_f64() * 1e3))
+                    .collect(),
+                jobs,
+                verbose_timings: false,
+            },
             ..Report::default()
         }
     }
@@ -1563,11 +1578,11 @@ impl<'a> Engine<'a> {
                 .iter()
                 .map(|&i| self.res.hits.per_dso.get(i as usize).copied().unwrap_or(0))
                 .sum();
-            r.dsos_hit += 1;
+            r.ids.dsos_hit += 1;
             if o.build_id().is_some() {
-                r.ids_written += 1;
+                r.ids.ids_written += 1;
             } else {
-                r.ids_missing += 1;
+                r.ids.ids_missing += 1;
             }
             let (stored, store_debuginfo, store_detail) = match &d.store {
                 Some(s) => (Some(s.state), s.debuginfo, s.detail.clone()),

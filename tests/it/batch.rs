@@ -689,7 +689,7 @@ fn batch_in_place() {
     assert!(o.status.success(), "{}", tail(&o.stderr));
     for (f, m) in files.iter().zip(&mtimes) {
         let back = pdinject::driver::validate(f).expect("rewritten in place, still valid");
-        assert!(back.samples > 100, "{}", f.display());
+        assert!(back.reading.samples > 100, "{}", f.display());
         assert_eq!(
             &std::fs::metadata(f).unwrap().modified().unwrap(),
             m,

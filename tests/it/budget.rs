@@ -542,7 +542,7 @@ fn records_waiting_for_a_round_count_and_are_resolved_past_the_budget() {
         let mut out = Vec::new();
         let r = pdinject::driver::stream(&mut &s[..], &mut out, &opts, 4 << 20).unwrap();
         assert!(out == s, "every record passed on as it was");
-        r.stream_kept_bytes.unwrap()
+        r.run.stream_kept_bytes.unwrap()
     };
     let small = kept(1 << 20);
     assert!(small <= 1 << 20, "kept {small} bytes over a 1 MiB budget");

@@ -21,7 +21,7 @@ fn stream(bytes: &[u8], batch: usize) -> (Vec<u8>, Vec<String>, u64) {
         .iter()
         .map(|d| format!("{} {:?} {:?} {}", d.path, d.build_id, d.reason, d.hits))
         .collect();
-    (out, dsos, r.samples)
+    (out, dsos, r.reading.samples)
 }
 
 /// Batches of a few hundred bytes end between rounds, inside compressed frames and
@@ -50,7 +50,10 @@ fn stream_fixture_batches_agree() {
         }
         // What was written reads back through the engine, samples decoded.
         let back = pdinject::driver::validate_bytes(&one).expect("the output validates");
-        assert_eq!(back.samples, samples, "{name}: samples in the output");
+        assert_eq!(
+            back.reading.samples, samples,
+            "{name}: samples in the output"
+        );
     }
 }
 
@@ -105,8 +108,11 @@ fn any_input_reaches_any_sink_without_perf() {
     let a = pdinject::driver::validate(&stream_in).unwrap();
     let b = pdinject::driver::validate(&file).unwrap();
     let c = pdinject::driver::validate(&back).unwrap();
-    assert_eq!((a.samples, a.samples), (b.samples, c.samples));
-    assert!(a.samples > 500);
+    assert_eq!(
+        (a.reading.samples, a.reading.samples),
+        (b.reading.samples, c.reading.samples)
+    );
+    assert!(a.reading.samples > 500);
 }
 
 /// perf lists the vdso even when no sample hit it. The old file driver wrote that

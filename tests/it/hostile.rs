@@ -1287,10 +1287,10 @@ fn resolving_beside_the_scan_finds_what_one_resolve_finds() {
                 r.dsos.iter().map(|d| (d.path.clone(), d.hits)).collect();
             (
                 dsos,
-                r.samples,
-                r.unmapped_addresses,
-                r.resolved_beside_scan,
-                r.resolved_again,
+                r.reading.samples,
+                r.reading.unmapped_addresses,
+                r.run.resolved_beside_scan,
+                r.run.resolved_again,
             )
         };
         let once = hits(None);

@@ -627,8 +627,8 @@ fn in_place_fit_mutants_never_panic() -> Outcome {
             }
             Ok(Ok(report)) => {
                 ok += 1;
-                let grew = report.in_place.as_ref().map_or(0, |p| p.grew_bytes);
-                if report.in_place.as_ref().map(|p| p.table)
+                let grew = report.modes.in_place.as_ref().map_or(0, |p| p.grew_bytes);
+                if report.modes.in_place.as_ref().map(|p| p.table)
                     == Some(pdinject::report::TableWrite::Rewritten)
                 {
                     fit += 1;

@@ -335,7 +335,7 @@ fn small_batches_match_one_batch() -> Outcome {
             };
             let r = pdinject::driver::stream(&mut &bytes[..], &mut o, &opts, batch)
                 .unwrap_or_else(|e| panic!("{name}: batch {batch}: {e}"));
-            assert_eq!(r.ids_missing, 0, "{name}: batch {batch}: {r:?}");
+            assert_eq!(r.ids.ids_missing, 0, "{name}: batch {batch}: {r:?}");
             let p = st.dir.join(out);
             fs::write(&p, o).unwrap();
             p
