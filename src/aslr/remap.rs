@@ -326,11 +326,27 @@ pub fn sample(
     if t & st::BRANCH_STACK != 0 {
         branch_stack(&mut w, ctx.branch_sample_type, &|a| map(pid, mode, a))?;
     }
+    if let Some(drop) = after_branches(&mut w, ctx)? {
+        return Ok(drop);
+    }
+    let size = u16::try_from(out.len()).map_err(|_| SampleError {
+        at: 6,
+        what: "rewritten sample larger than a record",
+    })?;
+    out[6..8].copy_from_slice(&e.put_u16(size));
+    Ok(Verdict::Rewritten)
+}
+
+/// The fields after the branch stack: register dumps cut out, the rest copied; `Some`
+/// verdict when the sample goes (a user stack, a physical address, AUX data, an
+/// off-CPU sample).
+fn after_branches(w: &mut Walk<'_, '_>, ctx: &SampleCtx) -> Result<Option<Verdict>, SampleError> {
+    let t = ctx.sample_type;
     if t & st::REGS_USER != 0 && w.get("truncated user regs abi")? != 0 {
         w.skip_n(u64::from(ctx.regs_user), "user regs larger than the sample")?;
     }
     if t & st::STACK_USER != 0 {
-        return Ok(Verdict::Drop(DropReason::StackUser));
+        return Ok(Some(Verdict::Drop(DropReason::StackUser)));
     }
     for b in [st2::WEIGHT_TYPE, st2::DATA_SRC, st2::TRANSACTION] {
         if t & b != 0 {
@@ -341,7 +357,7 @@ pub fn sample(
         w.skip_n(u64::from(ctx.regs_intr), "intr regs larger than the sample")?;
     }
     if t & st2::PHYS_ADDR != 0 {
-        return Ok(Verdict::Drop(DropReason::PhysAddr));
+        return Ok(Some(Verdict::Drop(DropReason::PhysAddr)));
     }
     for b in [st2::CGROUP, st2::DATA_PAGE_SIZE, st2::CODE_PAGE_SIZE] {
         if t & b != 0 {
@@ -349,17 +365,12 @@ pub fn sample(
         }
     }
     if t & st2::AUX != 0 {
-        return Ok(Verdict::Drop(DropReason::AuxSample));
+        return Ok(Some(Verdict::Drop(DropReason::AuxSample)));
     }
     if ctx.offcpu {
-        return Ok(Verdict::Drop(DropReason::OffCpu));
+        return Ok(Some(Verdict::Drop(DropReason::OffCpu)));
     }
-    let size = u16::try_from(out.len()).map_err(|_| SampleError {
-        at: 6,
-        what: "rewritten sample larger than a record",
-    })?;
-    out[6..8].copy_from_slice(&e.put_u16(size));
-    Ok(Verdict::Rewritten)
+    Ok(None)
 }
 
 /// A READ field (one value or a group), copied.

@@ -376,6 +376,35 @@ pub enum TailShape {
     Edited(fn(u32, Vec<u8>) -> Option<Vec<u8>>),
 }
 
+/// The feature sections `shape` rewrites (its bits cleared in `features` where it
+/// leaves one out); the build-ID table is left to the caller when it writes a new one.
+fn shaped(
+    input: &PerfInput,
+    shape: TailShape,
+    new_table: bool,
+    features: &mut [u64; 4],
+) -> Result<Vec<(u32, Vec<u8>)>> {
+    let mut edited = Vec::new();
+    match shape {
+        TailShape::AsInput => {}
+        TailShape::OneFile => {
+            features[(FEAT_DIR_FORMAT / 64) as usize] &= !(1 << (FEAT_DIR_FORMAT % 64));
+        }
+        TailShape::Edited(edit) => {
+            for (bit, s) in &input.features {
+                if *bit == FEAT_BUILD_ID && new_table {
+                    continue;
+                }
+                match edit(*bit, input.data_files[0].read_at(s.offset, s.size)?) {
+                    Some(p) => edited.push((*bit, p)),
+                    None => features[(*bit / 64) as usize] &= !(1 << (*bit % 64)),
+                }
+            }
+        }
+    }
+    Ok(edited)
+}
+
 /// [`write_tail_at`] with the feature sections `shape` keeps.
 pub fn write_tail_shaped(
     input: &PerfInput,
@@ -394,24 +423,7 @@ pub fn write_tail_shaped(
         .map_err(io)?;
     let data_end = h.feature_table_offset();
     let mut features = h.features;
-    let mut edited: Vec<(u32, Vec<u8>)> = Vec::new();
-    match shape {
-        TailShape::AsInput => {}
-        TailShape::OneFile => {
-            features[(FEAT_DIR_FORMAT / 64) as usize] &= !(1 << (FEAT_DIR_FORMAT % 64));
-        }
-        TailShape::Edited(edit) => {
-            for (bit, s) in &input.features {
-                if *bit == FEAT_BUILD_ID && build_id_payload.is_some() {
-                    continue;
-                }
-                match edit(*bit, src.read_at(s.offset, s.size)?) {
-                    Some(p) => edited.push((*bit, p)),
-                    None => features[(*bit / 64) as usize] &= !(1 << (*bit % 64)),
-                }
-            }
-        }
-    }
+    let edited = shaped(input, shape, build_id_payload.is_some(), &mut features)?;
     if build_id_payload.is_some() {
         features[0] |= 1 << FEAT_BUILD_ID;
     }
