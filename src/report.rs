@@ -335,6 +335,15 @@ impl Report {
                 )?;
             }
         }
+        self.print_stores(w)?;
+        for n in &self.notes {
+            writeln!(w, "  note: {}", escape(n))?;
+        }
+        self.print_dso_lines(w)
+    }
+
+    /// The summary's lines on `--symfs`, the build-ID cache and the symbol store.
+    fn print_stores(&self, w: &mut dyn Write) -> std::io::Result<()> {
         let symfs = self
             .dsos
             .iter()
@@ -382,9 +391,12 @@ impl Report {
                 )?;
             }
         }
-        for n in &self.notes {
-            writeln!(w, "  note: {}", escape(n))?;
-        }
+        Ok(())
+    }
+
+    /// The summary's DSO lines: contradicted claims kept, then DSOs without an ID by
+    /// reason.
+    fn print_dso_lines(&self, w: &mut dyn Write) -> std::io::Result<()> {
         // Contradicted claims that still have an ID: kept by a proof, or replaced by
         // the proven ID (the refused ones are listed below with their reason).
         for d in &self.dsos {
