@@ -894,7 +894,8 @@ fn judge_entry(sh: &Shared, key: &Key, e: &mut Entry) -> Result<(BuildId, String
     ))
 }
 
-/// What the live capture did (the summary's line and the JSON report).
+/// What the live capture did (the summary's line and the JSON report, where the parts
+/// below are written as fields of the summary itself).
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct LiveSummary {
     /// How files were read: `map_files` or `root` (`/proc/PID/root/PATH`).
@@ -914,6 +915,21 @@ pub struct LiveSummary {
     pub exited: u64,
     /// How late those records arrived at least, in ms: smallest, median, largest.
     pub exited_late_ms: Option<[f64; 3]>,
+    /// Mappings refused or not read, by why.
+    #[serde(flatten)]
+    pub refused: LiveRefusals,
+    /// How late mapping records arrived (arrival minus their time, less the least
+    /// such difference, which absorbs the offset of perf's clock), in ms: median,
+    /// 90th percentile, largest.
+    pub record_late_ms: Option<[f64; 3]>,
+    /// What went into the build-ID cache and the symbol store.
+    #[serde(flatten)]
+    pub filled: LiveFills,
+}
+
+/// Mappings refused or not read, by why.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct LiveRefusals {
     /// Mappings refused: a process that started after the mapping (pid reused).
     pub reused: u64,
     /// Mappings refused: the file was written after the mapping.
@@ -926,10 +942,11 @@ pub struct LiveSummary {
     pub dropped: u64,
     /// Records of files beyond the tracked limit.
     pub untracked: u64,
-    /// How late mapping records arrived (arrival minus their time, less the least
-    /// such difference, which absorbs the offset of perf's clock), in ms: median,
-    /// 90th percentile, largest.
-    pub record_late_ms: Option<[f64; 3]>,
+}
+
+/// What went into the build-ID cache and the symbol store.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct LiveFills {
     /// Build-ID cache entries added, already present, failed.
     pub cache_added: u64,
     /// Already in the cache (one stat).
@@ -984,22 +1001,26 @@ fn summarize(sh: &Shared) -> LiveSummary {
         files,
         exited: g(&c.exited),
         exited_late_ms,
-        reused: g(&c.reused),
-        changed: g(&c.changed),
-        mismatched: g(&c.mismatched),
-        unreadable: g(&c.unreadable),
-        dropped: g(&c.dropped),
-        untracked: g(&c.untracked),
+        refused: LiveRefusals {
+            reused: g(&c.reused),
+            changed: g(&c.changed),
+            mismatched: g(&c.mismatched),
+            unreadable: g(&c.unreadable),
+            dropped: g(&c.dropped),
+            untracked: g(&c.untracked),
+        },
         record_late_ms,
-        cache_added: g(&c.cache_added),
-        cache_present: g(&c.cache_present),
-        cache_failed: g(&c.cache_failed),
-        store_added: g(&c.store_added),
-        store_present: g(&c.store_present),
-        store_failed: g(&c.store_failed),
-        bytes_copied: g(&c.bytes),
-        over_budget: g(&c.over_budget),
-        fill_dropped: g(&c.fill_dropped),
+        filled: LiveFills {
+            cache_added: g(&c.cache_added),
+            cache_present: g(&c.cache_present),
+            cache_failed: g(&c.cache_failed),
+            store_added: g(&c.store_added),
+            store_present: g(&c.store_present),
+            store_failed: g(&c.store_failed),
+            bytes_copied: g(&c.bytes),
+            over_budget: g(&c.over_budget),
+            fill_dropped: g(&c.fill_dropped),
+        },
     }
 }
 
@@ -1028,16 +1049,22 @@ impl LiveSummary {
             }
         }
         for (n, what) in [
-            (self.reused, "refused as another process (pid reused)"),
             (
-                self.changed,
+                self.refused.reused,
+                "refused as another process (pid reused)",
+            ),
+            (
+                self.refused.changed,
                 "refused: the file was written after the mapping",
             ),
-            (self.mismatched, "refused: not the recorded file"),
-            (self.unreadable, "unreadable or without a build-ID note"),
-            (self.dropped, "dropped (queue full)"),
+            (self.refused.mismatched, "refused: not the recorded file"),
             (
-                self.untracked,
+                self.refused.unreadable,
+                "unreadable or without a build-ID note",
+            ),
+            (self.refused.dropped, "dropped (queue full)"),
+            (
+                self.refused.untracked,
                 "of files beyond what the capture tracks (65,536 files, 32 MiB)",
             ),
         ] {
@@ -1047,26 +1074,29 @@ impl LiveSummary {
         }
         s += &format!(
             "; cache: {} added, {} present",
-            self.cache_added, self.cache_present
+            self.filled.cache_added, self.filled.cache_present
         );
-        if self.cache_failed > 0 {
-            s += &format!(", {} failed", self.cache_failed);
+        if self.filled.cache_failed > 0 {
+            s += &format!(", {} failed", self.filled.cache_failed);
         }
-        if self.store_added + self.store_present + self.store_failed > 0 {
+        if self.filled.store_added + self.filled.store_present + self.filled.store_failed > 0 {
             s += &format!(
                 "; store: {} added, {} present",
-                self.store_added, self.store_present
+                self.filled.store_added, self.filled.store_present
             );
         }
-        s += &format!(", {} copied", human(self.bytes_copied));
-        if self.over_budget > 0 {
+        s += &format!(", {} copied", human(self.filled.bytes_copied));
+        if self.filled.over_budget > 0 {
             s += &format!(
                 "; {} files over the byte budget (--live-budget)",
-                self.over_budget
+                self.filled.over_budget
             );
         }
-        if self.fill_dropped > 0 {
-            s += &format!("; {} files not cached (queue full)", self.fill_dropped);
+        if self.filled.fill_dropped > 0 {
+            s += &format!(
+                "; {} files not cached (queue full)",
+                self.filled.fill_dropped
+            );
         }
         s
     }

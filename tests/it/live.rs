@@ -9,7 +9,7 @@
 use super::common::*;
 use pdinject::buildid::cache::BuildIdCache;
 use pdinject::format::record::{FileIdent, misc};
-use pdinject::live::{Capture, LiveAnswer, LiveConfig, MapArrival, Offered};
+use pdinject::live::{Capture, LiveAnswer, LiveConfig, MapArrival, Offered, PerfClock};
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -225,13 +225,25 @@ fn built() -> Result<(tempfile::TempDir, PathBuf, PathBuf), Skip> {
     Ok((tmp, prog, lib))
 }
 
+/// The capture these tests offer records to: their times are CLOCK_MONOTONIC's
+/// (`mono_ns`), as in a recording made with `perf record -k mono`. With perf's default
+/// clock the capture converts through the measured offset of the kernel's local clock,
+/// which a machine restored from a snapshot moves away from the monotonic clock: a
+/// process spawned a millisecond before its "record" then read as started after it.
+fn mono_config() -> LiveConfig {
+    LiveConfig {
+        perf_clock: PerfClock::Monotonic,
+        ..Default::default()
+    }
+}
+
 fn config(cache: &Path) -> LiveConfig {
     LiveConfig {
         cache: Some(BuildIdCache {
             dir: cache.to_path_buf(),
             ..Default::default()
         }),
-        ..Default::default()
+        ..mono_config()
     }
 }
 
@@ -266,7 +278,11 @@ fn live_capture_reads_the_mapped_inode_after_rename_and_delete() -> Outcome {
     assert_eq!(proven(&c, &mb), LIVELIB_V2);
     assert_eq!(proven(&c, &mp), LIVEPROG_ID);
     let s = c.finish();
-    assert_eq!((s.captured, s.files, s.cache_added), (3, 3, 3), "{s:?}");
+    assert_eq!(
+        (s.captured, s.files, s.filled.cache_added),
+        (3, 3, 3),
+        "{s:?}"
+    );
     for id in [LIVELIB_V1, LIVELIB_V2, LIVEPROG_ID] {
         assert!(cached(&cache, id), "{id} not in the cache");
     }
@@ -298,7 +314,7 @@ fn live_capture_refuses_a_file_renamed_over_or_deleted_before_its_record() -> Ou
         assert!(why.contains("changed since"), "{why}");
     }
     let s = c.finish();
-    assert_eq!(s.cache_added, 0, "{s:?}");
+    assert_eq!(s.filled.cache_added, 0, "{s:?}");
     drop((a, b));
     Ok(())
 }
@@ -314,19 +330,27 @@ fn live_capture_of_a_file_cached_already_costs_a_stat() -> Outcome {
     assert_eq!(proven(&c, &m), LIVELIB_V1);
     let s = c.finish();
     // Present on the same filesystem: a hard link, no bytes.
-    assert_eq!((s.cache_added, s.bytes_copied), (1, 0), "{s:?}");
+    assert_eq!(
+        (s.filled.cache_added, s.filled.bytes_copied),
+        (1, 0),
+        "{s:?}"
+    );
     let mut c = Capture::start(config(&cache)).unwrap();
     offer(&mut c, &m, Some(mono_ns()));
     assert_eq!(proven(&c, &m), LIVELIB_V1);
     let s = c.finish();
-    assert_eq!((s.cache_added, s.cache_present), (0, 1), "{s:?}");
+    assert_eq!(
+        (s.filled.cache_added, s.filled.cache_present),
+        (0, 1),
+        "{s:?}"
+    );
     Ok(())
 }
 
 #[test]
 fn live_capture_refuses_a_process_started_after_the_mapping() -> Outcome {
     let (_tmp, prog, lib) = built()?;
-    let mut c = Capture::start(LiveConfig::default()).unwrap();
+    let mut c = Capture::start(mono_config()).unwrap();
     let a = liveprog(&prog, &lib);
     let ma = exec_mapping(a.pid, "livelib.so");
     // A record on time ties perf's clock to this one's.
@@ -342,14 +366,14 @@ fn live_capture_refuses_a_process_started_after_the_mapping() -> Outcome {
     let why = refused(&c, &mb);
     assert!(why.contains("pid was reused"), "{why}");
     let s = c.finish();
-    assert_eq!(s.reused, 1, "{s:?}");
+    assert_eq!(s.refused.reused, 1, "{s:?}");
     Ok(())
 }
 
 #[test]
 fn live_capture_refuses_a_file_written_after_the_mapping() -> Outcome {
     let (_tmp, prog, lib) = built()?;
-    let mut c = Capture::start(LiveConfig::default()).unwrap();
+    let mut c = Capture::start(mono_config()).unwrap();
     let a = liveprog(&prog, &lib);
     let m = exec_mapping(a.pid, "livelib.so");
     let t = mono_ns();
@@ -365,7 +389,7 @@ fn live_capture_refuses_a_file_written_after_the_mapping() -> Outcome {
     let why = refused(&c, &m);
     assert!(why.contains("modified at"), "{why}");
     let s = c.finish();
-    assert_eq!((s.captured, s.changed), (1, 1), "{s:?}");
+    assert_eq!((s.captured, s.refused.changed), (1, 1), "{s:?}");
     Ok(())
 }
 
@@ -374,7 +398,7 @@ fn live_capture_without_map_files_reads_the_root_path_and_checks_it() -> Outcome
     let (tmp, prog, lib) = built()?;
     let cfg = LiveConfig {
         root_only: true,
-        ..Default::default()
+        ..mono_config()
     };
     let mut c = Capture::start(cfg).unwrap();
     let a = liveprog(&prog, &lib);
@@ -397,7 +421,7 @@ fn live_capture_without_map_files_reads_the_root_path_and_checks_it() -> Outcome
     let why = refused(&c, &mb2);
     assert!(why.contains("inode"), "{why}");
     let s = c.finish();
-    assert_eq!((s.via, s.mismatched), ("root", 1), "{s:?}");
+    assert_eq!((s.via, s.refused.mismatched), ("root", 1), "{s:?}");
     Ok(())
 }
 
@@ -443,7 +467,7 @@ fn live_capture_reaches_a_private_mount_namespace() -> Outcome {
         assert_eq!(proven(&c, &mp), LIVEPROG_ID);
         drop(a);
         let s = c.finish();
-        assert_eq!(s.cache_added, 2, "{s:?}");
+        assert_eq!(s.filled.cache_added, 2, "{s:?}");
         assert!(cached(&cache, LIVELIB_V1) && cached(&cache, LIVEPROG_ID));
     }
     Ok(())
