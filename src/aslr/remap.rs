@@ -375,9 +375,7 @@ fn after_branches(w: &mut Walk<'_, '_>, ctx: &SampleCtx) -> Result<Option<Verdic
 
 /// A READ field (one value or a group), copied.
 fn copy_read(w: &mut Walk<'_, '_>, rfm: u64) -> Result<(), SampleError> {
-    let times =
-        u64::from(rfm & rf::TOTAL_TIME_ENABLED != 0) + u64::from(rfm & rf::TOTAL_TIME_RUNNING != 0);
-    let per = 1 + u64::from(rfm & rf::ID != 0) + u64::from(rfm & rf::LOST != 0);
+    let (per, times) = crate::format::sample::read_words(rfm);
     if rfm & rf::GROUP != 0 {
         let nr = w.copy("truncated read group count")?;
         let n = nr

@@ -150,10 +150,8 @@ impl SampleLayout {
         }
         if t & st::READ != 0 {
             let rfm = self.read_format;
-            let per_value = 8 * (1 + u64::from(rfm & rf::ID != 0) + u64::from(rfm & rf::LOST != 0));
-            let times = 8
-                * (u64::from(rfm & rf::TOTAL_TIME_ENABLED != 0)
-                    + u64::from(rfm & rf::TOTAL_TIME_RUNNING != 0));
+            let (per_value, times) = read_words(rfm);
+            let (per_value, times) = (8 * per_value, 8 * times);
             if rfm & rf::GROUP != 0 {
                 let nr = c.u64("truncated read group count")?;
                 let len = nr
@@ -391,4 +389,13 @@ impl Times {
         }
         self.trailer.read(rec, self.e).time
     }
+}
+
+/// The 8-byte words of a READ field for `read_format`: per value (the value, its id,
+/// its lost count), and the times before them (enabled, running).
+pub fn read_words(rfm: u64) -> (u64, u64) {
+    let per = 1 + u64::from(rfm & rf::ID != 0) + u64::from(rfm & rf::LOST != 0);
+    let times =
+        u64::from(rfm & rf::TOTAL_TIME_ENABLED != 0) + u64::from(rfm & rf::TOTAL_TIME_RUNNING != 0);
+    (per, times)
 }
