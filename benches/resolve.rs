@@ -82,7 +82,10 @@ fn bench_resolve(c: &mut Criterion) {
             ("no-unwind", UnwindChoice::None),
         ] {
             let opts = Options {
-                unwind,
+                unwind: pdinject::options::Unwinding {
+                    how: unwind,
+                    ..Default::default()
+                },
                 jobs: Some(n),
                 ..Options::default()
             };

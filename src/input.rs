@@ -2,9 +2,9 @@
 //! windows. Only the header, attrs and features are read eagerly; the data section is
 //! mapped a window at a time so memory does not grow with the file.
 
+use crate::error::{Error, Result};
 use crate::format::attr::{Attr, read_attrs};
 use crate::format::header::{FEAT_DIR_FORMAT, FileHeader, Section};
-use crate::{Error, Result};
 use std::fs::File;
 use std::ops::Deref;
 use std::os::unix::fs::FileExt;

@@ -4,7 +4,7 @@
 //! stand for a huge one, a ceiling stops the run with an error that names the file,
 //! the offset and the limit.
 
-use crate::{Error, Result};
+use crate::error::{Error, Result};
 
 /// perf's `PATH_MAX`: it reads a build-ID entry's name area (the entry's bytes after
 /// its 36-byte head) into a `char filename[PATH_MAX]` without checking: a longer area
@@ -56,7 +56,7 @@ pub const DECOMPRESS_FLOOR: u64 = 64 << 20;
 pub const MAX_RESOLVE_WINDOW: u64 = 64 << 20;
 
 /// Bytes of one dpkg `info/PKG.md5sums` read when a moved ctime needs the package
-/// manager's word (`crate::buildid::vouch`): a package's list of digests is kilobytes
+/// manager's word (the vouchers of `buildid`): a package's list of digests is kilobytes
 /// (libc6's 3 KB, the largest on this machine 1.3 MB); a larger one is not read.
 pub const MAX_DPKG_MD5SUMS: u64 = 16 << 20;
 
@@ -314,7 +314,7 @@ pub fn name_fits(name: &[u8]) -> bool {
 }
 
 // The section overlap rule (regions of the file sharing no byte) is
-// [`crate::format::header::check_disjoint`], beside the sections it reads.
+// `check_disjoint` of `format::header`, beside the sections it reads.
 
 #[cfg(test)]
 mod tests {

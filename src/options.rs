@@ -1,11 +1,11 @@
 //! What a run is asked to do: the mode, the build IDs the user knows, the worker
 //! count, the output's form, unwinding and progress reporting. Filled in by the
 //! command line (or any other caller of the library); read by the driver, the engine
-//! and the sinks. Imports only `format` (IDs), `buildid::cache` (the cache to fill)
-//! and `limits`.
+//! and the sinks. Imports only `format` (IDs), `buildid` (the cache to fill, the
+//! vouchers), `live` (its choice) and `limits`.
 
+use crate::error::{Error, Result};
 use crate::format::buildid::BuildId;
-use crate::{Error, Result};
 use std::time::Duration;
 
 /// Which DSOs get build IDs.
@@ -19,7 +19,7 @@ pub enum Mode {
 }
 
 /// The form in which the output carries the IDs it gains. Which output (a file, a
-/// stream, the input itself) is the driver's [`crate::driver::Output`]; any form
+/// stream, the input itself) is the driver's `driver::Output`; any form
 /// goes with any output. A conversion of the samples (coming) is a choice of its own
 /// beside this one, not a third form.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -29,7 +29,7 @@ pub enum Form {
     Table,
     /// Besides, the mapping records of DSOs with a decided ID are written in
     /// build-ID form (`--mmap2-buildids` with [`Mode::Hit`], `--mmap2-buildid-all`
-    /// with [`Mode::All`]); see [`crate::sink::mmap2`].
+    /// with [`Mode::All`]); see `sink::mmap2`.
     Mmap2,
 }
 
@@ -50,7 +50,7 @@ pub enum UnwindChoice {
 pub use crate::format::attr_compat::AttrsFor;
 
 /// `--jit`: whether jitdumps are turned into images and mapping records first
-/// (`crate::jit`, which the driver runs before the engine).
+/// (`jit`, which the driver runs before the engine).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum JitChoice {
     /// Jitdump markers stay as they are (the default).
@@ -82,7 +82,13 @@ pub const DEFAULT_UNWIND_BUDGET: Duration = Duration::from_millis(1);
 /// Default frame cap: perf's own PERF_MAX_STACK_DEPTH is 127; deeper DWARF stacks exist.
 pub const DEFAULT_MAX_FRAMES: usize = 512;
 
-/// Options of a run.
+/// Options of a run: configuration only (paths, choices, figures). What a run opens
+/// from them (the symbol store, the memo of proofs) it opens itself, at its start
+/// (`engine::Handles`), so a caller cannot hand a run a handle of another's.
+///
+/// Open on purpose: callers fill it as `Options { .., ..Options::default() }`, a form
+/// a new field (with its default) does not break and `#[non_exhaustive]` would forbid
+/// outside the crate.
 #[derive(Clone)]
 pub struct Options {
     /// Hit or all.
@@ -93,51 +99,96 @@ pub struct Options {
     pub jobs: Option<usize>,
     /// Progress reporting.
     pub progress: Option<ProgressFn>,
-    /// How user stacks are walked.
-    pub unwind: UnwindChoice,
-    /// Time allowed to unwind one sample.
-    pub unwind_budget: Duration,
-    /// Frames walked at most per sample.
-    pub max_frames: usize,
+    /// How user stacks are walked, and how long and deep.
+    pub unwind: Unwinding,
     /// perf's build-ID cache to fill (`None`: `--no-buildid-cache`, and the library
     /// default).
     pub cache: Option<crate::buildid::cache::BuildIdCache>,
-    /// `--symbol-store`: the build-ID symbol store to fill (docs/store.md).
-    pub store: Option<crate::buildid::store::SymbolStore>,
+    /// `--symbol-store`: the directory of the build-ID symbol store to fill
+    /// (docs/store.md), opened (and made) when the run starts.
+    pub store: Option<std::path::PathBuf>,
     /// `--symfs`: user DSOs are read under this sysroot.
     pub symfs: Option<std::path::PathBuf>,
     /// How the output carries the IDs.
     pub form: Form,
-    /// A file is resolved while it is scanned, a batch each time the scan has gone
-    /// this many bytes further and the previous batch is done (`None`: after the
-    /// whole scan, as one batch). Results are the same either way
-    /// ([`crate::engine::Beside`]).
-    pub resolve_ahead: Option<u64>,
-    /// Bytes a stream may keep across its batches (`--stream-memory`; see
-    /// [`crate::limits::StreamKept`]).
-    pub stream_memory: u64,
+    /// How far the resolve runs beside the scan, and what a stream may keep.
+    pub memory: Memory,
     /// `--attrs-for`: the attr size of the output (default: the input's).
     pub attrs_for: AttrsFor,
-    /// `--convert-callchain`: DWARF stack dumps become callchains
-    /// ([`crate::convert`]).
+    /// `--convert-callchain`: DWARF stack dumps become callchains (`convert`).
     pub callchains: Callchains,
-    /// `--jit`: jitdumps become images and mapping records first (`crate::jit`).
+    /// `--jit`: jitdumps become images and mapping records (`jit`).
     pub jit: JitChoice,
     /// `--aslr`: addresses moved to a layout that gives away none of the recorded
-    /// machine's (`crate::aslr`, docs/aslr.md).
+    /// machine's (`aslr`, docs/aslr.md).
     pub addresses: Addresses,
-    /// The memo of file proofs the run consults (a batch shares one across its
-    /// inputs; `None`: every proof reads its file).
-    pub memo: Option<std::sync::Arc<crate::buildid::memo::Memo>>,
     /// What may excuse a DSO's ctime moved after the recording started: dpkg's
     /// database (`--dpkg-admindir`), pdinject's cache links, `--trust-same-layout`
     /// (docs/guarantees.md).
     pub vouchers: crate::buildid::vouch::Vouchers,
-    /// `--live`: capture mapped files while a live stream is read (issue 32,
-    /// [`crate::live`]; the library's default is off).
-    pub live: crate::live::LiveChoice,
+    /// `--live`, `--live-budget`: capture mapped files while a live stream is read
+    /// (issue 32, `live`; the library's default is off).
+    pub live: Live,
+}
+
+/// `--unwind`, `--unwind-budget`, `--unwind-max-frames`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Unwinding {
+    /// How user stacks are walked.
+    pub how: UnwindChoice,
+    /// Time allowed to unwind one sample.
+    pub budget: Duration,
+    /// Frames walked at most per sample.
+    pub max_frames: usize,
+}
+
+impl Default for Unwinding {
+    fn default() -> Self {
+        Unwinding {
+            how: UnwindChoice::Auto,
+            budget: DEFAULT_UNWIND_BUDGET,
+            max_frames: DEFAULT_MAX_FRAMES,
+        }
+    }
+}
+
+/// What the run may hold of the input at a time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Memory {
+    /// A file is resolved while it is scanned, a batch each time the scan has gone
+    /// this many bytes further and the previous batch is done (`None`: after the
+    /// whole scan, as one batch). Results are the same either way (`engine::Beside`).
+    pub resolve_ahead: Option<u64>,
+    /// Bytes a stream may keep across its batches (`--stream-memory`; see
+    /// [`crate::limits::StreamKept`]).
+    pub stream: u64,
+}
+
+impl Default for Memory {
+    fn default() -> Self {
+        Memory {
+            resolve_ahead: Some(DEFAULT_RESOLVE_AHEAD),
+            stream: crate::limits::DEFAULT_STREAM_MEMORY,
+        }
+    }
+}
+
+/// `--live` and what the capture may copy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Live {
+    /// Whether mappings are captured while the stream is read.
+    pub choice: crate::live::LiveChoice,
     /// `--live-budget`: bytes the live capture may copy.
-    pub live_budget: u64,
+    pub budget: u64,
+}
+
+impl Default for Live {
+    fn default() -> Self {
+        Live {
+            choice: crate::live::LiveChoice::Off,
+            budget: crate::live::DEFAULT_BUDGET,
+        }
+    }
 }
 
 /// What the output's samples carry of user stacks.
@@ -170,29 +221,24 @@ impl Default for Options {
             known: Vec::new(),
             jobs: None,
             progress: None,
-            unwind: UnwindChoice::Auto,
-            unwind_budget: DEFAULT_UNWIND_BUDGET,
-            max_frames: DEFAULT_MAX_FRAMES,
+            unwind: Unwinding::default(),
             cache: None,
             store: None,
             symfs: None,
             form: Form::Table,
-            resolve_ahead: Some(DEFAULT_RESOLVE_AHEAD),
-            stream_memory: crate::limits::DEFAULT_STREAM_MEMORY,
+            memory: Memory::default(),
             attrs_for: AttrsFor::Verbatim,
             callchains: Callchains::AsRecorded,
             jit: JitChoice::Off,
             addresses: Addresses::AsRecorded,
-            memo: None,
             vouchers: crate::buildid::vouch::Vouchers::default(),
-            live: crate::live::LiveChoice::Off,
-            live_budget: crate::live::DEFAULT_BUDGET,
+            live: Live::default(),
         }
     }
 }
 
 /// Bytes a file's scan goes on at least before the records behind it are resolved
-/// beside it (see [`Options::resolve_ahead`]). Below a few hundred MB the scan takes
+/// beside it (see [`Memory::resolve_ahead`]). Below a few hundred MB the scan takes
 /// milliseconds and the pool is better used mapping its windows (on dwarf-med, 146 MB,
 /// resolving beside the scan measured no faster on 2 cores); on GB-sized files it
 /// takes a fifth of the run.
@@ -205,14 +251,11 @@ impl std::fmt::Debug for Options {
             .field("known", &self.known)
             .field("jobs", &self.jobs)
             .field("unwind", &self.unwind)
-            .field("unwind_budget", &self.unwind_budget)
-            .field("max_frames", &self.max_frames)
             .field("cache", &self.cache)
             .field("store", &self.store)
             .field("symfs", &self.symfs)
             .field("form", &self.form)
-            .field("resolve_ahead", &self.resolve_ahead)
-            .field("stream_memory", &self.stream_memory)
+            .field("memory", &self.memory)
             .field("attrs_for", &self.attrs_for)
             .field("callchains", &self.callchains)
             .field("jit", &self.jit)

@@ -1,9 +1,9 @@
 //! The run summary: a few lines on stderr and, with `--report FILE`, the same as JSON.
 
 use crate::buildid::{Contradiction, Reason, Source, Verdict};
+use crate::error::{Error, Result};
 use crate::model::DsoKind;
 use crate::write::TempOutput;
-use crate::{Error, Result};
 use serde::Serialize;
 use std::io::Write;
 use std::path::Path;

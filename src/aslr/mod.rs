@@ -60,7 +60,11 @@ pub(crate) fn shared_feature(bit: u32, bytes: Vec<u8>) -> Option<Vec<u8>> {
 /// The header records a stream sink made of a file's header (HEADER_ATTR,
 /// HEADER_FEATURE, HEADER_TRACING_DATA), as `--aslr` writes them: what goes is
 /// counted in `dropped`.
-pub(crate) fn shared_head(recs: &[u8], e: Endian, dropped: &mut Dropped) -> crate::Result<Vec<u8>> {
+pub(crate) fn shared_head(
+    recs: &[u8],
+    e: Endian,
+    dropped: &mut Dropped,
+) -> crate::error::Result<Vec<u8>> {
     let mut out = Vec::with_capacity(recs.len());
     let mut at = 0usize;
     while at < recs.len() {

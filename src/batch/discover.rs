@@ -2,7 +2,7 @@
 //! `--from` lists) turned into [`Input`]s named relative to their common parent folder.
 
 use super::Dest;
-use crate::{Error, Result};
+use crate::error::{Error, Result};
 use std::collections::HashSet;
 use std::io::{BufRead, Read};
 use std::os::unix::fs::MetadataExt;

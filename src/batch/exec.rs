@@ -6,11 +6,10 @@ use super::discover::Input;
 use super::fingerprint::fingerprint;
 use super::marker::{marker_path, up_to_date, write_marker};
 use super::result::{FileResult, Status, Summary};
-use crate::Error;
-use crate::buildid::memo::Memo;
+use crate::engine::Handles;
+use crate::error::Error;
 use crate::options::Options;
 use std::path::Path;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
@@ -45,7 +44,13 @@ fn describe(input: &Path, e: &Error) -> String {
     }
 }
 
-fn process(input: &Input, opts: &BatchOptions, fp: &str, pool: &rayon::ThreadPool) -> FileResult {
+fn process(
+    input: &Input,
+    opts: &BatchOptions,
+    fp: &str,
+    pool: &rayon::ThreadPool,
+    handles: &Handles,
+) -> FileResult {
     let t = Instant::now();
     let output = output_path(&opts.dest, input);
     let marker = marker_path(&opts.dest, input);
@@ -67,6 +72,7 @@ fn process(input: &Input, opts: &BatchOptions, fp: &str, pool: &rayon::ThreadPoo
     let cx = crate::engine::Context {
         opts: &engine,
         pool,
+        handles,
         host: crate::engine::Host::Consult,
     };
     let in_place = opts.dest == Dest::InPlace;
@@ -139,31 +145,12 @@ pub fn run(inputs: &[Input], opts: &BatchOptions, done: &(dyn Fn(&FileResult) + 
     .pool()
     {
         Ok(p) => p,
-        Err(e) => {
-            let mut s = Summary {
-                inputs: inputs.len(),
-                failed: inputs.len(),
-                ..Summary::default()
-            };
-            for i in inputs {
-                done(&FileResult::failed(
-                    i,
-                    &opts.dest,
-                    Some(format!("{}: {e}", i.path.display())),
-                ));
-            }
-            s.seconds = t.elapsed().as_secs_f64();
-            return s;
-        }
+        Err(e) => return all_failed(inputs, opts, &e, t, done),
     };
-    let memo = Arc::new(Memo::new());
-    // Every input's run proves through the one memo.
-    let opts = &BatchOptions {
-        engine: Options {
-            memo: Some(memo.clone()),
-            ..opts.engine.clone()
-        },
-        ..opts.clone()
+    // Every input's run proves through the one memo and fills the one store.
+    let handles = match Handles::open(&opts.engine) {
+        Ok(h) => h,
+        Err(e) => return all_failed(inputs, opts, &e, t, done),
     };
     let bad = conflicts(inputs, &opts.dest);
     let summary = std::sync::Mutex::new(Summary {
@@ -201,7 +188,7 @@ pub fn run(inputs: &[Input], opts: &BatchOptions, done: &(dyn Fn(&FileResult) + 
         ));
     }
     for n in big {
-        finish(process(&inputs[n], opts, &fp, &pool));
+        finish(process(&inputs[n], opts, &fp, &pool, &handles));
     }
     // Plain threads taking the next input from a counter (not the pool's own workers,
     // which would steal more inputs onto their stacks while they wait).
@@ -218,13 +205,37 @@ pub fn run(inputs: &[Input], opts: &BatchOptions, done: &(dyn Fn(&FileResult) + 
                 .pool();
                 let pool = own.as_ref().unwrap_or(&pool);
                 while let Some(&n) = small.get(next.fetch_add(1, Ordering::Relaxed)) {
-                    finish(process(&inputs[n], opts, &fp, pool));
+                    finish(process(&inputs[n], opts, &fp, pool, &handles));
                 }
             });
         }
     });
     let mut s = summary.into_inner().unwrap_or_default();
-    s.memo = memo.stats();
+    s.memo = handles.memo.stats();
     s.seconds = t.elapsed().as_secs_f64();
     s
+}
+
+/// Every input failed for one cause the batch met before any ran (no worker pool, a
+/// symbol store that cannot be made).
+fn all_failed(
+    inputs: &[Input],
+    opts: &BatchOptions,
+    e: &Error,
+    t: Instant,
+    done: &(dyn Fn(&FileResult) + Sync),
+) -> Summary {
+    for i in inputs {
+        done(&FileResult::failed(
+            i,
+            &opts.dest,
+            Some(format!("{}: {e}", i.path.display())),
+        ));
+    }
+    Summary {
+        inputs: inputs.len(),
+        failed: inputs.len(),
+        seconds: t.elapsed().as_secs_f64(),
+        ..Summary::default()
+    }
 }

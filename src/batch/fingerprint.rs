@@ -7,7 +7,7 @@
 //! way, so a carried field cannot be left out of the string either.
 
 use crate::format::buildid::BuildId;
-use crate::options::{AttrsFor, Callchains, Form, Mode, Options, UnwindChoice};
+use crate::options::{AttrsFor, Callchains, Form, Mode, Options, UnwindChoice, Unwinding};
 use std::fmt;
 use std::path::Path;
 use std::time::Duration;
@@ -38,9 +38,12 @@ impl<'a> Fingerprint<'a> {
         let Options {
             mode,
             known,
-            unwind,
-            unwind_budget,
-            max_frames,
+            unwind:
+                Unwinding {
+                    how: unwind,
+                    budget: unwind_budget,
+                    max_frames,
+                },
             symfs,
             form,
             attrs_for,
@@ -55,17 +58,13 @@ impl<'a> Fingerprint<'a> {
             // The symbol store too (docs/store.md: a store added to a rerun needs
             // --force to see the outputs already done).
             store: _,
-            // The same results either way (engine::Beside).
-            resolve_ahead: _,
-            // A limit: a stream over it fails and leaves no output.
-            stream_memory: _,
-            // Proofs answered from the memo are the proofs run again (it is exact).
-            memo: _,
+            // The same results either way (engine::Beside); and a limit: a stream
+            // over it fails and leaves no output.
+            memory: _,
             vouchers,
             // live capture hook (issue 32): a batch reads saved recordings, which
             // are never captured live.
             live: _,
-            live_budget: _,
         } = o;
         Fingerprint {
             mode: *mode,

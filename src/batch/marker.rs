@@ -3,7 +3,7 @@
 
 use super::dest::{Dest, output_path};
 use super::discover::{Input, stamp};
-use crate::{Error, Result};
+use crate::error::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 

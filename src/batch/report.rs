@@ -2,7 +2,7 @@
 //! one `{"summary": ...}` line.
 
 use super::result::{FileResult, Summary};
-use crate::{Error, Result};
+use crate::error::{Error, Result};
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};

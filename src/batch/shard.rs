@@ -1,7 +1,7 @@
 //! Sharding: which inputs one task of a job array owns (a fixed hash of each input's
 //! relative path), and the shard of the Slurm or Kubernetes job this process runs in.
 
-use crate::{Error, Result};
+use crate::error::{Error, Result};
 use std::path::Path;
 
 /// 64-bit FNV-1a: the shard hash (fixed, documented, the same on every machine).

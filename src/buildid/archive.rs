@@ -4,7 +4,7 @@
 //! `tar xf FILE.tar -C ~/.debug` on another machine lets `perf report` symbolise.
 //! Written as a GNU tar (ustar headers; GNU long-name records for long paths).
 
-use crate::{Error, Result};
+use crate::error::{Error, Result};
 use std::fs::File;
 use std::io::{BufWriter, Read, Write};
 use std::path::Path;

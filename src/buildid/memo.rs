@@ -11,7 +11,7 @@
 //!
 //! Only [`elf::prove_and_read`](super::elf::prove_and_read) uses the memo, through one
 //! call at its top ([`lookup`]), when the run hands it one
-//! ([`crate::Options::memo`]: a batch shares one across its inputs, a single run owns
+//! (`engine::Handles`: a batch shares one across its inputs, a single run owns
 //! one); without one every proof reads its file.
 //!
 //! Assumption this relies on (checked by the unit test below only for today's proof):
@@ -56,7 +56,7 @@ struct ProofKey {
 /// kept; each hit opens it anew and checks it is still the same file) or the refusal.
 type Answer = Result<(BuildId, CtimeEvidence), Refusal>;
 
-/// The memo of one run or batch: hand it to the proofs in [`crate::Options::memo`].
+/// The memo of one run or batch: the run opens it (`engine::Handles`) and hands it to the proofs.
 #[derive(Default)]
 pub struct Memo {
     proofs: Mutex<HashMap<ProofKey, Arc<OnceLock<Option<Answer>>>>>,

@@ -254,14 +254,16 @@ impl EngineArgs {
                 Some(s) => parse_known(s)?,
                 None => Vec::new(),
             },
-            unwind: match self.unwind {
-                UnwindArg::Auto => UnwindChoice::Auto,
-                UnwindArg::None => UnwindChoice::None,
-                UnwindArg::Fp => UnwindChoice::Fp,
-                UnwindArg::Dwarf => UnwindChoice::Dwarf,
+            unwind: pdinject::options::Unwinding {
+                how: match self.unwind {
+                    UnwindArg::Auto => UnwindChoice::Auto,
+                    UnwindArg::None => UnwindChoice::None,
+                    UnwindArg::Fp => UnwindChoice::Fp,
+                    UnwindArg::Dwarf => UnwindChoice::Dwarf,
+                },
+                budget: self.unwind_budget,
+                max_frames: self.unwind_max_frames,
             },
-            unwind_budget: self.unwind_budget,
-            max_frames: self.unwind_max_frames,
             form: if self.mmap2_buildid_all || self.mmap2_buildids {
                 pdinject::options::Form::Mmap2
             } else {
@@ -269,15 +271,12 @@ impl EngineArgs {
             },
             attrs_for: self.attrs_for(),
             cache,
-            store: match &self.symbol_store {
-                Some(d) => Some(
-                    pdinject::buildid::store::SymbolStore::new(d, self.symfs.clone())
-                        .map_err(|e| Error::Usage(format!("--symbol-store: {e}")))?,
-                ),
-                None => None,
-            },
+            store: self.symbol_store.clone(),
             symfs: self.symfs.clone(),
-            stream_memory: self.stream_memory,
+            memory: pdinject::options::Memory {
+                stream: self.stream_memory,
+                ..Default::default()
+            },
             callchains: if self.convert_callchain {
                 pdinject::options::Callchains::Converted
             } else {
@@ -288,12 +287,14 @@ impl EngineArgs {
             } else {
                 pdinject::options::Addresses::AsRecorded
             },
-            live: match self.live {
-                LiveArg::Auto => pdinject::live::LiveChoice::Auto,
-                LiveArg::On => pdinject::live::LiveChoice::On,
-                LiveArg::Off => pdinject::live::LiveChoice::Off,
+            live: pdinject::options::Live {
+                choice: match self.live {
+                    LiveArg::Auto => pdinject::live::LiveChoice::Auto,
+                    LiveArg::On => pdinject::live::LiveChoice::On,
+                    LiveArg::Off => pdinject::live::LiveChoice::Off,
+                },
+                budget: self.live_budget,
             },
-            live_budget: self.live_budget,
             jit: if self.jit {
                 pdinject::options::JitChoice::Inject(match self.jit_maps {
                     JitMapsArg::Touched => pdinject::options::JitMaps::Touched,

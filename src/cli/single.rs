@@ -90,10 +90,6 @@ fn execute_with(args: &SingleArgs, input: &Path, output: Option<&PathBuf>) -> Re
     let opts = Options {
         jobs: args.run.jobs,
         progress,
-        // One proof per DSO file: the unwind tables and the identify stage both prove
-        // the files they read, and the memo (exact: keyed by what the file is now and
-        // what the recording says of it) answers the second from the first.
-        memo: Some(Arc::new(pdinject::buildid::memo::Memo::new())),
         ..args.run.engine.options(args.debuginfod.as_deref())?
     };
     let result = run(args, &opts, input, output);

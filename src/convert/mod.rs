@@ -16,6 +16,7 @@ pub(crate) mod spill;
 
 pub(crate) use spill::{Spill, SpillTap};
 
+use crate::error::{Error, Result};
 use crate::format::Endian;
 use crate::format::attr::{Attr, st};
 use crate::format::attr_compat::FEAT_EVENT_DESC;
@@ -25,7 +26,6 @@ use crate::format::walk::Rec;
 use crate::model::Model;
 use crate::resolve::Decoded;
 use crate::resolve::unwind::{Frame, UnwindConfig};
-use crate::{Error, Result};
 
 /// `PERF_CONTEXT_USER`: the callchain entries after it are user addresses.
 pub(crate) const PERF_CONTEXT_USER: u64 = (-512i64) as u64;

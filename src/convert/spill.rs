@@ -10,9 +10,9 @@
 //! `--jit`'s records) walks a part's records by the numbers the scan gave them.
 
 use super::{Converter, Counts};
+use crate::error::{Error, Result};
 use crate::format::walk::{Chunk, Rec};
 use crate::resolve::{ChunkRewrite, Decoded, Rewrite};
-use crate::{Error, Result};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};

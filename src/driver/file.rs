@@ -3,9 +3,9 @@
 //! resolved at once at the end, while the sink copies the file beside the stages.
 
 use super::{conclude, with_facts};
-use crate::Result;
 use crate::engine::dating::{Dating, RecordingStart};
 use crate::engine::{Beside, Context, Counter, Cuts, Ending, Engine, Metadata, Point};
+use crate::error::Result;
 use crate::format::header::FEAT_BUILD_ID;
 use crate::format::walk::Chunk;
 use crate::input::{DataFile, PerfInput, WINDOW_BYTES};
@@ -100,7 +100,7 @@ fn scan_file(
     let mut chunks = Vec::new();
     let mut done = 0;
     let files = &input.data_files;
-    let beside = Beside::new(engine, files, opts.resolve_ahead, stop);
+    let beside = Beside::new(engine, files, opts.memory.resolve_ahead, stop);
     let scanned = cx.pool.in_place_scope(|scope| -> Result<()> {
         for (fi, df) in files.iter().enumerate() {
             engine.begin_file();

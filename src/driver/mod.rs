@@ -16,10 +16,11 @@ pub use file::run_file;
 pub use stream::{BATCH_BYTES, StreamInput, date_saved_stream, is_stream_header, run_stream};
 
 use crate::engine::dating::{Dating, wall_ns};
-use crate::engine::{Context, Engine, Host, dating::RecordingStart};
+use crate::engine::{Context, Engine, Handles, Host, dating::RecordingStart};
+use crate::error::{Error, Result};
 use crate::format::header::PIPE_HEADER_SIZE;
 use crate::input::PerfInput;
-use crate::options::{AttrsFor, Callchains, Form, Options, UnwindChoice};
+use crate::options::{AttrsFor, Callchains, Form, Options, UnwindChoice, Unwinding};
 use crate::report::Report;
 use crate::sink::edited::EditedSink;
 use crate::sink::inplace::InplaceSink;
@@ -28,7 +29,6 @@ use crate::sink::stream::StreamSink;
 use crate::sink::table::TableSink;
 use crate::sink::{Facts, NullSink, Sink};
 use crate::write::TempOutput;
-use crate::{Error, Result};
 use std::fs::File;
 use std::io::{BufWriter, IsTerminal, Read, Seek};
 use std::path::{Path, PathBuf};
@@ -113,12 +113,8 @@ pub fn run_staged(
     if let Some(r) = report_path {
         crate::report::check_report_path(r, input, output)?;
     }
-    let pool = opts.pool()?;
-    let cx = Context {
-        opts,
-        pool: &pool,
-        host: Host::Consult,
-    };
+    let opened = Opened::open(opts)?;
+    let cx = opened.cx(opts, Host::Consult);
     let (mut report, tmp) = run_uncommitted(cx, input, output)?;
     finish(&mut report)?;
     let staged = match report_path {
@@ -359,12 +355,8 @@ pub fn run_in_place(path: &Path, opts: &Options) -> Result<Report> {
             "--in-place needs a file, not a stream on stdin".into(),
         ));
     }
-    let pool = opts.pool()?;
-    let cx = Context {
-        opts,
-        pool: &pool,
-        host: Host::Consult,
-    };
+    let opened = Opened::open(opts)?;
+    let cx = opened.cx(opts, Host::Consult);
     run_in_place_in(cx, path)
 }
 
@@ -410,7 +402,7 @@ pub fn run_in_place_in(cx: Context<'_>, path: &Path) -> Result<Report> {
 
 /// What `--convert-callchain` needs of the other options.
 fn check_convert(opts: &Options) -> Result<()> {
-    if matches!(opts.unwind, UnwindChoice::None | UnwindChoice::Fp) {
+    if matches!(opts.unwind.how, UnwindChoice::None | UnwindChoice::Fp) {
         return Err(Error::Usage(
             "--convert-callchain unwinds with DWARF CFI: it cannot be combined with --unwind none or fp".into(),
         ));
@@ -430,7 +422,7 @@ fn drive(cx: Context<'_>, name: &Path, src: Input, sink: &mut dyn Sink) -> Resul
             let dating = if meta.is_file() {
                 let first = f.stream_position().unwrap_or(0);
                 let start = match cx.host {
-                    Host::Consult => date_saved_stream(cx.opts, cx.pool, name, &f, first)?,
+                    Host::Consult => date_saved_stream(cx, name, &f, first)?,
                     Host::Closed => RecordingStart::Unknown("the host is not consulted".into()),
                 };
                 Dating::Fixed(start)
@@ -451,11 +443,28 @@ fn drive(cx: Context<'_>, name: &Path, src: Input, sink: &mut dyn Sink) -> Resul
     }
 }
 
-fn closed<'a>(opts: &'a Options, pool: &'a rayon::ThreadPool) -> Context<'a> {
-    Context {
-        opts,
-        pool,
-        host: Host::Closed,
+/// What a run opens from its options before the engine starts: the worker pool and
+/// the handles ([`Handles`]).
+struct Opened {
+    pool: rayon::ThreadPool,
+    handles: Handles,
+}
+
+impl Opened {
+    fn open(opts: &Options) -> Result<Opened> {
+        Ok(Opened {
+            pool: opts.pool()?,
+            handles: Handles::open(opts)?,
+        })
+    }
+
+    fn cx<'a>(&'a self, opts: &'a Options, host: Host) -> Context<'a> {
+        Context {
+            opts,
+            pool: &self.pool,
+            handles: &self.handles,
+            host,
+        }
     }
 }
 
@@ -465,24 +474,23 @@ fn closed<'a>(opts: &'a Options, pool: &'a rayon::ThreadPool) -> Context<'a> {
 pub fn validate(path: &Path) -> Result<Report> {
     let opts = Options {
         jobs: Some(1),
-        unwind: crate::options::UnwindChoice::None,
+        unwind: Unwinding {
+            how: UnwindChoice::None,
+            ..Unwinding::default()
+        },
         ..Options::default()
     };
-    let pool = opts.pool()?;
+    let opened = Opened::open(&opts)?;
     let src = Input::open(path)?;
-    drive(closed(&opts, &pool), path, src, &mut NullSink)
+    drive(opened.cx(&opts, Host::Closed), path, src, &mut NullSink)
 }
 
 /// The engine over `path` (file or stream format) with this host consulted and no
 /// output written: scan, model, resolve (unwinding included) and identify. The
 /// criterion bench drives this.
 pub fn analyse(path: &Path, opts: &Options) -> Result<Report> {
-    let pool = opts.pool()?;
-    let cx = Context {
-        opts,
-        pool: &pool,
-        host: Host::Consult,
-    };
+    let opened = Opened::open(opts)?;
+    let cx = opened.cx(opts, Host::Consult);
     let src = Input::open(path)?;
     drive(cx, path, src, &mut NullSink)
 }
@@ -491,10 +499,13 @@ pub fn analyse(path: &Path, opts: &Options) -> Result<Report> {
 pub fn validate_bytes(bytes: &[u8]) -> Result<Report> {
     let opts = Options {
         jobs: Some(1),
-        unwind: crate::options::UnwindChoice::None,
+        unwind: Unwinding {
+            how: UnwindChoice::None,
+            ..Unwinding::default()
+        },
         ..Options::default()
     };
-    let pool = opts.pool()?;
+    let opened = Opened::open(&opts)?;
     let name = Path::new("<memory>");
     if is_stream_header(bytes) {
         let input = StreamInput {
@@ -504,10 +515,10 @@ pub fn validate_bytes(bytes: &[u8]) -> Result<Report> {
             dating: Dating::Fixed(RecordingStart::Unknown("in memory".into())),
             batch: BATCH_BYTES,
         };
-        return run_stream(closed(&opts, &pool), input, &mut NullSink);
+        return run_stream(opened.cx(&opts, Host::Closed), input, &mut NullSink);
     }
     let input = PerfInput::from_bytes(name, bytes.to_vec())?;
-    run_file(closed(&opts, &pool), &input, &mut NullSink)
+    run_file(opened.cx(&opts, Host::Closed), &input, &mut NullSink)
 }
 
 /// A stream from any reader to any writer, in batches of `batch` bytes, taken as a
@@ -519,7 +530,7 @@ pub fn stream(
     opts: &Options,
     batch: usize,
 ) -> Result<Report> {
-    let pool = opts.pool()?;
+    let opened = Opened::open(opts)?;
     let mut sink = stream_sink(Box::new(w), Path::new("<output>"), opts);
     let input = StreamInput {
         name: PathBuf::from("<stdin>"),
@@ -530,12 +541,7 @@ pub fn stream(
         },
         batch,
     };
-    let cx = Context {
-        opts,
-        pool: &pool,
-        host: Host::Consult,
-    };
-    let mut report = run_stream(cx, input, sink.as_mut())?;
+    let mut report = run_stream(opened.cx(opts, Host::Consult), input, sink.as_mut())?;
     report.pipe = true;
     Ok(report)
 }

@@ -7,15 +7,14 @@ use super::{conclude, with_facts};
 use crate::engine::dating::{Dating, RecordingStart};
 use crate::engine::rounds::Follows;
 use crate::engine::{Context, Cuts, Ending, Engine, Host, Point};
+use crate::error::{Error, Result};
 use crate::format::Endian;
 use crate::format::header::{PIPE_HEADER_SIZE, Section, pipe_header};
 use crate::format::record::RecordHeader;
 use crate::format::walk::{InMemory, frame};
 use crate::input::{Backing, DataFile, WINDOW_BYTES};
-use crate::options::Options;
 use crate::report::Report;
 use crate::sink::{Batch, Begin, Sink};
-use crate::{Error, Result};
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -44,11 +43,11 @@ struct Pending {
 const LIVE_READ: usize = 1 << 20;
 
 /// live capture hook (issue 32): what the capture of a live stream may write.
-fn live_config(opts: &Options) -> crate::live::LiveConfig {
+fn live_config(cx: Context<'_>) -> crate::live::LiveConfig {
     crate::live::LiveConfig {
-        cache: opts.cache.clone(),
-        store: opts.store.clone(),
-        byte_budget: opts.live_budget,
+        cache: cx.opts.cache.clone(),
+        store: cx.handles.store.clone(),
+        byte_budget: cx.opts.live.budget,
         ..Default::default()
     }
 }
@@ -86,7 +85,7 @@ pub fn run_stream(cx: Context<'_>, input: StreamInput<'_>, sink: &mut dyn Sink) 
     // live capture hook (issue 32): a stream read while it is recorded (not a
     // regular file) has its mappings captured as they arrive (`--live`).
     let live = (matches!(dating, Dating::Live { .. }) && cx.host == Host::Consult)
-        .then(|| crate::live::LiveStream::new(cx.opts.live, e, live_config(cx.opts)))
+        .then(|| crate::live::LiveStream::new(cx.opts.live.choice, e, live_config(cx)))
         .flatten();
     let mut engine = Engine::for_stream(cx, &name, e, dating);
     // --convert-callchain: each batch is converted by its resolve into memory, and
@@ -343,8 +342,7 @@ fn flush(
 /// (record headers and times only): CLOCK_DATA, else its mtime minus the span of its
 /// times. `first` is where the stream starts in the file (stdin may have been read).
 pub fn date_saved_stream(
-    opts: &Options,
-    pool: &rayon::ThreadPool,
+    cx: Context<'_>,
     name: &Path,
     file: &std::fs::File,
     first: u64,
@@ -358,9 +356,8 @@ pub fn date_saved_stream(
     })?;
     let e = header_endian(&head, name)?;
     let cx = Context {
-        opts,
-        pool,
         host: Host::Closed,
+        ..cx
     };
     let mut engine = Engine::for_stream(cx, name, e, Dating::Ended { mtime_ns });
     let start = first + PIPE_HEADER_SIZE;

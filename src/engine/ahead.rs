@@ -14,6 +14,7 @@
 
 use super::dating::RecordingStart;
 use super::{Cuts, Ending, Engine, batch_trust};
+use crate::error::{Error, Result};
 use crate::format::Endian;
 use crate::format::attr::Attr;
 use crate::format::walk::Chunk;
@@ -21,7 +22,6 @@ use crate::input::DataFile;
 use crate::model::Model;
 use crate::resolve::unwind::{UnwindConfig, UnwindTables};
 use crate::resolve::{Hits, Resolver};
-use crate::{Error, Result};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -94,7 +94,7 @@ impl<'f> Beside<'f> {
             e: engine.endian(),
             busy: AtomicBool::new(false),
             first_tables: Mutex::new(Some(UnwindTables::new(
-                engine.opts().memo.clone(),
+                Some(engine.handles().memo.clone()),
                 engine.opts().effective_vouchers(),
             ))),
             finished: Mutex::new(Vec::new()),

@@ -64,7 +64,7 @@ impl Engine<'_> {
             .attrs
             .iter()
             .any(|a| a.sample_type & st::STACK_USER != 0 && a.sample_type & st::REGS_USER != 0);
-        let choice = match (self.opts.unwind, has_stacks) {
+        let choice = match (self.cx.opts.unwind.how, has_stacks) {
             (UnwindChoice::None, _) | (UnwindChoice::Auto, false) => None,
             (choice, _) => Some(choice),
         };
@@ -79,11 +79,11 @@ impl Engine<'_> {
                 arch,
                 // A conversion's chains must not depend on load: only the frame cap
                 // ends them (docs/convert.md).
-                budget: match self.opts.callchains {
-                    crate::options::Callchains::AsRecorded => self.opts.unwind_budget,
+                budget: match self.cx.opts.callchains {
+                    crate::options::Callchains::AsRecorded => self.cx.opts.unwind.budget,
                     crate::options::Callchains::Converted => std::time::Duration::MAX,
                 },
-                max_frames: self.opts.max_frames,
+                max_frames: self.cx.opts.unwind.max_frames,
             }),
             None => {
                 if has_stacks {

@@ -8,13 +8,13 @@
 //! resolved in parallel as they fill: memory holds one group, whatever the file.
 
 use super::CHUNK_BYTES;
+use crate::error::{Error, Result};
 use crate::format::Endian;
 use crate::format::header::Section;
 use crate::format::record::rt;
 use crate::format::walk::{Chunk, Walker};
 use crate::input::{Backing, DataFile};
 use crate::resolve::{Hits, Resolver};
-use crate::{Error, Result};
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 

@@ -2,12 +2,12 @@
 //!
 //! A mapped file is one batch that ends at its end; a stream is many. The engine does
 //! not know which sink the bytes go to: after each batch the driver hands the sink the bytes
-//! that are final and the DSOs whose IDs those bytes need first ([`crate::sink`]).
+//! that are final and the DSOs whose IDs those bytes need first (`sink`).
 //! Everything that decides an ID lives here once: the scan of records into the model,
 //! dating the recording, whether this host may speak for it, the unwind
 //! configuration, grouping DSOs into table entries, and the counts of the report.
 //! The two ways batches arrive (a file, or a stream read in batches) are the
-//! driver's ([`crate::driver`]), which calls the engine and hands the sinks what it
+//! driver's (`driver`), which calls the engine and hands the sinks what it
 //! decided. The engine imports no sink and nothing of the driver.
 //!
 //! Imports: `resolve`, `buildid`, `model`, `input`, `format`, `limits`, `options`,
@@ -24,7 +24,10 @@ pub(crate) use ahead::Beside;
 use decide::batch_trust;
 pub(crate) use header::Metadata;
 
+use crate::buildid::memo::Memo;
+use crate::buildid::store::SymbolStore;
 use crate::buildid::{self, Evidence, Group, HostTrust, Outcome, Reason, host::HostInfo};
+use crate::error::{Error, Result};
 use crate::format::Endian;
 use crate::format::attr::{Attr, st};
 use crate::format::buildid::parse_build_id_entry;
@@ -41,7 +44,6 @@ use crate::report::SinkReport;
 use crate::report::{ClaimReport, DsoReport, Report};
 use crate::resolve::unwind::{UnwindConfig, UnwindTables};
 use crate::resolve::{Hits, Resolver};
-use crate::{Error, Result};
 use dating::{Dating, RecordingStart, Span};
 pub(crate) use rounds::Ending;
 pub(crate) use rounds::Point;
@@ -49,6 +51,7 @@ use rounds::{Follows, Rounds};
 use std::collections::{BTreeMap, HashSet};
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -72,16 +75,50 @@ pub enum Host {
     Closed,
 }
 
-/// What every input of a run shares: the options, the worker pool, and whether the
-/// host may be consulted. Copied into each engine (a batch of many inputs shares one).
+/// What every input of a run shares: the options, the worker pool, what the run
+/// opened, and whether the host may be consulted. Copied into each engine (a batch
+/// of many inputs shares one).
 #[derive(Clone, Copy)]
 pub struct Context<'a> {
     /// What the run is asked to do.
     pub opts: &'a Options,
     /// The worker pool.
     pub pool: &'a rayon::ThreadPool,
+    /// What the run opened from its options.
+    pub handles: &'a Handles,
     /// Whether the host may speak for recordings.
     pub host: Host,
+}
+
+/// What a run opens from its [`Options`] when it starts: the symbol store it fills
+/// and the memo of file proofs. A batch opens them once for all its inputs, so every
+/// input proves through the one memo and the store sweeps its temp files once.
+#[derive(Debug)]
+pub struct Handles {
+    /// The memo of file proofs: one proof per DSO file, which the unwind tables
+    /// and the identify stage both ask for (the memo is exact: keyed by what the file
+    /// is now and what the recording says of it).
+    pub memo: Arc<Memo>,
+    /// `--symbol-store`, opened (made when missing).
+    pub store: Option<SymbolStore>,
+}
+
+impl Handles {
+    /// Opens what `opts` names; a symbol store that cannot be made is a usage error,
+    /// as the flag that named it.
+    pub fn open(opts: &Options) -> Result<Handles> {
+        let store = match &opts.store {
+            Some(d) => Some(
+                SymbolStore::new(d, opts.symfs.clone())
+                    .map_err(|e| Error::Usage(format!("--symbol-store: {e}")))?,
+            ),
+            None => None,
+        };
+        Ok(Handles {
+            memo: Arc::new(Memo::new()),
+            store,
+        })
+    }
 }
 
 /// What the scan counts and collects besides the model.
@@ -250,8 +287,8 @@ enum ChunkStart {
 
 /// The engine's state over one input.
 pub(crate) struct Engine<'a> {
-    opts: &'a Options,
-    pool: &'a rayon::ThreadPool,
+    /// The run's options, pool and handles.
+    cx: Context<'a>,
     origin: Origin,
     /// The input's name in messages.
     name: PathBuf,
@@ -347,7 +384,7 @@ struct Stages {
     /// (`--convert-callchain`, [`Engine::convert_into`]).
     spill: Option<std::sync::Arc<crate::convert::Spill>>,
     /// `--jit`: the stage that reads jitdumps into the model and chooses the records
-    /// the sink splices in ([`crate::jit`]), and those records once chosen.
+    /// the sink splices in (`jit`), and those records once chosen.
     jit: Option<crate::jit::Stage>,
     splices: Option<crate::jit::Splices>,
     /// `--aslr`: the layout's events, as the scan meets them.
@@ -395,8 +432,7 @@ impl<'a> Engine<'a> {
 
     fn new(cx: Context<'a>, name: &Path, e: Endian, dating: Dating) -> Self {
         Engine {
-            opts: cx.opts,
-            pool: cx.pool,
+            cx,
             origin: Origin {
                 host: cx.host,
                 trust: None,
@@ -474,7 +510,7 @@ impl<'a> Engine<'a> {
     }
 
     /// `--convert-callchain`: the resolve converts each chunk into `spill`, which the
-    /// sink writes (see [`crate::convert`]).
+    /// sink writes (see `convert`).
     pub(crate) fn convert_into(&mut self, spill: std::sync::Arc<crate::convert::Spill>) {
         self.stages.spill = Some(spill);
     }
@@ -571,7 +607,7 @@ impl<'a> Engine<'a> {
             .fetch_max(self.budget.kept.total(), Ordering::Relaxed);
         self.budget
             .kept
-            .check(self.opts.stream_memory)
+            .check(self.cx.opts.memory.stream)
             .map_err(|over| over.at(offset))
     }
 
@@ -587,7 +623,7 @@ impl<'a> Engine<'a> {
     /// Bytes of records a stream may carry to its next batch: its budget less what
     /// it keeps.
     pub(crate) fn stream_room(&self) -> u64 {
-        self.opts.stream_memory.saturating_sub(self.kept_total())
+        self.cx.opts.memory.stream.saturating_sub(self.kept_total())
     }
 
     /// A stream carries `bytes` of records to its next batch (the report's figure
@@ -610,7 +646,7 @@ impl<'a> Engine<'a> {
         self.budget
             .kept_peak
             .fetch_max(kept.total(), Ordering::Relaxed);
-        kept.check(self.opts.stream_memory)
+        kept.check(self.cx.opts.memory.stream)
             .map_err(|over| over.at(offset).in_file(&self.name))
     }
 
@@ -643,7 +679,12 @@ impl<'a> Engine<'a> {
 
     /// What the run is asked to do.
     pub(crate) fn opts(&self) -> &Options {
-        self.opts
+        self.cx.opts
+    }
+
+    /// What the run opened.
+    pub(crate) fn handles(&self) -> &Handles {
+        self.cx.handles
     }
 
     /// Whether an entry of the input's table (or a HEADER_BUILD_ID record of the
@@ -1039,7 +1080,7 @@ impl<'a> Engine<'a> {
     }
 
     /// `--jit`, once the input is scanned: the jitdumps its markers name are read
-    /// into the model ([`crate::jit::Stage::read`]).
+    /// into the model (`jit::Stage::read`).
     fn read_jitdumps(&mut self, last: bool) -> Result<()> {
         let Some(mut j) = self.stages.jit.take() else {
             return Ok(());
@@ -1064,7 +1105,7 @@ impl<'a> Engine<'a> {
             end_time: self.origin.span.max.unwrap_or(0),
             keep_all,
         };
-        let r = j.read(&rec, &mut self.builder, self.pool, last);
+        let r = j.read(&rec, &mut self.builder, self.cx.pool, last);
         self.stages.jit = Some(j);
         self.add_time("jit-dumps", t.elapsed());
         r.map_err(|e| e.in_file(&self.name))
@@ -1125,7 +1166,7 @@ impl<'a> Engine<'a> {
             j.resolved(&hits.offsets, hits.max_time);
             let ended = ending == Ending::Ended;
             if ended {
-                j.choose(self.pool);
+                j.choose(self.cx.pool);
             }
             let stream = self.head.from_records.then_some(ended);
             let splices = j.splices(self.e, &self.head.attrs, stream);
@@ -1161,11 +1202,11 @@ impl<'a> Engine<'a> {
         let unwind = self.unwind_config(batch.meta);
         let time_mode = self.head.time_mode.unwrap_or(false);
         let t = Instant::now();
-        let (memo, vouchers) = (&self.opts.memo, self.opts.effective_vouchers());
+        let (memo, vouchers) = (&self.cx.handles.memo, self.cx.opts.effective_vouchers());
         let tables = self
             .res
             .tables
-            .get_or_insert_with(|| UnwindTables::new(memo.clone(), vouchers));
+            .get_or_insert_with(|| UnwindTables::new(Some(memo.clone()), vouchers));
         tables.grow(model);
         // Unwind tables obey the proof the IDs obey, batch by batch.
         tables.set_proof(
@@ -1174,7 +1215,7 @@ impl<'a> Engine<'a> {
         );
         tables.set_claimed(buildid::claimed_user_ids(
             &batch.meta.table,
-            &self.opts.known,
+            &self.cx.opts.known,
         ));
         let mut resolver = Resolver::new(model, &self.head.attrs, time_mode, self.e);
         if let Some(cfg) = unwind {
@@ -1203,12 +1244,21 @@ impl<'a> Engine<'a> {
                 Some(w) if self.head.from_records => w,
                 _ => Walker::new(self.e, chunks.first().map_or(0, |c| c.first_seq)),
             };
-            let r = flat::resolve(self.pool, &resolver, &mut w, files, chunks, stop, progress);
+            let r = flat::resolve(
+                self.cx.pool,
+                &resolver,
+                &mut w,
+                files,
+                chunks,
+                stop,
+                progress,
+            );
             self.res.flat_walker = Some(w);
             r?
         } else {
             let tap = tap.as_ref().map(|t| t as &dyn crate::resolve::Rewrite);
-            self.pool
+            self.cx
+                .pool
                 .install(|| resolver.run(files, chunks, progress, stop, tap))?
         };
         drop(tap);
@@ -1226,7 +1276,7 @@ impl<'a> Engine<'a> {
     /// batch's new DSOs of that name. The hits count into the report. Returns the
     /// groups and how many there are.
     fn undecided_groups(&mut self, model: &Model, hits: Hits) -> (Vec<Group>, usize) {
-        let all_hit = self.opts.mode == Mode::All || self.scan.has_aux;
+        let all_hit = self.cx.opts.mode == Mode::All || self.scan.has_aux;
         let mut groups: BTreeMap<(bool, String), Group> = BTreeMap::new();
         for (i, d) in model.dsos.iter().enumerate() {
             let key = (d.kind.is_kernel_space(), d.name.clone());
@@ -1291,16 +1341,16 @@ impl<'a> Engine<'a> {
     /// The answer for each of `groups`, by the evidence of the batch.
     fn identify(&mut self, batch: &BatchInputs<'_>, groups: &[Group]) -> Vec<Outcome> {
         let t = Instant::now();
-        let vouchers = self.opts.effective_vouchers();
+        let vouchers = self.cx.opts.effective_vouchers();
         let ev = Evidence {
             table: &batch.meta.table,
             stream: &self.scan.stream_build_ids,
-            known: &self.opts.known,
+            known: &self.cx.opts.known,
             trust: batch.trust,
             claims: &self.res.claims,
             times: batch.start.clone(),
-            symfs: self.opts.symfs.as_deref(),
-            memo: self.opts.memo.as_deref(),
+            symfs: self.cx.opts.symfs.as_deref(),
+            memo: Some(&self.cx.handles.memo),
             vouchers: &vouchers,
             // live capture hook (issue 32)
             live: self.live_capture().map(|c| c as &dyn buildid::Captured),
@@ -1308,6 +1358,7 @@ impl<'a> Engine<'a> {
         // An ID no table entry or record can carry is refused before anything uses
         // it (the cache included).
         let outcomes: Vec<_> = self
+            .cx
             .pool
             .install(|| buildid::identify(groups, batch.model, &ev))
             .into_iter()
@@ -1349,9 +1400,10 @@ impl<'a> Engine<'a> {
             .collect();
         // perf's build-ID cache, beside any sink: the very files just proven.
         let t = Instant::now();
-        let mut cached = match &self.opts.cache {
+        let mut cached = match &self.cx.opts.cache {
             Some(c) => {
-                self.pool
+                self.cx
+                    .pool
                     .install(|| buildid::cache::fill(c, &groups, &outcomes, trust))
                     .results
             }
@@ -1375,9 +1427,10 @@ impl<'a> Engine<'a> {
         }
         // The symbol store, from the same open files (docs/store.md).
         let mut stored = Vec::new();
-        if let Some(s) = &self.opts.store {
+        if let Some(s) = &self.cx.handles.store {
             let t = Instant::now();
             stored = self
+                .cx
                 .pool
                 .install(|| buildid::store::fill(s, &groups, &outcomes, trust));
             // live capture hook (issue 32): the same for the store.
@@ -1556,7 +1609,7 @@ impl<'a> Engine<'a> {
     /// records carry.
     fn dso_lines(&mut self, r: &mut Report) -> usize {
         let mut in_records = 0;
-        r.store = self.opts.store.as_ref().map(|st| {
+        r.store = self.cx.handles.store.as_ref().map(|st| {
             buildid::store::StoreTotals::of(
                 &st.dir,
                 self.res.decided.values().filter_map(|d| d.store.as_ref()),

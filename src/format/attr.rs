@@ -4,7 +4,7 @@
 
 use super::Endian;
 use super::header::FileHeader;
-use crate::{Error, Result};
+use crate::error::{Error, Result};
 
 /// `sample_type` bits (uapi `enum perf_event_sample_format`).
 pub mod st {

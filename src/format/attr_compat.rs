@@ -10,7 +10,7 @@
 //! field, rather than written without it.
 
 use super::Endian;
-use crate::{Error, Result};
+use crate::error::{Error, Result};
 
 /// `--attrs-for`: the perf whose attr size the output's event attributes are
 /// written at. perf refuses a perf.data file whose attrs are larger than its own

@@ -26,7 +26,7 @@ pub fn payload<'a>(h: &RecordHeader, rec: &'a [u8], e: Endian) -> Option<&'a [u8
 }
 
 /// An inner record that no framing allows (its offset is the COMPRESSED record's).
-fn bad_frame(_: crate::Error) -> InnerError {
+fn bad_frame(_: crate::error::Error) -> InnerError {
     InnerError::BadRecord("inner record smaller than its header, or with an oversized payload")
 }
 

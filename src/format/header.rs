@@ -1,7 +1,7 @@
 //! `struct perf_file_header` (perf-format.md §1.2) and the feature bitmap.
 
 use super::Endian;
-use crate::{Error, Result};
+use crate::error::{Error, Result};
 
 /// Size of the modern file header.
 pub const FILE_HEADER_SIZE: u64 = 104;

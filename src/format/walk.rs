@@ -6,7 +6,7 @@
 use super::Endian;
 use super::compressed::{InnerError, InnerStream, payload};
 use super::record::{RecordHeader, out_of_band_len, rt};
-use crate::{Error, Result};
+use crate::error::{Error, Result};
 use std::ops::{ControlFlow, Deref};
 
 /// Largest out-of-band payload (AUXTRACE, TRACING_DATA) one record may announce.
@@ -101,7 +101,7 @@ impl<'b> Windows for InMemory<'b> {
                 self.bytes
                     .get(a..a.checked_add(usize::try_from(len).ok()?)?)
             })
-            .ok_or_else(|| crate::Error::format(offset, "window outside the batch"))
+            .ok_or_else(|| crate::error::Error::format(offset, "window outside the batch"))
     }
 }
 

@@ -255,25 +255,25 @@ impl Image {
     }
 
     /// Writes the image to `path` (a temp name beside it, renamed over it).
-    pub(crate) fn write(self, path: &Path) -> crate::Result<Done> {
+    pub(crate) fn write(self, path: &Path) -> crate::error::Result<Done> {
         let bytes = self
             .bytes(path)
-            .map_err(|e| crate::Error::Internal(format!("a JIT image: {e}")))?;
+            .map_err(|e| crate::error::Error::Internal(format!("a JIT image: {e}")))?;
         let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
         let mut tmp = tempfile::Builder::new()
             .prefix(".pdinject-jit-")
             .tempfile_in(dir.unwrap_or(Path::new(".")))
-            .map_err(|e| crate::Error::io(path, e))?;
+            .map_err(|e| crate::error::Error::io(path, e))?;
         // Removed on a signal too, as every temporary is (src/signals.rs).
         let slot = crate::signals::watch(tmp.path(), false);
         let r = std::io::Write::write_all(&mut tmp, &bytes.0)
-            .map_err(|e| crate::Error::io(path, e))
+            .map_err(|e| crate::error::Error::io(path, e))
             // An image already at the path (a rerun, an older process with this pid)
             // is replaced: if it was needed, it is in the build-ID cache.
             .and_then(|()| {
                 tmp.persist(path)
                     .map(drop)
-                    .map_err(|e| crate::Error::io(path, e.error))
+                    .map_err(|e| crate::error::Error::io(path, e.error))
             });
         if let Some(s) = slot {
             crate::signals::unwatch(s);

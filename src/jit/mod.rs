@@ -237,7 +237,7 @@ impl Stage {
         b: &mut ModelBuilder,
         pool: &rayon::ThreadPool,
         last: bool,
-    ) -> crate::Result<()> {
+    ) -> crate::error::Result<()> {
         if self.markers.is_empty() {
             if last {
                 self.notes.push(
@@ -301,7 +301,7 @@ impl Stage {
 
     /// Opens the dumps of markers met since the last read, and puts their images into
     /// the model as DSOs.
-    fn open_new(&mut self, b: &mut ModelBuilder, shared: Shared) -> crate::Result<()> {
+    fn open_new(&mut self, b: &mut ModelBuilder, shared: Shared) -> crate::error::Result<()> {
         let over = |e: crate::limits::Exceeded| e.at(0);
         let new: Vec<Marker> = self.markers[self.opened..].to_vec();
         for m in new {
@@ -510,7 +510,12 @@ impl Stage {
 
 /// Puts the records of `u` from `from` on into the model, its single images as DSOs;
 /// those of a time already resolved are forced (see [`Used::forced`]).
-fn model_recs(u: &mut Used, from: usize, resolved: u64, b: &mut ModelBuilder) -> crate::Result<()> {
+fn model_recs(
+    u: &mut Used,
+    from: usize,
+    resolved: u64,
+    b: &mut ModelBuilder,
+) -> crate::error::Result<()> {
     let over = |e: crate::limits::Exceeded| e.at(0);
     for (p, id) in &u.dump.singles[u.singles.len()..] {
         let dso = b

@@ -7,6 +7,7 @@ pub mod callchain;
 mod cfi;
 pub mod unwind;
 
+use crate::error::{Error, Result};
 use crate::format::Endian;
 use crate::format::attr::Attr;
 use crate::format::record::{CallchainDeferred, TrailerLayout, misc, rt};
@@ -14,7 +15,6 @@ use crate::format::sample::{Sample, SampleLayout, sample_id, u64s};
 use crate::format::walk::{Chunk, Rec, Walker};
 use crate::input::DataFile;
 use crate::model::{DsoId, KERNEL_PID, Key, MapEntry, Model, Seen, Space};
-use crate::{Error, Result};
 use rayon::prelude::*;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -16,13 +16,13 @@
 use super::mmap2::{Splice, carried_by_records, mapping_note, plan as mmap2_plan, read_record};
 use super::table::{table_plan, table_plan_where};
 use super::{Batch, Begin, Facts, Sink, SinkReport};
+use crate::error::{Error, Result};
 use crate::format::header::{FEAT_BUILD_ID, Section};
 use crate::input::PerfInput;
 use crate::options::Form;
 use crate::report::{InPlaceReport, TableWrite};
 use crate::write::fit::fit_tail;
 use crate::write::inplace::{Change, Plan, apply};
-use crate::{Error, Result};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;

@@ -30,6 +30,7 @@ use super::table::{TableSink, table_plan};
 use super::{Batch, Begin, Facts, Sink, SinkReport};
 use crate::buildid::inode_conflict;
 use crate::engine::{Decision, MappingRecord};
+use crate::error::{Error, Result};
 use crate::format::buildid::BuildId;
 use crate::format::header::FileHeader;
 use crate::format::record::{
@@ -39,7 +40,6 @@ use crate::input::PerfInput;
 use crate::model::{DsoId, DsoKind};
 use crate::write::clone::{Piece, write_pieces};
 use crate::write::{copy_prefix, write_tail};
-use crate::{Error, Result};
 use std::collections::HashMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;

@@ -13,7 +13,7 @@
 //!   DSOs in build-ID form (`--mmap2-buildid-all`, `--mmap2-buildids`).
 //!
 //! The engine does not know which sink it feeds, and a sink does not reach into the
-//! engine: the driver ([`crate::driver`]) hands it [`Facts`], what the engine has read
+//! engine: the driver (`driver`) hands it [`Facts`], what the engine has read
 //! and decided, as a value. A new output form is a new sink.
 //!
 //! Imports: `format`, `input`, `model`, `buildid`, `write`, `options`, `report`, and the
@@ -27,12 +27,12 @@ pub(crate) mod stream;
 pub(crate) mod table;
 
 use crate::engine::{Decision, MappingRecord};
+use crate::error::{Error, Result};
 use crate::format::Endian;
 use crate::format::attr::Attr;
 use crate::format::buildid::TableEntry;
 use crate::input::PerfInput;
 use crate::report::SinkReport;
-use crate::{Error, Result};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
@@ -157,12 +157,12 @@ pub trait Sink {
     fn finish(&mut self, facts: &Facts<'_>) -> Result<SinkReport>;
     /// Bytes of the input that work beside the stages keeps mapped at a time (the
     /// copy's window): the scan keeps less for the resolve, so the two stay within
-    /// one bound of resident memory ([`crate::driver::file::KEEP_BYTES`]).
+    /// one bound of resident memory (`driver::file::KEEP_BYTES`).
     fn mapped_beside(&self) -> u64 {
         0
     }
     /// Where a file input's `--convert-callchain` spill goes (the resolve converts
-    /// into it, [`crate::convert::Spill`]); `None` (the default): the sink does not
+    /// into it, `convert::Spill`); `None` (the default): the sink does not
     /// convert.
     fn spill_dir(&self) -> Option<std::path::PathBuf> {
         None

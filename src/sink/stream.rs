@@ -7,6 +7,7 @@
 
 use super::{Batch, Begin, Facts, Sink, SinkReport};
 use crate::engine::Decision;
+use crate::error::{Error, Result};
 use crate::format::Endian;
 use crate::format::attr_compat;
 use crate::format::buildid::{BuildId, TableEntry, encode_table_entry, parse_build_id_entry};
@@ -15,7 +16,6 @@ use crate::format::record::{FeatureRecord, rt};
 use crate::format::walk::first_sampleish;
 use crate::input::PerfInput;
 use crate::options::AttrsFor;
-use crate::{Error, Result};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

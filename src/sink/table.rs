@@ -10,6 +10,7 @@
 
 use super::{Batch, Begin, Facts, Sink, SinkReport};
 use crate::engine::Decision;
+use crate::error::{Error, Result};
 use crate::format::Endian;
 use crate::format::buildid::{encode_table_entry, retain_entries};
 use crate::format::header::{FEAT_BUILD_ID, FILE_HEADER_SIZE};
@@ -17,7 +18,6 @@ use crate::format::record::rt;
 use crate::format::walk::frame;
 use crate::input::PerfInput;
 use crate::write::{copy_prefix, write_tail};
-use crate::{Error, Result};
 use std::fs::File;
 use std::io::{BufWriter, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};

@@ -3,7 +3,7 @@
 //! any size takes no time and no space until one side changes), and bytes written
 //! at other offsets than they were read from (direct I/O where it can).
 
-use crate::{Error, Result};
+use crate::error::{Error, Result};
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;

@@ -15,6 +15,7 @@
 //! at). Features that mix strings with other fields are never touched (perf decides
 //! from the sizes of the CPU topology which optional parts it holds).
 
+use crate::error::{Error, Result};
 use crate::format::Endian;
 use crate::format::feature::{StringAt, header_strings, put_tight_string};
 use crate::format::header::{
@@ -22,7 +23,6 @@ use crate::format::header::{
     FEAT_OSRELEASE, FEAT_VERSION, Section,
 };
 use crate::input::PerfInput;
-use crate::{Error, Result};
 
 /// Features that are one string each.
 const ONE_STRING: [u32; 6] = [

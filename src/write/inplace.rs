@@ -37,7 +37,7 @@
 //! change of the file, its journal or the directory); it never changes what is
 //! written. The kill-point test walks N from 1 until a run finishes.
 
-use crate::{Error, Result};
+use crate::error::{Error, Result};
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::{FileExt, MetadataExt};

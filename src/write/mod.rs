@@ -8,9 +8,9 @@ pub mod clone;
 pub mod fit;
 pub mod inplace;
 
+use crate::error::{Error, Result};
 use crate::format::header::{FEAT_BUILD_ID, FEAT_DIR_FORMAT, FileHeader};
 use crate::input::PerfInput;
-use crate::{Error, Result};
 use std::fs::File;
 use std::io::{Seek, SeekFrom, Write};
 use std::os::unix::fs::FileExt;

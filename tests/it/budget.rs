@@ -536,7 +536,10 @@ fn records_waiting_for_a_round_count_and_are_resolved_past_the_budget() {
     }
     let kept = |budget: u64| {
         let opts = pdinject::Options {
-            stream_memory: budget,
+            memory: pdinject::options::Memory {
+                stream: budget,
+                ..Default::default()
+            },
             ..Default::default()
         };
         let mut out = Vec::new();

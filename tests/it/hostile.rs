@@ -1279,7 +1279,10 @@ fn resolving_beside_the_scan_finds_what_one_resolve_finds() {
         std::fs::write(&path, in_rounds(late)).unwrap();
         let hits = |ahead: Option<u64>| {
             let opts = pdinject::Options {
-                resolve_ahead: ahead,
+                memory: pdinject::options::Memory {
+                    resolve_ahead: ahead,
+                    ..Default::default()
+                },
                 ..Default::default()
             };
             let r = pdinject::driver::analyse(&path, &opts).unwrap();
