@@ -76,9 +76,45 @@ pub enum AttrsForArg {
     Perf6_12,
 }
 
-/// The flags of a run that single-file and batch runs share.
+/// The flags of a run that single-file and batch runs share. They come in groups by
+/// what they are about, each flattened where its flags stand in `--help`; the flags
+/// between the groups stay here.
 #[derive(clap::Args, Debug)]
 pub struct EngineArgs {
+    /// Which DSOs get IDs, the records that carry them, and the data rewritten.
+    #[command(flatten)]
+    pub(crate) form: FormArgs,
+    /// Build IDs to use for paths: 'HEX PATH,HEX PATH' (as perf inject).
+    #[arg(long = "known-build-ids", value_name = "LIST")]
+    pub known_build_ids: Option<String>,
+    /// How user stacks are walked.
+    #[command(flatten)]
+    pub(crate) unwinding: UnwindingArgs,
+    /// Where DSO files are found and kept, and what vouches for them.
+    #[command(flatten)]
+    pub(crate) files: FileArgs,
+    /// Memory a stream input may keep across its batches: the process model, the
+    /// build-ID records it carries, its events and features (e.g. 512M, 2G; see
+    /// "Limits" in docs/guarantees.md). A stream that needs more stops with an error.
+    #[arg(long = "stream-memory", value_name = "SIZE", value_parser = pdinject::limits::parse_size, default_value = pdinject::limits::DEFAULT_STREAM_MEMORY_ARG)]
+    pub stream_memory: u64,
+    /// The live capture (issue 32).
+    #[command(flatten)]
+    pub(crate) capture: CaptureArgs,
+    /// Write the event attributes at the size this perf reads (an older perf refuses
+    /// larger ones); refused when a field that size has no room for is not zero.
+    /// Default: the input's attrs as they are.
+    #[arg(long = "attrs-for", value_name = "PERF", value_enum)]
+    pub attrs_for: Option<AttrsForArg>,
+    /// JIT code as DSOs.
+    #[command(flatten)]
+    pub(crate) jit_code: JitArgs,
+}
+
+/// What the output carries: which DSOs get table entries, whether mapping records
+/// carry the IDs too, and what else of the data is rewritten.
+#[derive(clap::Args, Debug)]
+pub(crate) struct FormArgs {
     /// Table entries for every DSO a sample touches (the default).
     #[arg(short = 'b', long = "buildids", visible_alias = "build-ids")]
     pub buildids: bool,
@@ -102,9 +138,11 @@ pub struct EngineArgs {
     /// docs/aslr.md): a profile that can leave the building.
     #[arg(long = "aslr")]
     pub aslr: bool,
-    /// Build IDs to use for paths: 'HEX PATH,HEX PATH' (as perf inject).
-    #[arg(long = "known-build-ids", value_name = "LIST")]
-    pub known_build_ids: Option<String>,
+}
+
+/// How user stacks of `--call-graph dwarf` samples are walked, and how far.
+#[derive(clap::Args, Debug)]
+pub(crate) struct UnwindingArgs {
     /// How user stacks of `--call-graph dwarf` samples are walked.
     #[arg(long = "unwind", value_enum, default_value = "auto")]
     pub unwind: UnwindArg,
@@ -115,6 +153,12 @@ pub struct EngineArgs {
     /// Frames walked at most per sample.
     #[arg(long = "unwind-max-frames", value_name = "N", default_value_t = DEFAULT_MAX_FRAMES)]
     pub unwind_max_frames: usize,
+}
+
+/// Where DSO files are looked up, where they are kept (perf's build-ID cache, a
+/// symbol store), and what vouches for a file whose times moved.
+#[derive(clap::Args, Debug)]
+pub(crate) struct FileArgs {
     /// perf's build-ID cache directory to fill (default: buildid.dir of perfconfig,
     /// else ~/.debug).
     #[arg(long = "buildid-dir", value_name = "DIR")]
@@ -140,11 +184,11 @@ pub struct EngineArgs {
     /// docs/guarantees.md).
     #[arg(long = "trust-same-layout")]
     pub trust_same_layout: bool,
-    /// Memory a stream input may keep across its batches: the process model, the
-    /// build-ID records it carries, its events and features (e.g. 512M, 2G; see
-    /// "Limits" in docs/guarantees.md). A stream that needs more stops with an error.
-    #[arg(long = "stream-memory", value_name = "SIZE", value_parser = pdinject::limits::parse_size, default_value = pdinject::limits::DEFAULT_STREAM_MEMORY_ARG)]
-    pub stream_memory: u64,
+}
+
+/// The live capture (issue 32): when it runs, and what it may copy.
+#[derive(clap::Args, Debug)]
+pub(crate) struct CaptureArgs {
     /// Read each file a live process maps as its record arrives, while a stream is
     /// being recorded on this host and boot: its build ID from the mapped inode and
     /// the file into the build-ID cache (docs/live.md).
@@ -154,11 +198,11 @@ pub struct EngineArgs {
     /// links cost none), e.g. 512M, 2G.
     #[arg(long = "live-budget", value_name = "SIZE", value_parser = pdinject::limits::parse_size, default_value = pdinject::live::DEFAULT_BUDGET_ARG)]
     pub live_budget: u64,
-    /// Write the event attributes at the size this perf reads (an older perf refuses
-    /// larger ones); refused when a field that size has no room for is not zero.
-    /// Default: the input's attrs as they are.
-    #[arg(long = "attrs-for", value_name = "PERF", value_enum)]
-    pub attrs_for: Option<AttrsForArg>,
+}
+
+/// JIT code as DSOs (`--jit`), and which of its loads get mapping records.
+#[derive(clap::Args, Debug)]
+pub(crate) struct JitArgs {
     /// JIT code as DSOs (perf inject's -j, --jit): each jitdump a process mapped
     /// (jit-PID.dump) becomes one ELF image beside it and an MMAP2 record per code
     /// load samples touch, at its time (see docs/jit.md). Record with perf record -k 1.
@@ -199,12 +243,105 @@ impl EngineArgs {
 
     /// The engine's options; `debuginfod` as `--debuginfod` gave it (single runs).
     pub fn options(&self, debuginfod: Option<&str>) -> Result<Options> {
+        // This order (then --known-build-ids, as the options are built; a
+        // --symbol-store that cannot be made is named when the run opens it) decides
+        // which of several bad flags the usage error names.
+        self.unwinding.check()?;
+        pdinject::limits::check_stream_memory(self.stream_memory)?;
+        self.files.check()?;
+        let (cache, vouchers) = self.files.cache_and_vouchers(debuginfod)?;
+        Ok(Options {
+            mode: self.form.mode(),
+            known: match &self.known_build_ids {
+                Some(s) => parse_known(s)?,
+                None => Vec::new(),
+            },
+            unwind: pdinject::options::Unwinding {
+                how: self.unwinding.choice(),
+                budget: self.unwinding.unwind_budget,
+                max_frames: self.unwinding.unwind_max_frames,
+            },
+            form: self.form.form(),
+            attrs_for: self.attrs_for(),
+            cache,
+            store: self.files.symbol_store.clone(),
+            symfs: self.files.symfs.clone(),
+            memory: pdinject::options::Memory {
+                stream: self.stream_memory,
+                ..Default::default()
+            },
+            callchains: self.form.callchains(),
+            addresses: self.form.addresses(),
+            live: pdinject::options::Live {
+                choice: self.capture.choice(),
+                budget: self.capture.live_budget,
+            },
+            jit: self.jit_code.choice(),
+            vouchers,
+            ..Options::default()
+        })
+    }
+}
+
+impl FormArgs {
+    /// Which DSOs get table entries.
+    fn mode(&self) -> Mode {
+        if self.buildid_all || self.mmap2_buildid_all {
+            Mode::All
+        } else {
+            Mode::Hit
+        }
+    }
+
+    /// Whether mapping records carry the IDs too.
+    fn form(&self) -> pdinject::options::Form {
+        if self.mmap2_buildid_all || self.mmap2_buildids {
+            pdinject::options::Form::Mmap2
+        } else {
+            pdinject::options::Form::Table
+        }
+    }
+
+    fn callchains(&self) -> pdinject::options::Callchains {
+        if self.convert_callchain {
+            pdinject::options::Callchains::Converted
+        } else {
+            pdinject::options::Callchains::AsRecorded
+        }
+    }
+
+    fn addresses(&self) -> pdinject::options::Addresses {
+        if self.aslr {
+            pdinject::options::Addresses::Remapped
+        } else {
+            pdinject::options::Addresses::AsRecorded
+        }
+    }
+}
+
+impl UnwindingArgs {
+    fn check(&self) -> Result<()> {
         if self.unwind_max_frames == 0 {
             return Err(Error::Usage(
                 "--unwind-max-frames must be at least 1".into(),
             ));
         }
-        pdinject::limits::check_stream_memory(self.stream_memory)?;
+        Ok(())
+    }
+
+    fn choice(&self) -> UnwindChoice {
+        match self.unwind {
+            UnwindArg::Auto => UnwindChoice::Auto,
+            UnwindArg::None => UnwindChoice::None,
+            UnwindArg::Fp => UnwindChoice::Fp,
+            UnwindArg::Dwarf => UnwindChoice::Dwarf,
+        }
+    }
+}
+
+impl FileArgs {
+    /// `--symfs` and `--dpkg-admindir` name what they must.
+    fn check(&self) -> Result<()> {
         if let Some(root) = &self.symfs
             && !root.is_dir()
         {
@@ -221,6 +358,18 @@ impl EngineArgs {
                 d.display()
             )));
         }
+        Ok(())
+    }
+
+    /// The build-ID cache this run fills (none with `-N`), and what vouches for a
+    /// file whose ctime moved.
+    fn cache_and_vouchers(
+        &self,
+        debuginfod: Option<&str>,
+    ) -> Result<(
+        Option<pdinject::buildid::cache::BuildIdCache>,
+        pdinject::buildid::vouch::Vouchers,
+    )> {
         // The cache's link record is read with or without -N: it is evidence about
         // this machine's files, not something this run writes.
         let cache_dir = pdinject::buildid::cache::BuildIdCache::locate(self.buildid_dir.as_deref())
@@ -244,68 +393,30 @@ impl EngineArgs {
                 debuginfod: debuginfod_servers(debuginfod)?,
             })
         };
-        Ok(Options {
-            mode: if self.buildid_all || self.mmap2_buildid_all {
-                Mode::All
-            } else {
-                Mode::Hit
-            },
-            known: match &self.known_build_ids {
-                Some(s) => parse_known(s)?,
-                None => Vec::new(),
-            },
-            unwind: pdinject::options::Unwinding {
-                how: match self.unwind {
-                    UnwindArg::Auto => UnwindChoice::Auto,
-                    UnwindArg::None => UnwindChoice::None,
-                    UnwindArg::Fp => UnwindChoice::Fp,
-                    UnwindArg::Dwarf => UnwindChoice::Dwarf,
-                },
-                budget: self.unwind_budget,
-                max_frames: self.unwind_max_frames,
-            },
-            form: if self.mmap2_buildid_all || self.mmap2_buildids {
-                pdinject::options::Form::Mmap2
-            } else {
-                pdinject::options::Form::Table
-            },
-            attrs_for: self.attrs_for(),
-            cache,
-            store: self.symbol_store.clone(),
-            symfs: self.symfs.clone(),
-            memory: pdinject::options::Memory {
-                stream: self.stream_memory,
-                ..Default::default()
-            },
-            callchains: if self.convert_callchain {
-                pdinject::options::Callchains::Converted
-            } else {
-                pdinject::options::Callchains::AsRecorded
-            },
-            addresses: if self.aslr {
-                pdinject::options::Addresses::Remapped
-            } else {
-                pdinject::options::Addresses::AsRecorded
-            },
-            live: pdinject::options::Live {
-                choice: match self.live {
-                    LiveArg::Auto => pdinject::live::LiveChoice::Auto,
-                    LiveArg::On => pdinject::live::LiveChoice::On,
-                    LiveArg::Off => pdinject::live::LiveChoice::Off,
-                },
-                budget: self.live_budget,
-            },
-            jit: if self.jit {
-                pdinject::options::JitChoice::Inject(match self.jit_maps {
-                    JitMapsArg::Touched => pdinject::options::JitMaps::Touched,
-                    JitMapsArg::All => pdinject::options::JitMaps::Every,
-                })
-            } else {
-                pdinject::options::JitChoice::Off
-            },
-            vouchers,
-            ..Options::default()
-        })
+        Ok((cache, vouchers))
+    }
+}
+
+impl CaptureArgs {
+    fn choice(&self) -> pdinject::live::LiveChoice {
+        match self.live {
+            LiveArg::Auto => pdinject::live::LiveChoice::Auto,
+            LiveArg::On => pdinject::live::LiveChoice::On,
+            LiveArg::Off => pdinject::live::LiveChoice::Off,
+        }
+    }
+}
+
+impl JitArgs {
+    fn choice(&self) -> pdinject::options::JitChoice {
+        if self.jit {
+            pdinject::options::JitChoice::Inject(match self.jit_maps {
+                JitMapsArg::Touched => pdinject::options::JitMaps::Touched,
+                JitMapsArg::All => pdinject::options::JitMaps::Every,
+            })
+        } else {
+            pdinject::options::JitChoice::Off
+        }
     }
 }
 

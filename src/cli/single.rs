@@ -81,7 +81,7 @@ fn execute_with(args: &SingleArgs, input: &Path, output: Option<&PathBuf>) -> Re
             b.set_position(done);
         }) as ProgressFn
     });
-    if args.run.engine.no_buildid_cache && args.archive.is_some() {
+    if args.run.engine.files.no_buildid_cache && args.archive.is_some() {
         return Err(Error::Usage(
             "--archive is made from the build-ID cache; it cannot go with --no-buildid-cache"
                 .into(),

@@ -25,6 +25,10 @@
 //! data with its DSO ([`Engine::mapping_records`]) during its one pass; the sink
 //! reads only those records again (a few bytes each), never the data.
 
+// The sinks that edit a file (`edited`, `inplace`) take the splice with the plan
+// that makes it.
+pub(crate) use super::splice::Splice;
+use super::splice::splice_into;
 use super::stream::StreamSink;
 use super::table::{TableSink, table_plan};
 use super::{Batch, Begin, Facts, Sink, SinkReport};
@@ -48,28 +52,6 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
-/// One record replaced: `old_len` bytes at `offset` of data file `file` become `new`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct Splice {
-    /// Data file index (0: the header file's data section, or a stream).
-    pub file: usize,
-    /// Offset of the record.
-    pub offset: u64,
-    /// Its number in the input.
-    pub seq: u64,
-    /// Its size in the input.
-    pub old_len: u64,
-    /// The record in build-ID form.
-    pub new: Vec<u8>,
-}
-
-impl Splice {
-    /// Bytes the record grows by (32 for an MMAP, 0 for an MMAP2).
-    pub(crate) fn grows(&self) -> u64 {
-        self.new.len() as u64 - self.old_len
-    }
-}
-
 /// The ID a DSO's mapping records may carry: decided, for every mapping of the path
 /// (no ambiguity note, no later file), and file-backed.
 fn record_id(d: &Decision) -> Option<BuildId> {
@@ -91,8 +73,66 @@ pub(crate) fn plan(
     grow: bool,
     read: &mut dyn FnMut(usize, u64) -> Option<Vec<u8>>,
 ) -> Vec<Splice> {
-    let e = facts.endian;
-    let mut ids: HashMap<DsoId, (usize, BuildId, bool)> = HashMap::new();
+    let (ids, by_file) = record_ids(facts);
+    if ids.is_empty() && by_file.is_empty() {
+        return Vec::new();
+    }
+    let found = read_mappings(facts, records, &ids, &by_file, read);
+    let refused = if whole {
+        refused_groups(&found, &ids)
+    } else {
+        Vec::new()
+    };
+    let mut out = Vec::new();
+    for (m, rec, ident) in found {
+        // live capture hook (issue 32): the captured file's own ID.
+        let live = by_file
+            .get(&m.dso)
+            .and_then(|&(g, k)| match facts.live?.lookup(&ident)? {
+                crate::live::LiveAnswer::Proven { build_id, .. } => Some((g, build_id, k)),
+                crate::live::LiveAnswer::Unproven(_) => None,
+            });
+        let Some((g, id, kernel_space)) = ids.get(&m.dso).copied().or(live) else {
+            continue;
+        };
+        if refused.contains(&g) || matches!(ident, FileIdent::BuildId(_)) {
+            continue;
+        }
+        let Some(h) = RecordHeader::parse(&rec, facts.endian) else {
+            continue;
+        };
+        // An MMAP of the kernel or a module stays as it is, its ID in the table (as
+        // perf 6.12's and 7.3's --mmap2-buildid-all leave it): samply takes the
+        // kernel's maps from MMAP records and drops MMAP2 records without
+        // PROT_EXEC, so a kernel map in build-ID MMAP2 form (prot 0, what
+        // `perf record --buildid-mmap` writes) would lose the kernel from its
+        // libraries (samply#734 is the same for modules).
+        if h.kind == rt::MMAP && (!grow || kernel_space) {
+            continue;
+        }
+        if let Some(new) = encode_build_id_mmap2(&rec, facts.endian, &id, kernel_space) {
+            out.push(Splice {
+                file: m.file,
+                offset: m.offset,
+                seq: m.seq,
+                old_len: rec.len() as u64,
+                new,
+            });
+        }
+    }
+    out.sort_by_key(|s| (s.file, s.offset));
+    out
+}
+
+/// The decided IDs by DSO: the decision's index, its ID, and whether it is of
+/// kernel space.
+type Ids = HashMap<DsoId, (usize, BuildId, bool)>;
+
+/// The DSOs whose records may carry an ID: those with one ID for the path
+/// ([`record_id`]), and (live capture) user DSOs without, whose files may each have
+/// their own (the decision's index, and false: not of kernel space).
+fn record_ids(facts: &Facts<'_>) -> (Ids, HashMap<DsoId, (usize, bool)>) {
+    let mut ids: Ids = HashMap::new();
     for (i, d) in facts.decisions().enumerate() {
         if let Some(id) = record_id(d) {
             for &dso in &d.group.dsos {
@@ -112,10 +152,20 @@ pub(crate) fn plan(
             }
         }
     }
-    if ids.is_empty() && by_file.is_empty() {
-        return Vec::new();
-    }
-    let mut found: Vec<(MappingRecord, Vec<u8>, FileIdent)> = Vec::new();
+    (ids, by_file)
+}
+
+/// The mapping records of the DSOs in `ids` or `by_file` that can be read and
+/// parsed, with their bytes and the file identity they carry.
+fn read_mappings(
+    facts: &Facts<'_>,
+    records: &[MappingRecord],
+    ids: &Ids,
+    by_file: &HashMap<DsoId, (usize, bool)>,
+    read: &mut dyn FnMut(usize, u64) -> Option<Vec<u8>>,
+) -> Vec<(MappingRecord, Vec<u8>, FileIdent)> {
+    let e = facts.endian;
+    let mut found = Vec::new();
     for m in records {
         if !ids.contains_key(&m.dso) && !by_file.contains_key(&m.dso) {
             continue;
@@ -131,73 +181,38 @@ pub(crate) fn plan(
         };
         found.push((*m, rec, ident));
     }
-    // A path whose records name different files (two inodes, two IDs, an ID other
-    // than the decided one) gets no record rewritten: the table's path-keyed entry is
-    // what perf had anyway, but a record names one mapping and must be exact.
+    found
+}
+
+/// The decisions (by index) whose records name different files: two inodes, two
+/// IDs, an ID other than the decided one.
+fn refused_groups(found: &[(MappingRecord, Vec<u8>, FileIdent)], ids: &Ids) -> Vec<usize> {
+    // Such a path gets no record rewritten: the table's path-keyed entry is what perf
+    // had anyway, but a record names one mapping and must be exact.
     let mut refused: Vec<usize> = Vec::new();
-    if whole {
-        let mut by_group: HashMap<usize, Vec<FileIdent>> = HashMap::new();
-        for (m, _, ident) in &found {
-            // Kernel-space maps carry no file identity (perf fills the device
-            // fields of a synthesized kernel map with whatever it has).
-            if let Some((g, _, false)) = ids.get(&m.dso) {
-                by_group.entry(*g).or_default().push(*ident);
-            }
-        }
-        for (g, mut idents) in by_group {
-            // One identity per distinct file: a library mapped by thousands of
-            // processes is compared once, not pairwise per record.
-            idents.sort_unstable_by_key(|i| format!("{i:?}"));
-            idents.dedup();
-            let decided = ids.values().find(|v| v.0 == g).map(|v| v.1);
-            let clash = idents.iter().enumerate().any(|(i, a)| {
-                matches!(a, FileIdent::BuildId(b) if Some(*b) != decided)
-                    || idents[i + 1..].iter().any(|b| inode_conflict(a, b))
-            });
-            if clash {
-                refused.push(g);
-            }
+    let mut by_group: HashMap<usize, Vec<FileIdent>> = HashMap::new();
+    for (m, _, ident) in found {
+        // Kernel-space maps carry no file identity (perf fills the device
+        // fields of a synthesized kernel map with whatever it has).
+        if let Some((g, _, false)) = ids.get(&m.dso) {
+            by_group.entry(*g).or_default().push(*ident);
         }
     }
-    let mut out = Vec::new();
-    for (m, rec, ident) in found {
-        // live capture hook (issue 32): the captured file's own ID.
-        let live = by_file
-            .get(&m.dso)
-            .and_then(|&(g, k)| match facts.live?.lookup(&ident)? {
-                crate::live::LiveAnswer::Proven { build_id, .. } => Some((g, build_id, k)),
-                crate::live::LiveAnswer::Unproven(_) => None,
-            });
-        let Some((g, id, kernel_space)) = ids.get(&m.dso).copied().or(live) else {
-            continue;
-        };
-        if refused.contains(&g) || matches!(ident, FileIdent::BuildId(_)) {
-            continue;
-        }
-        let Some(h) = RecordHeader::parse(&rec, e) else {
-            continue;
-        };
-        // An MMAP of the kernel or a module stays as it is, its ID in the table (as
-        // perf 6.12's and 7.3's --mmap2-buildid-all leave it): samply takes the
-        // kernel's maps from MMAP records and drops MMAP2 records without
-        // PROT_EXEC, so a kernel map in build-ID MMAP2 form (prot 0, what
-        // `perf record --buildid-mmap` writes) would lose the kernel from its
-        // libraries (samply#734 is the same for modules).
-        if h.kind == rt::MMAP && (!grow || kernel_space) {
-            continue;
-        }
-        if let Some(new) = encode_build_id_mmap2(&rec, e, &id, kernel_space) {
-            out.push(Splice {
-                file: m.file,
-                offset: m.offset,
-                seq: m.seq,
-                old_len: rec.len() as u64,
-                new,
-            });
+    for (g, mut idents) in by_group {
+        // One identity per distinct file: a library mapped by thousands of
+        // processes is compared once, not pairwise per record.
+        idents.sort_unstable_by_key(|i| format!("{i:?}"));
+        idents.dedup();
+        let decided = ids.values().find(|v| v.0 == g).map(|v| v.1);
+        let clash = idents.iter().enumerate().any(|(i, a)| {
+            matches!(a, FileIdent::BuildId(b) if Some(*b) != decided)
+                || idents[i + 1..].iter().any(|b| inode_conflict(a, b))
+        });
+        if clash {
+            refused.push(g);
         }
     }
-    out.sort_by_key(|s| (s.file, s.offset));
-    out
+    refused
 }
 
 /// For each decision (in [`Engine::decisions`] order): whether every mapping record
@@ -255,26 +270,6 @@ pub(crate) fn read_record(input: &PerfInput, file: usize, offset: u64) -> Option
         return None;
     }
     df.read_at(offset, h.size as u64).ok()
-}
-
-/// Appends `bytes` (offset `at` of the input) to `out` with every splice that starts
-/// in it replaced; a record that began in earlier bytes was replaced there and its
-/// rest is skipped. `splices` are sorted by offset (one data file).
-pub(crate) fn splice_into(out: &mut Vec<u8>, at: u64, bytes: &[u8], splices: &[Splice]) {
-    let end = at + bytes.len() as u64;
-    let first = splices.partition_point(|s| s.offset + s.old_len <= at);
-    let mut cursor = at;
-    for s in &splices[first..] {
-        if s.offset >= end {
-            break;
-        }
-        if s.offset >= at {
-            out.extend_from_slice(&bytes[(cursor - at) as usize..(s.offset - at) as usize]);
-            out.extend_from_slice(&s.new);
-        }
-        cursor = (s.offset + s.old_len).min(end).max(cursor);
-    }
-    out.extend_from_slice(&bytes[(cursor - at) as usize..]);
 }
 
 /// Where a record of data file `file` is written in a file-format output.
@@ -623,45 +618,5 @@ pub(crate) fn mapping_note(converted: u64, grown: u64) -> String {
         )
     } else {
         format!("{converted} mapping records written in build-ID form")
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn sp(offset: u64, old_len: u64, new: &[u8]) -> Splice {
-        Splice {
-            file: 0,
-            offset,
-            seq: 0,
-            old_len,
-            new: new.to_vec(),
-        }
-    }
-
-    #[test]
-    fn splices_across_windows() {
-        let input: Vec<u8> = (0u8..40).collect();
-        let s = [sp(4, 4, b"ABCDEFGH"), sp(14, 4, b"wxyz")];
-        let mut whole = Vec::new();
-        splice_into(&mut whole, 100, &input, &[]);
-        assert_eq!(whole, input);
-        let s100: Vec<Splice> = s
-            .iter()
-            .map(|x| sp(x.offset + 100, x.old_len, &x.new))
-            .collect();
-        let mut one = Vec::new();
-        splice_into(&mut one, 100, &input, &s100);
-        for cut in 1..input.len() {
-            let mut two = Vec::new();
-            splice_into(&mut two, 100, &input[..cut], &s100);
-            splice_into(&mut two, 100 + cut as u64, &input[cut..], &s100);
-            assert_eq!(two, one, "cut at {cut}");
-        }
-        assert_eq!(one.len(), input.len() + 4);
-        assert_eq!(&one[4..12], b"ABCDEFGH");
-        assert_eq!(&one[18..22], b"wxyz");
-        assert_eq!(one[12], 8);
     }
 }

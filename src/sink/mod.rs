@@ -23,6 +23,7 @@
 pub(crate) mod edited;
 pub(crate) mod inplace;
 pub(crate) mod mmap2;
+mod splice;
 pub(crate) mod stream;
 pub(crate) mod table;
 

@@ -5,6 +5,7 @@
 //! HEADER_ATTR for each event, HEADER_FEATURE for each feature a record can hold,
 //! HEADER_TRACING_DATA, and the input's table as HEADER_BUILD_ID records.
 
+use super::splice::{Splice, splice_into};
 use super::{Batch, Begin, Facts, Sink, SinkReport};
 use crate::engine::Decision;
 use crate::error::{Error, Result};
@@ -31,7 +32,7 @@ pub(crate) struct StreamSink<'w> {
     e: Endian,
     report: SinkReport,
     /// Records of a file input's data replaced on the way (build-ID MMAP2 sink).
-    splices: Vec<super::mmap2::Splice>,
+    splices: Vec<Splice>,
     /// What [`StreamSink::pass_on`] repaired so far.
     fixes: Fixes,
     /// The records of the batch being written are not at the offsets the engine's
@@ -119,7 +120,7 @@ impl<'w> StreamSink<'w> {
     }
 
     /// Records of a file input's data section to replace as it is written (sorted).
-    pub(crate) fn set_splices(&mut self, splices: Vec<super::mmap2::Splice>) {
+    pub(crate) fn set_splices(&mut self, splices: Vec<Splice>) {
         self.splices = splices;
     }
 
@@ -267,7 +268,7 @@ impl<'w> StreamSink<'w> {
                 self.write(&win)?;
             } else {
                 let mut v = Vec::with_capacity(win.len() + 32 * self.splices.len());
-                super::mmap2::splice_into(&mut v, at, &win, &self.splices);
+                splice_into(&mut v, at, &win, &self.splices);
                 self.write(&v)?;
             }
             at += n;
@@ -290,11 +291,32 @@ impl<'w> StreamSink<'w> {
         new: &[Decision],
         facts: &Facts<'_>,
     ) -> Result<Vec<u8>> {
+        let mut recs = Vec::new();
+        self.push_attr_records(&mut recs, input)?;
+        let tracing = self.push_feature_records(&mut recs, input);
+        // No end-of-features marker: see `is_end_marker`.
+        if let Some(t) = tracing {
+            // perf pads tracing data to 8 bytes and announces the padded size.
+            let padded = t.len().next_multiple_of(8);
+            push_header(&mut recs, self.e, rt::HEADER_TRACING_DATA, 16);
+            recs.extend_from_slice(&self.e.put_u32(padded as u32));
+            recs.extend_from_slice(&[0u8; 4]);
+            recs.extend_from_slice(&t);
+            recs.resize(recs.len() + padded - t.len(), 0);
+        }
+        // The input's own table, then the new IDs.
+        self.push_table_records(&mut recs, input, facts);
+        let ids = self.id_records(new);
+        recs.extend_from_slice(&ids);
+        Ok(recs)
+    }
+
+    /// HEADER_ATTR records of a file-format input: the attr as the file holds it
+    /// (cut to the `--attrs-for` size), then its ids.
+    fn push_attr_records(&mut self, recs: &mut Vec<u8>, input: &PerfInput) -> Result<()> {
         let e = self.e;
         let h = &input.header;
         let src = &input.data_files[0];
-        let mut recs = Vec::new();
-        // HEADER_ATTR: the attr as the file holds it, then its ids.
         let raw = src.read_at(h.attrs.offset, h.attrs.size)?;
         let attr_len = (h.attr_size - 16) as usize;
         let names = if self.attrs_for == AttrsFor::Verbatim {
@@ -326,14 +348,20 @@ impl<'w> StreamSink<'w> {
                 ))
                 .in_file(&input.header_path)
             })?;
-            push_header(&mut recs, e, rt::HEADER_ATTR, size);
+            push_header(recs, e, rt::HEADER_ATTR, size);
             recs.extend_from_slice(attr);
             for id in &a.ids {
                 recs.extend_from_slice(&e.put_u64(*id));
             }
         }
-        // HEADER_FEATURE for each feature that fits a record; the table becomes
-        // records, tracing data its own record.
+        Ok(())
+    }
+
+    /// HEADER_FEATURE for each feature of a file-format input that fits a record;
+    /// returns the tracing data, which gets its own record (the table becomes
+    /// records of its own too, [`StreamSink::push_table_records`]).
+    fn push_feature_records(&mut self, recs: &mut Vec<u8>, input: &PerfInput) -> Option<Vec<u8>> {
+        let e = self.e;
         let mut tracing = None;
         for (bit, _) in &input.features {
             if *bit == FEAT_BUILD_ID {
@@ -348,7 +376,7 @@ impl<'w> StreamSink<'w> {
             }
             match u16::try_from(16 + p.len()) {
                 Ok(size) => {
-                    push_header(&mut recs, e, rt::HEADER_FEATURE, size);
+                    push_header(recs, e, rt::HEADER_FEATURE, size);
                     recs.extend_from_slice(&e.put_u64(*bit as u64));
                     recs.extend_from_slice(&p);
                 }
@@ -358,44 +386,39 @@ impl<'w> StreamSink<'w> {
                 )),
             }
         }
-        // No end-of-features marker: see `is_end_marker`.
-        if let Some(t) = tracing {
-            // perf pads tracing data to 8 bytes and announces the padded size.
-            let padded = t.len().next_multiple_of(8);
-            push_header(&mut recs, e, rt::HEADER_TRACING_DATA, 16);
-            recs.extend_from_slice(&e.put_u32(padded as u32));
-            recs.extend_from_slice(&[0u8; 4]);
-            recs.extend_from_slice(&t);
-            recs.resize(recs.len() + padded - t.len(), 0);
-        }
-        // The input's own table, then the new IDs.
-        if let Some(table) = h
+        tracing
+    }
+
+    /// The BUILD_ID table of a file-format input as HEADER_BUILD_ID records, but the
+    /// entries whose claim is contradicted.
+    fn push_table_records(&mut self, recs: &mut Vec<u8>, input: &PerfInput, facts: &Facts<'_>) {
+        let e = self.e;
+        let Some(table) = input
+            .header
             .has_feature(FEAT_BUILD_ID)
             .then(|| input.feature(FEAT_BUILD_ID))
             .flatten()
-        {
-            let mut dropped = 0;
-            for entry in crate::format::buildid::parse_build_id_table(&table, e).entries {
-                // An entry whose claim is contradicted is not passed on.
-                if !facts.passes_on(&entry) {
-                    dropped += 1;
-                    continue;
-                }
-                build_id_record(
-                    &mut recs,
-                    e,
-                    entry.cpumode,
-                    &entry.build_id,
-                    entry.filename.as_bytes(),
-                );
+        else {
+            return;
+        };
+        let mut dropped = 0;
+        for entry in crate::format::buildid::parse_build_id_table(&table, e).entries {
+            // An entry whose claim is contradicted is not passed on.
+            if !facts.passes_on(&entry) {
+                dropped += 1;
+                continue;
             }
-            if dropped > 0 {
-                self.report.notes.push(super::table::dropped_note(dropped));
-            }
+            build_id_record(
+                recs,
+                e,
+                entry.cpumode,
+                &entry.build_id,
+                entry.filename.as_bytes(),
+            );
         }
-        let ids = self.id_records(new);
-        recs.extend_from_slice(&ids);
-        Ok(recs)
+        if dropped > 0 {
+            self.report.notes.push(super::table::dropped_note(dropped));
+        }
     }
 }
 

@@ -403,9 +403,7 @@ impl FromStream {
     ) -> Result<usize> {
         let e = self.e;
         let io = |err| Error::io(out, err);
-        let attrs = facts.attrs;
-        let bodies = facts.attr_records;
-        if attrs.is_empty() {
+        if facts.attrs.is_empty() {
             return Err(Error::format(
                 16,
                 "the stream declares no events (no HEADER_ATTR record): a perf.data file needs them",
@@ -422,6 +420,42 @@ impl FromStream {
             self.w.write_all(&r).map_err(io)?;
             self.data_size = 8;
         }
+        let added = self.final_table(facts, notes);
+        let (pos, bitmap) = self.write_features(facts, out)?;
+        let (attrs_at, attr_len) = self.write_attrs(facts, out, pos)?;
+        let attr_size = attr_len as u64 + 16;
+        let mut h = Vec::with_capacity(FILE_HEADER_SIZE as usize);
+        h.extend_from_slice(match e {
+            Endian::Little => b"PERFILE2",
+            Endian::Big => b"2ELIFREP",
+        });
+        for v in [
+            FILE_HEADER_SIZE,
+            attr_size,
+            attrs_at,
+            attr_size * facts.attrs.len() as u64,
+            FILE_HEADER_SIZE,
+            self.data_size,
+            0,
+            0,
+        ] {
+            h.extend_from_slice(&e.put_u64(v));
+        }
+        for w in bitmap {
+            h.extend_from_slice(&e.put_u64(w));
+        }
+        self.w.flush().map_err(io)?;
+        let f = self.w.get_mut();
+        f.seek(SeekFrom::Start(0)).map_err(io)?;
+        f.write_all(&h).map_err(io)?;
+        Ok(added)
+    }
+
+    /// The table as written: the stream's entries but those whose claim is
+    /// contradicted, then an entry for each decided ID the stream did not carry;
+    /// returns how many entries were added.
+    fn final_table(&mut self, facts: &Facts<'_>, notes: &mut Vec<String>) -> usize {
+        let e = self.e;
         if self.too_long > 0 {
             notes.push(format!(
                 "{} HEADER_BUILD_ID record(s) of the stream left out of the table: their names are longer than perf reads in a table (PATH_MAX)",
@@ -448,6 +482,14 @@ impl FromStream {
                 added += 1;
             }
         }
+        added
+    }
+
+    /// Writes the feature section table and the features after the data; returns
+    /// the offset after them and the header's feature bitmap.
+    fn write_features(&mut self, facts: &Facts<'_>, out: &Path) -> Result<(u64, [u64; 4])> {
+        let e = self.e;
+        let io = |err| Error::io(out, err);
         let mut features: Vec<(u32, &[u8])> = facts
             .stream_features
             .iter()
@@ -473,10 +515,20 @@ impl FromStream {
         for (_, p) in &features {
             self.w.write_all(p).map_err(io)?;
         }
-        // Ids, then the attrs section: every attr at one size, then its ids section.
-        // That size is the largest attr's, except that zeros past perf 6.1's 128
-        // bytes (perf 6.8+ sends 136-byte attrs whose config3 is usually 0) are
-        // dropped: perf 6.1 refuses a file whose attrs are larger than it knows.
+        Ok((pos, bitmap))
+    }
+
+    /// Writes the ids at `pos`, then the attrs section; returns where the attrs
+    /// section starts and the size every attr is written at.
+    fn write_attrs(&mut self, facts: &Facts<'_>, out: &Path, mut pos: u64) -> Result<(u64, usize)> {
+        let e = self.e;
+        let io = |err| Error::io(out, err);
+        let attrs = facts.attrs;
+        let bodies = facts.attr_records;
+        // Every attr at one size, then its ids section. That size is the largest
+        // attr's, except that zeros past perf 6.1's 128 bytes (perf 6.8+ sends
+        // 136-byte attrs whose config3 is usually 0) are dropped: perf 6.1 refuses a
+        // file whose attrs are larger than it knows.
         let own = |a: &crate::format::attr::Attr, body: &[u8]| {
             let n = (if a.size == 0 { 64 } else { a.size } as usize).min(body.len());
             if n > PERF_ATTR_SIZE_6_1 && body[PERF_ATTR_SIZE_6_1..n].iter().all(|&b| b == 0) {
@@ -508,32 +560,7 @@ impl FromStream {
             self.w.write_all(&e.put_u64(*off)).map_err(io)?;
             self.w.write_all(&e.put_u64(*len)).map_err(io)?;
         }
-        let attr_size = attr_len as u64 + 16;
-        let mut h = Vec::with_capacity(FILE_HEADER_SIZE as usize);
-        h.extend_from_slice(match e {
-            Endian::Little => b"PERFILE2",
-            Endian::Big => b"2ELIFREP",
-        });
-        for v in [
-            FILE_HEADER_SIZE,
-            attr_size,
-            attrs_at,
-            attr_size * attrs.len() as u64,
-            FILE_HEADER_SIZE,
-            self.data_size,
-            0,
-            0,
-        ] {
-            h.extend_from_slice(&e.put_u64(v));
-        }
-        for w in bitmap {
-            h.extend_from_slice(&e.put_u64(w));
-        }
-        self.w.flush().map_err(io)?;
-        let f = self.w.get_mut();
-        f.seek(SeekFrom::Start(0)).map_err(io)?;
-        f.write_all(&h).map_err(io)?;
-        Ok(added)
+        Ok((attrs_at, attr_len))
     }
 }
 
