@@ -6,10 +6,9 @@
 use super::arch::Arch;
 use super::image::{Shared, Worker};
 use crate::buildid::elf::{
-    CtimeEvidence, FileTimes, Place, Segment, Vouchers, judge, open_regular, prove_and_read,
-    read_build_id,
+    CtimeEvidence, FileTimes, Place, Segment, Vouchers, judge, open_regular, read_build_id,
 };
-use crate::buildid::memo::Memo;
+use crate::buildid::memo::{Memo, prove_and_read};
 use crate::buildid::{LocalFiles, RecordingStart};
 use crate::format::Endian;
 use crate::model::{Dso, DsoId, DsoKind, MapEntry, Model};
