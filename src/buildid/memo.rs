@@ -9,10 +9,9 @@
 //! fall before or after the recording's start), so those are part of the entry's key
 //! too.
 //!
-//! Only [`elf::prove_and_read`](super::elf::prove_and_read) uses the memo, through one
-//! call at its top ([`lookup`]), when the run hands it one
-//! (`engine::Handles`: a batch shares one across its inputs, a single run owns
-//! one); without one every proof reads its file.
+//! Only [`prove_and_read`] uses the memo, through one call at its top ([`lookup`]),
+//! when the run hands it one (`engine::Handles`: a batch shares one across its
+//! inputs, a single run owns one); without one every proof reads its file.
 //!
 //! Assumption this relies on (checked by the unit test below only for today's proof):
 //! the proof's use of the recording's start time is a comparison with the file's mtime,
@@ -117,6 +116,34 @@ fn open(path: &Path) -> std::io::Result<std::fs::File> {
         .read(true)
         .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
         .open(path)
+}
+
+/// Opens `path` and proves it is the file the recording mapped, then reads its ID.
+///
+/// Evidence, strongest first: inode (and generation when both sides know it) and
+/// device equal to the record's; not modified since the recording started (mtime),
+/// and not created since (birth time, when the filesystem keeps one); a PT_LOAD
+/// segment at each recorded executable file offset. A ctime after the start with an
+/// older mtime is what a link, unlink, rename, chmod or chown leaves (perf and
+/// pdinject hard-link every DSO into ~/.debug, and emptying that cache unlinks them)
+/// and also what a rewrite in place with its times set back leaves (`cp -p`,
+/// `rsync --inplace -t`), even one that keeps every code page where it was: such a
+/// file is accepted only with a record made elsewhere that its bytes did not change
+/// since before the start ([`super::vouch`]: dpkg's, pdinject's own cache link), or
+/// under `--trust-same-layout` (see [`super::elf::judge`]).
+pub fn prove_and_read(
+    path: &Path,
+    ident: &FileIdent,
+    exec_maps: &ExecMaps,
+    start: &RecordingStart,
+    memo: Option<&Memo>,
+    vouchers: &Vouchers,
+) -> Result<Proven, Refusal> {
+    // A run (a batch) proves each file once (the memo re-checks the file is the same).
+    if let Some(r) = memo.and_then(|m| lookup(m, path, ident, exec_maps, start, vouchers)) {
+        return r;
+    }
+    super::elf::prove(path, Some(ident), exec_maps, start, vouchers)
 }
 
 /// The hook at the top of the proof. `None`: the file cannot be keyed (missing, not
@@ -236,6 +263,7 @@ fn voucher_before(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::buildid::Reason;
     use std::io::Write;
 
     /// A tiny ELF with a build-ID note, built by hand: enough for `object`.
@@ -271,6 +299,31 @@ mod tests {
         v
     }
 
+    /// An undated recording refuses every local file before opening anything: the
+    /// proof cannot be skipped, for IDs or for unwind tables (both go through here).
+    #[test]
+    fn an_unknown_start_refuses_before_opening() {
+        let unknown = RecordingStart::Unknown("nothing dates it".into());
+        let r = prove_and_read(
+            Path::new("/nonexistent/lib.so"),
+            &FileIdent::None,
+            &ExecMaps::default(),
+            &unknown,
+            None,
+            &Vouchers::default(),
+        );
+        assert_eq!(r.err().map(|e| e.0), Some(Reason::Undated));
+        let r = prove_and_read(
+            Path::new("/nonexistent/lib.so"),
+            &FileIdent::None,
+            &ExecMaps::default(),
+            &RecordingStart::Known(0),
+            None,
+            &Vouchers::default(),
+        );
+        assert_eq!(r.err().map(|e| e.0), Some(Reason::Missing));
+    }
+
     #[test]
     fn read_once_and_never_stale() {
         let d = tempfile::tempdir().unwrap();
@@ -280,7 +333,7 @@ mod tests {
         // Times never make a file stale here.
         let t = RecordingStart::Known(i128::MAX);
         let prove = |p: &Path| {
-            super::super::elf::prove_and_read(
+            prove_and_read(
                 p,
                 &FileIdent::None,
                 &ExecMaps::default(),

@@ -17,6 +17,7 @@ pub mod archive;
 pub mod cache;
 pub mod debuginfod;
 pub mod elf;
+mod elf_read;
 pub mod host;
 pub mod memo;
 pub mod proof;
@@ -738,7 +739,7 @@ fn prove_group(
                 return Outcome::refused(why.clone());
             }
             let ident = inodes.first().map(|i| **i).unwrap_or(FileIdent::None);
-            match elf::prove_and_read(
+            match memo::prove_and_read(
                 Path::new(&g.name),
                 &ident,
                 &maps,

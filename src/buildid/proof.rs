@@ -1,7 +1,8 @@
 //! The proof's types: what a proof of a DSO's build ID is made of and what it
 //! answers. Where an ID came from ([`Source`]), why there is none ([`Reason`],
 //! [`Refusal`]), when the recording was made ([`RecordingStart`]), what a file's
-//! inode says of its changes ([`FileTimes`], [`Place`]), a proven file ([`Proven`]),
+//! inode says of its changes ([`FileTimes`], [`Place`]) and what excuses a moved
+//! ctime ([`CtimeEvidence`], [`Voucher`]), a proven file ([`Proven`]),
 //! and the answer for one group ([`Outcome`]) with a contradicted claim's fate
 //! ([`Contradiction`], [`Verdict`]). The rules that produce them live in
 //! [`super::elf`] (a file) and [`super`] (a group).
@@ -87,7 +88,7 @@ pub enum Source {
     /// The image `--jit` wrote from the process's jitdump.
     Jit,
     /// Read from the mapped inode while a process of a live recording mapped it
-    /// (`--live`, issue 32: [`crate::live`]).
+    /// (`--live`, issue 32: the live module).
     Live,
 }
 
@@ -311,7 +312,26 @@ pub struct Proven {
     /// What excused a ctime after the recording's start, if anything was needed
     /// (kept so a table loaded from the file can be judged again against an earlier
     /// start: `resolve::unwind::UnwindTables::still_proven`).
-    pub ctime: super::vouch::CtimeEvidence,
+    pub ctime: CtimeEvidence,
+}
+
+/// A record, made elsewhere, that a file's bytes have been what they are now since
+/// `since` (ns since the epoch).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Voucher {
+    /// The file is known unchanged from this moment on.
+    pub since: i128,
+    /// Who says so, in words (for the refusal when `since` is too late).
+    pub what: String,
+}
+
+/// What a proof knows beyond a file's inode when its ctime moved after the start.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CtimeEvidence {
+    /// A record that the bytes are unchanged since some time.
+    pub voucher: Option<Voucher>,
+    /// `--trust-same-layout` was given.
+    pub same_layout: bool,
 }
 
 /// What a file's inode says about when it changed (ns since the epoch), as the proof

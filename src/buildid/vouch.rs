@@ -27,6 +27,7 @@
 //! directory), and only when a proof needs an excuse; the answer for a file is kept
 //! per file state (device, inode, size, mtime, ctime), so an MD5 is computed once.
 
+pub use super::proof::{CtimeEvidence, Voucher};
 use crate::format::buildid::BuildId;
 use std::collections::HashMap;
 use std::fs::File;
@@ -75,25 +76,6 @@ impl Vouchers {
             same_layout: false,
         }
     }
-}
-
-/// A record, made elsewhere, that a file's bytes have been what they are now since
-/// `since` (ns since the epoch).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Voucher {
-    /// The file is known unchanged from this moment on.
-    pub since: i128,
-    /// Who says so, in words (for the refusal when `since` is too late).
-    pub what: String,
-}
-
-/// What a proof knows beyond a file's inode when its ctime moved after the start.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct CtimeEvidence {
-    /// A record that the bytes are unchanged since some time.
-    pub voucher: Option<Voucher>,
-    /// `--trust-same-layout` was given.
-    pub same_layout: bool,
 }
 
 impl Vouchers {
@@ -577,7 +559,7 @@ pub fn record_link<T>(
     };
     let moved = (after.dev(), after.ino()) == (before.dev(), before.ino())
         && ctime_of(&after) > ctime_of(&before);
-    if moved && super::elf::read_build_id(file).ok() == Some(id) {
+    if moved && super::elf_read::read_build_id(file).ok() == Some(id) {
         let rec = LinkRecord {
             id,
             before: ctime_of(&before),
@@ -660,7 +642,7 @@ mod tests {
         let cache = d.path().join("cache");
         std::fs::create_dir(&cache).unwrap();
         let exe = File::open("/proc/self/exe").unwrap();
-        let Ok(id) = super::super::elf::read_build_id(&exe) else {
+        let Ok(id) = super::super::elf_read::read_build_id(&exe) else {
             return; // a test binary linked without a build ID
         };
         // A copy of this test binary (its ID, a file of the test's own).

@@ -41,7 +41,7 @@ impl AttrsFor {
 
     /// Refuses `--in-place` with a size to write: cutting the attrs rewrites the
     /// header's attr fields and the attrs section, which the crash-safe in-place
-    /// writer ([`crate::write::inplace`]) neither journals nor switches in one
+    /// writer (`write::inplace`) neither journals nor switches in one
     /// write; a new file is written whole or not at all.
     pub fn check_in_place(self) -> Result<()> {
         if self == AttrsFor::Verbatim {

@@ -2,7 +2,7 @@
 //! (perf-format.md §1.7) and HEADER_BUILD_ID records share one entry layout. Its own
 //! module, so that records and features both use it without using each other.
 
-use super::record::{RecordHeader, misc};
+use super::framing::{RecordHeader, misc};
 use super::{Endian, c_str};
 use std::fmt;
 

@@ -6,8 +6,7 @@
 //! partial frame, no partial record): only there may a new chunk start.
 
 use super::Endian;
-use super::record::{RecordHeader, rt};
-use super::walk::frame;
+use super::framing::{RecordHeader, frame, rt};
 use zstd::stream::raw::{Decoder, InBuffer, Operation, OutBuffer};
 
 /// Largest decompressed slice handled at once; bounds memory whatever the ratio.

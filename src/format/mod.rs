@@ -9,6 +9,7 @@ pub mod attr_compat;
 pub mod buildid;
 pub mod compressed;
 pub mod feature;
+mod framing;
 pub mod header;
 pub mod jitdump;
 pub mod record;

@@ -1,88 +1,10 @@
-//! Record framing (`struct perf_event_header`) and the few record bodies the model
-//! needs: MMAP, MMAP2, COMM, FORK/EXIT, HEADER_BUILD_ID (perf-format.md §1.4, §3).
+//! The few record bodies the model needs: MMAP, MMAP2, COMM, FORK/EXIT,
+//! HEADER_BUILD_ID (perf-format.md §3). Their framing (`struct perf_event_header`,
+//! perf-format.md §1.4) is the `framing` module's, named here too.
 
+use super::buildid::BuildId;
+pub use super::framing::{RecordHeader, misc, out_of_band_len, rt};
 use super::{Endian, c_str};
-
-/// Record types (kernel: < 64, perf tool: >= 64).
-pub mod rt {
-    pub const MMAP: u32 = 1;
-    pub const COMM: u32 = 3;
-    pub const EXIT: u32 = 4;
-    pub const FORK: u32 = 7;
-    pub const SAMPLE: u32 = 9;
-    pub const MMAP2: u32 = 10;
-    pub const AUX: u32 = 11;
-    /// PERF_RECORD_CALLCHAIN_DEFERRED: the user part of earlier samples' callchains
-    /// (see [`super::CallchainDeferred`]).
-    pub const CALLCHAIN_DEFERRED: u32 = 22;
-    pub const HEADER_ATTR: u32 = 64;
-    pub const HEADER_EVENT_TYPE: u32 = 65;
-    pub const HEADER_TRACING_DATA: u32 = 66;
-    pub const HEADER_BUILD_ID: u32 = 67;
-    pub const FINISHED_ROUND: u32 = 68;
-    pub const AUXTRACE_INFO: u32 = 70;
-    pub const AUXTRACE: u32 = 71;
-    pub const HEADER_FEATURE: u32 = 80;
-    pub const COMPRESSED: u32 = 81;
-    pub const COMPRESSED2: u32 = 83;
-    /// First perf-tool (user) record type; these carry no sample-id trailer.
-    pub const USER_START: u32 = 64;
-}
-
-/// `header.misc` values and bits.
-pub mod misc {
-    pub const CPUMODE_MASK: u16 = 7;
-    pub const KERNEL: u16 = 1;
-    pub const USER: u16 = 2;
-    pub const HYPERVISOR: u16 = 3;
-    pub const GUEST_KERNEL: u16 = 4;
-    pub const GUEST_USER: u16 = 5;
-    /// COMM: the comm changed because of exec. MMAP*: a non-executable mapping.
-    pub const COMM_EXEC: u16 = 0x2000;
-    pub const MMAP_DATA: u16 = 0x2000;
-    /// MMAP2 carries a build ID instead of device/inode.
-    pub const MMAP_BUILD_ID: u16 = 0x4000;
-    /// HEADER_BUILD_ID: byte 32 holds the build-ID length.
-    pub const BUILD_ID_SIZE: u16 = 0x8000;
-}
-
-/// `struct perf_event_header`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RecordHeader {
-    /// Record type.
-    pub kind: u32,
-    /// Misc bits (cpumode, flags).
-    pub misc: u16,
-    /// Total size including this header.
-    pub size: u16,
-}
-
-impl RecordHeader {
-    /// Parses the 8-byte header at the start of `data`.
-    #[inline]
-    pub fn parse(data: &[u8], e: Endian) -> Option<RecordHeader> {
-        Some(RecordHeader {
-            kind: e.u32(data, 0)?,
-            misc: e.u16(data, 4)?,
-            size: e.u16(data, 6)?,
-        })
-    }
-
-    /// The cpumode value (`misc & 7`).
-    #[inline]
-    pub fn cpumode(&self) -> u16 {
-        self.misc & misc::CPUMODE_MASK
-    }
-}
-
-/// Bytes that follow a record outside its `header.size` (TRACING_DATA, AUXTRACE).
-pub fn out_of_band_len(h: &RecordHeader, body: &[u8], e: Endian) -> Option<u64> {
-    match h.kind {
-        rt::HEADER_TRACING_DATA => Some(e.u32(body, 8)? as u64),
-        rt::AUXTRACE => e.u64(body, 8),
-        _ => Some(0),
-    }
-}
 
 /// What identifies the file behind a mapping.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -102,7 +24,7 @@ pub enum FileIdent {
         generation: u64,
     },
     /// A build ID carried by a build-ID MMAP2 record.
-    BuildId(super::buildid::BuildId),
+    BuildId(BuildId),
 }
 
 /// A decoded MMAP or MMAP2 record.
@@ -293,7 +215,7 @@ pub fn parse_mmap<'a>(
     }
     let ident = if h.misc & misc::MMAP_BUILD_ID != 0 {
         let n = *rec.get(40)? as usize;
-        match super::buildid::BuildId::new(rec.get(44..64)?, n) {
+        match BuildId::new(rec.get(44..64)?, n) {
             Some(b) => FileIdent::BuildId(b),
             None => FileIdent::None,
         }
@@ -397,7 +319,7 @@ pub const MMAP2_UNION: usize = 24;
 pub fn encode_build_id_mmap2(
     rec: &[u8],
     e: Endian,
-    id: &super::buildid::BuildId,
+    id: &BuildId,
     kernel_space: bool,
 ) -> Option<Vec<u8>> {
     let h = RecordHeader::parse(rec, e)?;
@@ -440,7 +362,6 @@ pub fn encode_build_id_mmap2(
 #[cfg(test)]
 mod mmap2_tests {
     use super::*;
-    use crate::format::buildid::BuildId;
 
     fn mmap_v1(e: Endian, name: &[u8], trailer: &[u8]) -> Vec<u8> {
         let mut r = Vec::new();

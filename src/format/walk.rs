@@ -1,74 +1,13 @@
-//! Record framing, once: where a record ends (its `header.size` plus the out-of-band
-//! payload of TRACING_DATA and AUXTRACE) and the one size policy every reader
-//! applies, and the walker that visits every record of a range, COMPRESSED contents
-//! included, through windows of any byte source.
+//! The walker that visits every record of a range, COMPRESSED contents included,
+//! through windows of any byte source, each record framed by the `framing` module's one
+//! primitive and size policy (named here too).
 
 use super::Endian;
 use super::compressed::{InnerError, InnerStream, payload};
-use super::record::{RecordHeader, out_of_band_len, rt};
+pub use super::framing::{Frame, MAX_PAYLOAD, frame};
+use super::framing::{RecordHeader, rt};
 use crate::error::{Error, Result};
 use std::ops::{ControlFlow, Deref};
-
-/// Largest out-of-band payload (AUXTRACE, TRACING_DATA) one record may announce.
-/// perf's AUX buffers are a few MB; a size beyond this is damage, not data.
-pub const MAX_PAYLOAD: u64 = 1 << 30;
-
-/// The framing of one record.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Frame {
-    /// Its header.
-    pub header: RecordHeader,
-    /// Bytes out of band after the record (AUXTRACE and TRACING_DATA payloads).
-    pub oob: u64,
-}
-
-impl Frame {
-    /// `header.size`: the bytes of the record proper.
-    pub fn size(&self) -> usize {
-        self.header.size as usize
-    }
-
-    /// The record and its payload: where the next record starts.
-    pub fn total(&self) -> u64 {
-        self.header.size as u64 + self.oob
-    }
-}
-
-/// Frames the record at the start of `bytes` (at offset `at` of its file, for
-/// messages). `Ok(None)` when `bytes` ends before the record proper does (more bytes
-/// are needed); an error when no valid record can start here: a size smaller than
-/// the header, an unreadable or oversized payload length. The payload itself need
-/// not be in `bytes`.
-pub fn frame(bytes: &[u8], e: Endian, at: u64) -> Result<Option<Frame>> {
-    let Some(header) = RecordHeader::parse(bytes, e) else {
-        return Ok(None);
-    };
-    let size = header.size as usize;
-    if size < 8 {
-        return Err(Error::format(
-            at,
-            format!(
-                "record of type {} has size {size}, smaller than its header",
-                header.kind
-            ),
-        ));
-    }
-    let Some(body) = bytes.get(..size) else {
-        return Ok(None);
-    };
-    let oob = out_of_band_len(&header, body, e)
-        .ok_or_else(|| Error::format(at, "truncated out-of-band size"))?;
-    if oob > MAX_PAYLOAD {
-        return Err(Error::format(
-            at,
-            format!(
-                "record of type {} announces {oob} payload bytes (more than {MAX_PAYLOAD})",
-                header.kind
-            ),
-        ));
-    }
-    Ok(Some(Frame { header, oob }))
-}
 
 /// Bytes of a record stream readable in windows: a mapped file, a buffer.
 pub trait Windows {

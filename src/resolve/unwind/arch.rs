@@ -2,8 +2,7 @@
 //! caches per architecture over the worker's images ([`ImageUnwinders`]), the rules
 //! [`cfi`] works out itself (x86_64), and a sample's registers by perf's numbers.
 
-use super::image::{image_addr, image_dso};
-use super::tables::Bytes;
+use super::types::{Bytes, image_addr, image_dso};
 use crate::format::Endian;
 use crate::model::DsoId;
 use crate::resolve::cfi::{self, EhFrameRules};
@@ -199,8 +198,8 @@ pub(super) fn reg(regs: &[u8], mask: u64, reg: u32, e: Endian) -> Option<u64> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::image::IMAGE_SLOT;
     use super::super::tables::load_sections;
+    use super::super::types::IMAGE_SLOT;
     use super::*;
     use crate::buildid::FileTimes;
     use framehop::x86_64::CacheX86_64;

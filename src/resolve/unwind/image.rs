@@ -4,52 +4,16 @@
 
 use super::arch::{Arch, ArchState, ImageUnwinders};
 use super::clock::CpuAnchor;
-use super::tables::{DsoUnwind, UnwindTables};
-use super::walk::{Frame, SampleStack};
+use super::types::{
+    DsoUnwind, Frame, IMAGE_BASE, SampleStack, image_addr, image_dso, outside_images,
+};
 use super::{UnwindConfig, UnwindMode};
 use crate::model::{DsoId, MapEntry, Model, lay_over};
-use crate::resolve::cfi::EhFrameRules;
-use framehop::Module;
 use framehop::aarch64::{CacheAarch64, UnwinderAarch64};
 use framehop::x86_64::{CacheX86_64, UnwinderX86_64};
 use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
-
-/// Where each DSO's image lies in the one address space the unwinder sees (see
-/// [`Worker`]): DSO `d` at `IMAGE_BASE + d * IMAGE_SLOT`, above any user address
-/// (x86_64 with 5-level paging and aarch64 with 52-bit VAs stay below 2^57).
-pub(super) const IMAGE_BASE: u64 = 1 << 62;
-/// Room for one image; framehop looks addresses up as 32-bit offsets from a module's
-/// base, so no image it can use is larger.
-pub(super) const IMAGE_SLOT: u64 = 1 << 32;
-
-/// The address of `svma` in DSO `d`'s image slot.
-pub(super) fn image_addr(d: DsoId, svma: u64) -> Option<u64> {
-    if svma >= IMAGE_SLOT {
-        return None;
-    }
-    IMAGE_BASE
-        .checked_add(u64::from(d).checked_mul(IMAGE_SLOT)?)?
-        .checked_add(svma)
-}
-
-/// A word that no mapping moved, kept out of the image slots: a stray stack word (or
-/// a kernel address) there would otherwise be taken for code of the DSO whose slot
-/// it falls in. In its place is an address that is nothing in any process either,
-/// as the word was.
-pub(super) fn outside_images(word: u64) -> u64 {
-    if word >= IMAGE_BASE { NOWHERE } else { word }
-}
-
-/// Where [`outside_images`] puts stray words: above every user address space and
-/// below the slots.
-pub(super) const NOWHERE: u64 = IMAGE_BASE - (1 << 20);
-
-/// The DSO whose image slot holds `addr`, if any.
-pub(super) fn image_dso(addr: u64) -> Option<DsoId> {
-    DsoId::try_from(addr.checked_sub(IMAGE_BASE)? / IMAGE_SLOT).ok()
-}
 
 /// A DSO as far as one worker's unwinder knows it.
 #[derive(Clone)]
@@ -188,37 +152,6 @@ impl Worker {
         }
         maps
     }
-
-    /// Adds DSO `d`'s image, with its unwind tables when it has any.
-    pub(super) fn meet(&mut self, model: &Model, tables: &UnwindTables, d: DsoId) {
-        let i = d as usize;
-        if self.images.len() <= i {
-            self.images.resize(i + 1, Image::Unseen);
-        }
-        if !matches!(self.images[i], Image::Unseen) {
-            return;
-        }
-        let (Some(t), Some(base), Some(dso)) =
-            (tables.get(model, d), image_addr(d, 0), model.dsos.get(i))
-        else {
-            self.images[i] = Image::None;
-            return;
-        };
-        let slot = base..base + IMAGE_SLOT;
-        let name = dso.name.clone();
-        let module = Module::new(name, slot, base, t.info.clone());
-        match &mut self.arch {
-            ArchState::X86(a) => {
-                let rules = t
-                    .rules
-                    .get_or_init(|| EhFrameRules::new(&t.info).map(Arc::new))
-                    .clone();
-                a.add(d, module, rules)
-            }
-            ArchState::Arm(a) => a.add(d, module, None),
-        }
-        self.images[i] = Image::Known(t.clone());
-    }
 }
 
 /// Moves a process's code addresses into image addresses: the translation between
@@ -348,63 +281,9 @@ impl<'a> ToImage<'a> {
     }
 }
 
-/// One unwinding worker per pool thread, kept for a whole pass and parked in the
-/// tables after it: its caches warm up once (rayon's map_init would start one per
-/// split of the work).
-pub struct WorkerSlots {
-    shared: Arc<Shared>,
-    slots: Vec<std::sync::Mutex<Option<Worker>>>,
-}
-
-impl WorkerSlots {
-    /// Slots for a pool of `threads` threads.
-    pub fn new(threads: usize) -> Self {
-        WorkerSlots {
-            shared: Arc::new(Shared::default()),
-            slots: (0..threads).map(|_| std::sync::Mutex::new(None)).collect(),
-        }
-    }
-
-    /// Runs `f` with the calling pool thread's worker (made on first use; `None`
-    /// when there is no unwinding). try_lock: a thread that steals work while inside
-    /// a chunk (nothing in a chunk waits on the pool today) gets a worker of its
-    /// own, parked in the tables after.
-    pub fn with<R>(
-        &self,
-        unwind: Option<(Arch, &UnwindTables)>,
-        f: impl FnOnce(Option<&mut Worker>) -> R,
-    ) -> R {
-        let slot = rayon::current_thread_index().and_then(|i| self.slots.get(i));
-        let mut guard = slot.and_then(|m| m.try_lock().ok());
-        let mut own = None;
-        let w = match guard.as_deref_mut() {
-            Some(w) => w,
-            None => &mut own,
-        };
-        if w.is_none() {
-            *w = unwind.map(|(arch, tables)| tables.worker(arch, &self.shared));
-        }
-        let r = f(w.as_mut());
-        if let (Some(w), Some((_, tables))) = (own, unwind) {
-            tables.park(w);
-        }
-        r
-    }
-
-    /// Parks every thread's worker in `tables` at the end of the pass.
-    pub fn park_all(self, tables: &UnwindTables) {
-        for w in self
-            .slots
-            .into_iter()
-            .filter_map(|m| m.into_inner().ok().flatten())
-        {
-            tables.park(w);
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use super::super::types::NOWHERE;
     use super::*;
     use crate::buildid::FileTimes;
     use framehop::ExplicitModuleSectionInfo;

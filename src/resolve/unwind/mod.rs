@@ -15,21 +15,25 @@
 //! Section data is read into memory (not mapped), so a file changing under us cannot
 //! fault the process.
 //!
-//! One file per idea: [`tables`] (loading and proving unwind tables), [`image`] (the
-//! image address space a worker unwinds in), [`arch`] (architecture dispatch and
-//! registers), [`clock`] (the CPU-budget clock), [`walk`] (the walk: [`unwind`] is
-//! the entry point, handing out each [`Frame`]).
+//! One file per idea, each using only those named before it: [`types`] (what they all
+//! speak of: section bytes, a DSO's tables, the image slots, a sample's stack, a
+//! frame), [`clock`] (the CPU-budget clock), [`arch`] (architecture dispatch and
+//! registers), [`image`] (the image address space a worker unwinds in), [`tables`]
+//! (loading and proving unwind tables, and handing them to the workers), [`walk`] (the
+//! walk: [`unwind`] is the entry point, handing out each [`Frame`]).
 
 mod arch;
 mod clock;
 mod image;
 mod tables;
+mod types;
 mod walk;
 
 pub use arch::Arch;
-pub use image::{Shared, Worker, WorkerSlots};
-pub use tables::{Bytes, DsoUnwind, UnwindTables};
-pub use walk::{Frame, Outcome, SampleStack, unwind, unwind_at};
+pub use image::{Shared, Worker};
+pub use tables::{UnwindTables, WorkerSlots};
+pub use types::{Bytes, DsoUnwind, Frame, SampleStack};
+pub use walk::{Outcome, unwind, unwind_at};
 
 use std::time::Duration;
 

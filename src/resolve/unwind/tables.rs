@@ -1,54 +1,26 @@
 //! Loading and proving unwind tables: each DSO's unwind sections, read once from a
 //! file proven to be the recorded one (the rules the IDs obey), shared by every
 //! worker, and checked again once the whole recording is known
-//! ([`UnwindTables::still_proven`]).
+//! ([`UnwindTables::still_proven`]). The workers get them here: a worker meets a DSO
+//! through the tables, and workers are parked with them between passes
+//! ([`WorkerSlots`]).
 
-use super::arch::Arch;
-use super::image::{Shared, Worker};
+use super::arch::{Arch, ArchState};
+use super::image::{Image, Shared, Worker};
+use super::types::{Bytes, DsoUnwind, IMAGE_SLOT, image_addr};
 use crate::buildid::elf::{
-    CtimeEvidence, FileTimes, Place, Segment, Vouchers, judge, open_regular, prove_and_read,
-    read_build_id,
+    CtimeEvidence, FileTimes, Place, Vouchers, judge, open_regular, read_build_id,
 };
-use crate::buildid::memo::Memo;
+use crate::buildid::memo::{Memo, prove_and_read};
 use crate::buildid::{LocalFiles, RecordingStart};
 use crate::format::Endian;
-use crate::model::{Dso, DsoId, DsoKind, MapEntry, Model};
+use crate::model::{Dso, DsoId, DsoKind, Model};
 use crate::resolve::cfi::EhFrameRules;
-use framehop::ExplicitModuleSectionInfo;
+use framehop::{ExplicitModuleSectionInfo, Module};
 use std::collections::HashMap;
-use std::ops::{Deref, Range};
+use std::ops::Range;
 use std::path::Path;
 use std::sync::{Arc, Mutex, OnceLock};
-
-/// Section data shared between modules: a range of a reference-counted buffer.
-#[derive(Clone, Default)]
-pub struct Bytes(Arc<Vec<u8>>, Range<usize>);
-
-impl Deref for Bytes {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        &self.0[self.1.clone()]
-    }
-}
-
-/// The unwind sections of one DSO file and the segments that place them in memory.
-pub struct DsoUnwind {
-    /// `(p_offset, p_vaddr)` of each PT_LOAD segment.
-    pub(super) segments: Vec<(u64, u64)>,
-    pub(super) info: ExplicitModuleSectionInfo<Bytes>,
-    /// x86_64 rules from `.eh_frame`, made when an x86_64 worker first meets the DSO
-    /// and shared by all (see [`cfi`]).
-    pub(super) rules: OnceLock<Option<Arc<EhFrameRules>>>,
-    /// The file's times when it was proven and its PT_LOAD segments (see
-    /// [`UnwindTables::still_proven`]).
-    pub(super) proven: FileTimes,
-    pub(super) loads: Vec<Segment>,
-    /// Proven by its build ID alone (see [`UnwindTables::load`]): its times do not
-    /// matter.
-    pub(super) by_id: bool,
-    /// What excused its ctime when it was proven (see [`UnwindTables::still_proven`]).
-    pub(super) ctime: CtimeEvidence,
-}
 
 /// Unwind information for every DSO, loaded on first use by whichever worker needs it.
 pub struct UnwindTables {
@@ -244,6 +216,96 @@ impl UnwindTables {
     }
 }
 
+// Here, not with the rest of the worker: the image address space stands below the
+// tables, and adding a DSO's image is where the two meet.
+impl Worker {
+    /// Adds DSO `d`'s image, with its unwind tables when it has any.
+    pub(super) fn meet(&mut self, model: &Model, tables: &UnwindTables, d: DsoId) {
+        let i = d as usize;
+        if self.images.len() <= i {
+            self.images.resize(i + 1, Image::Unseen);
+        }
+        if !matches!(self.images[i], Image::Unseen) {
+            return;
+        }
+        let (Some(t), Some(base), Some(dso)) =
+            (tables.get(model, d), image_addr(d, 0), model.dsos.get(i))
+        else {
+            self.images[i] = Image::None;
+            return;
+        };
+        let slot = base..base + IMAGE_SLOT;
+        let name = dso.name.clone();
+        let module = Module::new(name, slot, base, t.info.clone());
+        match &mut self.arch {
+            ArchState::X86(a) => {
+                let rules = t
+                    .rules
+                    .get_or_init(|| EhFrameRules::new(&t.info).map(Arc::new))
+                    .clone();
+                a.add(d, module, rules)
+            }
+            ArchState::Arm(a) => a.add(d, module, None),
+        }
+        self.images[i] = Image::Known(t.clone());
+    }
+}
+
+/// One unwinding worker per pool thread, kept for a whole pass and parked in the
+/// tables after it: its caches warm up once (rayon's map_init would start one per
+/// split of the work).
+pub struct WorkerSlots {
+    shared: Arc<Shared>,
+    slots: Vec<std::sync::Mutex<Option<Worker>>>,
+}
+
+impl WorkerSlots {
+    /// Slots for a pool of `threads` threads.
+    pub fn new(threads: usize) -> Self {
+        WorkerSlots {
+            shared: Arc::new(Shared::default()),
+            slots: (0..threads).map(|_| std::sync::Mutex::new(None)).collect(),
+        }
+    }
+
+    /// Runs `f` with the calling pool thread's worker (made on first use; `None`
+    /// when there is no unwinding). try_lock: a thread that steals work while inside
+    /// a chunk (nothing in a chunk waits on the pool today) gets a worker of its
+    /// own, parked in the tables after.
+    pub fn with<R>(
+        &self,
+        unwind: Option<(Arch, &UnwindTables)>,
+        f: impl FnOnce(Option<&mut Worker>) -> R,
+    ) -> R {
+        let slot = rayon::current_thread_index().and_then(|i| self.slots.get(i));
+        let mut guard = slot.and_then(|m| m.try_lock().ok());
+        let mut own = None;
+        let w = match guard.as_deref_mut() {
+            Some(w) => w,
+            None => &mut own,
+        };
+        if w.is_none() {
+            *w = unwind.map(|(arch, tables)| tables.worker(arch, &self.shared));
+        }
+        let r = f(w.as_mut());
+        if let (Some(w), Some((_, tables))) = (own, unwind) {
+            tables.park(w);
+        }
+        r
+    }
+
+    /// Parks every thread's worker in `tables` at the end of the pass.
+    pub fn park_all(self, tables: &UnwindTables) {
+        for w in self
+            .slots
+            .into_iter()
+            .filter_map(|m| m.into_inner().ok().flatten())
+        {
+            tables.park(w);
+        }
+    }
+}
+
 pub(super) fn load_sections(file: &std::fs::File, proven: FileTimes) -> Option<DsoUnwind> {
     let cache = crate::buildid::elf::reader(file);
     let elf = crate::buildid::elf::Elf::parse(&cache).ok()?;
@@ -262,10 +324,9 @@ pub(super) fn load_sections(file: &std::fs::File, proven: FileTimes) -> Option<D
             Some(at) => crate::buildid::elf::pread_new(file, at, usize::try_from(s.size).ok()?)?,
             None => Vec::new(),
         };
-        let n = data.len();
         Some((
             s.address..s.address.checked_add(s.size)?,
-            Bytes(Arc::new(data), 0..n),
+            Bytes::whole(data),
         ))
     };
     let mut info = ExplicitModuleSectionInfo::<Bytes> {
@@ -356,23 +417,10 @@ pub(super) fn count_fdes(data: &[u8], little: bool, debug_frame: bool) -> usize 
     n
 }
 
-impl DsoUnwind {
-    /// Load bias of mapping `m` of this file: its address minus the file's address.
-    pub(super) fn bias(&self, m: &MapEntry) -> Option<u64> {
-        // The segment holding the mapped file offset gives the load bias.
-        let &(p_offset, p_vaddr) = self
-            .segments
-            .iter()
-            .filter(|(o, _)| *o <= m.pgoff.saturating_add(0xffff))
-            .min_by_key(|(o, _)| o.abs_diff(m.pgoff))?;
-        let svma_at_start = p_vaddr.wrapping_add(m.pgoff).wrapping_sub(p_offset);
-        Some(m.start.wrapping_sub(svma_at_start))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::buildid::elf::Segment;
 
     #[test]
     fn tables_loaded_early_are_checked_against_the_whole_recording() {

@@ -6,11 +6,11 @@ use super::arch::{
     reg,
 };
 use super::clock::CpuAnchor;
-use super::image::{ToImage, Worker, image_dso, outside_images};
-use super::tables::{Bytes, UnwindTables};
+use super::image::{ToImage, Worker};
+use super::tables::UnwindTables;
+use super::types::{Bytes, Frame, SampleStack, image_dso, outside_images};
 use super::{UnwindConfig, UnwindMode};
-use crate::format::Endian;
-use crate::model::{DsoId, Key, MapEntry, Model};
+use crate::model::{DsoId, MapEntry, Model};
 use framehop::aarch64::UnwindRegsAarch64;
 use framehop::x86_64::UnwindRegsX86_64;
 use framehop::{FrameAddress, Module, Unwinder};
@@ -27,16 +27,6 @@ pub struct Outcome {
     pub frame_capped: bool,
 }
 
-/// One frame an unwind found.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Frame {
-    /// Inside an executable mapping of this DSO (an image the unwinder knows).
-    Dso(DsoId),
-    /// An address of the process that no known image holds (anonymous or JIT code, a
-    /// DSO without unwind tables, or nothing): to be looked up in the process.
-    Address(u64),
-}
-
 /// The lowest user stack pointer unwound: Linux never maps the first page
 /// (`vm.mmap_min_addr` is at least 4096), and user space ends below 2^57 (x86_64
 /// with 5-level paging; aarch64 stops at 2^52). A sample saying its stack is
@@ -45,22 +35,6 @@ pub enum Frame {
 pub(super) const MIN_USER_SP: u64 = 4096;
 /// One past the highest user stack pointer unwound (see [`MIN_USER_SP`]).
 pub(super) const END_USER_SP: u64 = 1 << 57;
-
-/// The inputs of one sample's unwind.
-pub struct SampleStack<'a> {
-    /// Process.
-    pub pid: u32,
-    /// Model key of the sample.
-    pub key: Key,
-    /// `attr.sample_regs_user`.
-    pub regs_mask: u64,
-    /// Register values.
-    pub regs: &'a [u8],
-    /// The valid part of the stack copy, starting at the user SP.
-    pub stack: &'a [u8],
-    /// Byte order of the file.
-    pub e: Endian,
-}
 
 /// Unwinds one sample; `on_frame` gets the user IP's frame and then each return
 /// address's (minus one: the address inside the call instruction, which is the
@@ -268,6 +242,8 @@ where
 mod tests {
     use super::super::Arch;
     use super::*;
+    use crate::format::Endian;
+    use crate::model::Key;
     use std::time::Duration;
 
     #[test]
