@@ -307,58 +307,17 @@ struct Proc {
 impl Proc {
     /// Builds the process's index from its events, sorted by key.
     fn new<'e>(events: impl ExactSizeIterator<Item = &'e Event>) -> Proc {
-        let versions = events.len();
-        let mut keys = Vec::with_capacity(versions);
-        let mut laid = Vec::with_capacity(versions);
-        let mut pieces: Vec<MapEntry> = Vec::new();
-        // (piece, first version it is visible at, first version it is not)
-        let mut runs: Vec<(u32, u32, u32)> = Vec::new();
-        let mut resets = Vec::new();
-        // The layer being built: start -> (the piece there, the version it appeared).
-        let mut state: BTreeMap<u64, (u32, u32)> = BTreeMap::new();
-        let close_all = |state: &mut BTreeMap<u64, (u32, u32)>, runs: &mut Vec<_>, v: u32| {
-            runs.extend(
-                std::mem::take(state)
-                    .into_values()
-                    .map(|(id, born)| (id, born, v)),
-            );
-        };
-        // Versions and piece ids fit 32 bits: the model's limits stop a recording
-        // long before 4 billion events.
-        for (i, ev) in events.enumerate() {
-            let v = (i + 1) as u32;
-            keys.push(ev.key);
-            // `m` itself is the last piece the overlay adds.
-            laid.push(match ev.kind {
-                EventKind::Map(m) => {
-                    overlay_pieces(&mut state, &mut pieces, &mut runs, m, v);
-                    (pieces.len() - 1) as u32
-                }
-                EventKind::Exec | EventKind::Fork { .. } => NOT_A_MAP,
-            });
-            match ev.kind {
-                EventKind::Map(_) => {}
-                EventKind::Exec => {
-                    close_all(&mut state, &mut runs, v);
-                    resets.push((v as usize, Base::Empty));
-                }
-                EventKind::Fork { parent } => {
-                    close_all(&mut state, &mut runs, v);
-                    resets.push((
-                        v as usize,
-                        Base::Fork {
-                            parent,
-                            key: ev.key,
-                        },
-                    ));
-                }
-            }
-        }
         // Leaves 0..width cover versions 0..=versions. What is still visible after the
         // last event stays so up to the last leaf: no lookup asks past `versions`, and a
         // run that ends at the tree's end is covered by about half as many nodes.
-        let width = (versions + 1).next_power_of_two();
-        close_all(&mut state, &mut runs, width as u32);
+        let width = (events.len() + 1).next_power_of_two();
+        let Replay {
+            keys,
+            laid,
+            resets,
+            mut pieces,
+            runs,
+        } = Replay::of(events, width);
         // Every node whose range a run covers gets the run's piece (the canonical cover
         // of [born, died): at most two nodes per level). A counting sort by node over
         // the runs taken in order of their pieces' starts leaves each node's pieces
@@ -380,36 +339,8 @@ impl Proc {
             .map(|r| r.1)
             .collect();
         runs.retain(|r| (r.3 as usize) < width);
-        // A perfect tree (its leaves padded with pieces never visible): a node's
-        // neighbour on its level is then the next range of leaves.
-        let n = lasting.len().next_power_of_two();
-        let mut lasting_born = vec![u32::MAX; 2 * n];
-        for (i, &id) in lasting.iter().enumerate() {
-            lasting_born[n + i] = spans[id as usize].0;
-        }
-        for i in (1..n).rev() {
-            lasting_born[i] = lasting_born[2 * i].min(lasting_born[2 * i + 1]);
-        }
-        let mut offsets = vec![0u32; 2 * width + 1];
-        let mut nodes = Vec::new();
-        for &(_, _, born, died) in &runs {
-            cover(born as usize, died as usize, width, &mut nodes);
-            for &node in &nodes {
-                offsets[node + 1] += 1;
-            }
-        }
-        for i in 1..offsets.len() {
-            offsets[i] += offsets[i - 1];
-        }
-        let mut ids = vec![0u32; offsets.last().map_or(0, |&n| n as usize)];
-        let mut next: Vec<u32> = offsets[..2 * width].to_vec();
-        for &(_, id, born, died) in &runs {
-            cover(born as usize, died as usize, width, &mut nodes);
-            for &node in &nodes {
-                ids[next[node] as usize] = id;
-                next[node] += 1;
-            }
-        }
+        let lasting_born = born_tree(&lasting, &spans);
+        let (offsets, ids) = node_pieces(&runs, width);
         // A JIT's process grows these by tens of thousands: no doubling slack kept.
         pieces.shrink_to_fit();
         Proc {
@@ -552,6 +483,108 @@ impl Proc {
         maps.sort_unstable_by_key(|m| m.start);
         maps
     }
+}
+
+/// What replaying a process's events in order leaves: [`Proc`]'s per-version columns
+/// and every piece with its run.
+struct Replay {
+    keys: Vec<Key>,
+    laid: Vec<u32>,
+    resets: Vec<(usize, Base)>,
+    pieces: Vec<MapEntry>,
+    /// (piece, first version it is visible at, first version it is not)
+    runs: Vec<(u32, u32, u32)>,
+}
+
+impl Replay {
+    /// Replays `events`; what is visible after the last one is closed at `width`.
+    fn of<'e>(events: impl ExactSizeIterator<Item = &'e Event>, width: usize) -> Replay {
+        let versions = events.len();
+        let mut r = Replay {
+            keys: Vec::with_capacity(versions),
+            laid: Vec::with_capacity(versions),
+            resets: Vec::new(),
+            pieces: Vec::new(),
+            runs: Vec::new(),
+        };
+        // The layer being built: start -> (the piece there, the version it appeared).
+        let mut state: BTreeMap<u64, (u32, u32)> = BTreeMap::new();
+        // Versions and piece ids fit 32 bits: the model's limits stop a recording
+        // long before 4 billion events.
+        for (i, ev) in events.enumerate() {
+            let v = (i + 1) as u32;
+            r.keys.push(ev.key);
+            // `m` itself is the last piece the overlay adds.
+            r.laid.push(match ev.kind {
+                EventKind::Map(m) => {
+                    overlay_pieces(&mut state, &mut r.pieces, &mut r.runs, m, v);
+                    (r.pieces.len() - 1) as u32
+                }
+                EventKind::Exec | EventKind::Fork { .. } => NOT_A_MAP,
+            });
+            let base = match ev.kind {
+                EventKind::Map(_) => continue,
+                EventKind::Exec => Base::Empty,
+                EventKind::Fork { parent } => Base::Fork {
+                    parent,
+                    key: ev.key,
+                },
+            };
+            r.close_all(&mut state, v);
+            r.resets.push((v as usize, base));
+        }
+        r.close_all(&mut state, width as u32);
+        r
+    }
+
+    /// Ends, at version `v`, the run of every piece of the layer `state`.
+    fn close_all(&mut self, state: &mut BTreeMap<u64, (u32, u32)>, v: u32) {
+        self.runs.extend(
+            std::mem::take(state)
+                .into_values()
+                .map(|(id, born)| (id, born, v)),
+        );
+    }
+}
+
+/// [`Proc::lasting_born`] of `lasting`. A perfect tree (its leaves padded with pieces
+/// never visible): a node's neighbour on its level is then the next range of leaves.
+fn born_tree(lasting: &[u32], spans: &[(u32, u32)]) -> Vec<u32> {
+    let n = lasting.len().next_power_of_two();
+    let mut lasting_born = vec![u32::MAX; 2 * n];
+    for (i, &id) in lasting.iter().enumerate() {
+        lasting_born[n + i] = spans[id as usize].0;
+    }
+    for i in (1..n).rev() {
+        lasting_born[i] = lasting_born[2 * i].min(lasting_born[2 * i + 1]);
+    }
+    lasting_born
+}
+
+/// [`Proc::offsets`] and [`Proc::ids`] of `runs` (start, piece, born, died), sorted by
+/// start: counted per node, then laid out in that order.
+fn node_pieces(runs: &[(u64, u32, u32, u32)], width: usize) -> (Vec<u32>, Vec<u32>) {
+    let mut offsets = vec![0u32; 2 * width + 1];
+    let mut nodes = Vec::new();
+    for &(_, _, born, died) in runs {
+        cover(born as usize, died as usize, width, &mut nodes);
+        for &node in &nodes {
+            offsets[node + 1] += 1;
+        }
+    }
+    for i in 1..offsets.len() {
+        offsets[i] += offsets[i - 1];
+    }
+    let mut ids = vec![0u32; offsets.last().map_or(0, |&n| n as usize)];
+    let mut next: Vec<u32> = offsets[..2 * width].to_vec();
+    for &(_, id, born, died) in runs {
+        cover(born as usize, died as usize, width, &mut nodes);
+        for &node in &nodes {
+            ids[next[node] as usize] = id;
+            next[node] += 1;
+        }
+    }
+    (offsets, ids)
 }
 
 /// The nodes of a segment tree of `width` leaves whose ranges make up the versions

@@ -145,12 +145,12 @@ pub fn run(inputs: &[Input], opts: &BatchOptions, done: &(dyn Fn(&FileResult) + 
     .pool()
     {
         Ok(p) => p,
-        Err(e) => return all_failed(inputs, opts, &e, t, done),
+        Err(e) => return all_failed(inputs, opts, done, e, t),
     };
     // Every input's run proves through the one memo and fills the one store.
     let handles = match Handles::open(&opts.engine) {
         Ok(h) => h,
-        Err(e) => return all_failed(inputs, opts, &e, t, done),
+        Err(e) => return all_failed(inputs, opts, done, e, t),
     };
     let bad = conflicts(inputs, &opts.dest);
     let summary = std::sync::Mutex::new(Summary {
@@ -160,21 +160,7 @@ pub fn run(inputs: &[Input], opts: &BatchOptions, done: &(dyn Fn(&FileResult) + 
         ..Summary::default()
     });
     let finish = |r: FileResult| {
-        if let Ok(mut s) = summary.lock() {
-            match r.status {
-                Status::Ok => s.ok += 1,
-                Status::Failed => s.failed += 1,
-                Status::Skipped => s.skipped += 1,
-            }
-            if let Some(t) = &r.report.store {
-                s.store
-                    .get_or_insert_with(|| crate::buildid::store::StoreTotals {
-                        dir: t.dir.clone(),
-                        ..Default::default()
-                    })
-                    .merge(t);
-            }
-        }
+        tally(&summary, &r);
         done(&r);
     };
     let (big, small): (Vec<usize>, Vec<usize>) = (0..inputs.len())
@@ -190,8 +176,89 @@ pub fn run(inputs: &[Input], opts: &BatchOptions, done: &(dyn Fn(&FileResult) + 
     for n in big {
         finish(process(&inputs[n], opts, &fp, &pool, &handles));
     }
-    // Plain threads taking the next input from a counter (not the pool's own workers,
-    // which would steal more inputs onto their stacks while they wait).
+    let batch = Batch {
+        inputs,
+        opts,
+        fp: &fp,
+        handles: &handles,
+    };
+    side_by_side(&small, jobs, batch, &pool, &finish);
+    let mut s = summary.into_inner().unwrap_or_default();
+    s.memo = handles.memo.stats();
+    s.seconds = t.elapsed().as_secs_f64();
+    s
+}
+
+/// The summary of a batch whose every input failed with `e` (no pool could be
+/// made, a symbol store that cannot be), each reported to `done`; `t` is when the
+/// batch started.
+fn all_failed(
+    inputs: &[Input],
+    opts: &BatchOptions,
+    done: &(dyn Fn(&FileResult) + Sync),
+    e: impl std::fmt::Display,
+    t: Instant,
+) -> Summary {
+    let mut s = Summary {
+        inputs: inputs.len(),
+        failed: inputs.len(),
+        ..Summary::default()
+    };
+    for i in inputs {
+        done(&FileResult::failed(
+            i,
+            &opts.dest,
+            Some(format!("{}: {e}", i.path.display())),
+        ));
+    }
+    s.seconds = t.elapsed().as_secs_f64();
+    s
+}
+
+/// Counts a finished input's result `r` into `summary`.
+fn tally(summary: &std::sync::Mutex<Summary>, r: &FileResult) {
+    if let Ok(mut s) = summary.lock() {
+        match r.status {
+            Status::Ok => s.ok += 1,
+            Status::Failed => s.failed += 1,
+            Status::Skipped => s.skipped += 1,
+        }
+        if let Some(t) = &r.report.store {
+            s.store
+                .get_or_insert_with(|| crate::buildid::store::StoreTotals {
+                    dir: t.dir.clone(),
+                    ..Default::default()
+                })
+                .merge(t);
+        }
+    }
+}
+
+/// What [`process`] reads of a batch besides an input and a pool.
+struct Batch<'a> {
+    inputs: &'a [Input],
+    opts: &'a BatchOptions,
+    fp: &'a str,
+    handles: &'a Handles,
+}
+
+/// Runs the inputs numbered `small` side by side on at most `jobs` plain threads
+/// taking the next input from a counter (not the pool's own workers, which would
+/// steal more inputs onto their stacks while they wait). `pool` serves a worker that
+/// has no pool of its own.
+fn side_by_side(
+    small: &[usize],
+    jobs: usize,
+    batch: Batch<'_>,
+    pool: &rayon::ThreadPool,
+    finish: &(dyn Fn(FileResult) + Sync),
+) {
+    let Batch {
+        inputs,
+        opts,
+        fp,
+        handles,
+    } = batch;
     let next = AtomicUsize::new(0);
     std::thread::scope(|s| {
         for _ in 0..jobs.min(small.len()) {
@@ -203,39 +270,11 @@ pub fn run(inputs: &[Input], opts: &BatchOptions, done: &(dyn Fn(&FileResult) + 
                     ..Options::default()
                 }
                 .pool();
-                let pool = own.as_ref().unwrap_or(&pool);
+                let pool = own.as_ref().unwrap_or(pool);
                 while let Some(&n) = small.get(next.fetch_add(1, Ordering::Relaxed)) {
-                    finish(process(&inputs[n], opts, &fp, pool, &handles));
+                    finish(process(&inputs[n], opts, fp, pool, handles));
                 }
             });
         }
     });
-    let mut s = summary.into_inner().unwrap_or_default();
-    s.memo = handles.memo.stats();
-    s.seconds = t.elapsed().as_secs_f64();
-    s
-}
-
-/// Every input failed for one cause the batch met before any ran (no worker pool, a
-/// symbol store that cannot be made).
-fn all_failed(
-    inputs: &[Input],
-    opts: &BatchOptions,
-    e: &Error,
-    t: Instant,
-    done: &(dyn Fn(&FileResult) + Sync),
-) -> Summary {
-    for i in inputs {
-        done(&FileResult::failed(
-            i,
-            &opts.dest,
-            Some(format!("{}: {e}", i.path.display())),
-        ));
-    }
-    Summary {
-        inputs: inputs.len(),
-        failed: inputs.len(),
-        seconds: t.elapsed().as_secs_f64(),
-        ..Summary::default()
-    }
 }

@@ -266,140 +266,186 @@ fn add(
         // .build-id/xx/rest needs a rest; perf's shortest accepted ID is longer.
         return Err(format!("build ID {hex} is too short for the cache"));
     }
+    let e = Entry {
+        cache,
+        g,
+        o,
+        id,
+        hex,
+    };
     match g.kind {
-        DsoKind::Kernel => {
-            if g.name != "[kernel.kallsyms]" {
-                return Err(format!("{} is not this host's kernel image", g.name));
-            }
-            let this_boot = o.source() == Some(Source::KernelNotes)
-                || (trust.kernel.is_ok() && host::kernel_build_id() == Some(id));
-            if !this_boot {
-                return Err(
-                    "the recorded kernel is not proven to be this boot's: its /proc/kallsyms would be wrong"
-                        .into(),
-                );
-            }
-            let rel = PathBuf::from("[kernel.kallsyms]").join(&hex);
-            let dir = cache.dir.join(&rel);
-            let target = dir.join("kallsyms");
-            let state = if exists(&target) {
-                CacheState::Present
-            } else {
-                let data = kallsyms().map_err(|e| format!("cannot read /proc/kallsyms: {e}"))?;
-                mkdir(&dir)?;
-                place(&target, &Content::Bytes(data, 0o755))?
-            };
-            link(cache, &id, &rel)?;
-            Ok((state, rel.display().to_string()))
+        DsoKind::Kernel => e.kernel(trust),
+        DsoKind::Vdso => e.vdso(trust),
+        DsoKind::Module | DsoKind::User => e.file(),
+    }
+}
+
+/// One DSO's cache entry being added: what each kind's way of adding it reads.
+struct Entry<'a> {
+    cache: &'a BuildIdCache,
+    g: &'a Group,
+    o: &'a Outcome,
+    id: BuildId,
+    hex: String,
+}
+
+impl Entry<'_> {
+    fn kernel(&self, trust: &HostTrust) -> Result<(CacheState, String), String> {
+        let (cache, g, id) = (self.cache, self.g, self.id);
+        if g.name != "[kernel.kallsyms]" {
+            return Err(format!("{} is not this host's kernel image", g.name));
         }
-        DsoKind::Vdso => {
-            if g.name != "[vdso]" {
-                return Err(format!("{} images are not cached", g.name));
-            }
-            let this_boot = o.source() == Some(Source::Vdso)
-                || (trust.kernel.is_ok() && host::vdso_build_id() == Some(id));
-            if !this_boot && cache.debuginfod.is_empty() {
-                return Err(
-                    "the recording is not proven to be of this host and boot: this process's vdso may differ"
-                        .into(),
-                );
-            }
-            let rel = PathBuf::from("[vdso]").join(&hex);
-            let dir = cache.dir.join(&rel);
-            let target = dir.join("vdso");
-            let state = if exists(&target) {
-                CacheState::Present
-            } else if !this_boot {
-                // Another boot's vdso: the image a symbol store holds for the ID
-                // (docs/store.md), checked to carry it.
-                let data = super::debuginfod::fetch(&cache.debuginfod, &id).map_err(|e| {
-                    format!("the recording is not of this boot and its vdso image could not be fetched: debuginfod: {e}")
-                })?;
-                mkdir(&dir)?;
-                place(&target, &Content::Bytes(data, 0o600))?;
-                CacheState::Fetched
-            } else {
-                let img = host::vdso_image().ok_or("cannot read this process's vdso")?;
-                // The image written is the one whose ID is checked here.
-                if super::elf::build_id_of_image(img).ok() != Some(id) {
-                    return Err("this process's vdso has another build ID".into());
-                }
-                mkdir(&dir)?;
-                // perf writes the image with mkstemp (0600) and links it.
-                place(&target, &Content::Bytes(img.to_vec(), 0o600))?
-            };
-            probes(&dir, None)?;
-            link(cache, &id, &rel)?;
-            Ok((state, rel.display().to_string()))
+        let this_boot = self.o.source() == Some(Source::KernelNotes)
+            || (trust.kernel.is_ok() && host::kernel_build_id() == Some(id));
+        if !this_boot {
+            return Err(
+                "the recorded kernel is not proven to be this boot's: its /proc/kallsyms would be wrong"
+                    .into(),
+            );
         }
-        DsoKind::Module | DsoKind::User => {
-            let module = g.kind == DsoKind::Module;
-            let rel_name = if !g.name.starts_with('/') {
-                return Err(format!(
-                    "'{}' names no file (perf caches files by path)",
-                    g.name
-                ));
-            } else if cache.symfs.is_some() {
-                // The recorded path: this machine's symlinks say nothing about the
-                // sysroot's.
-                g.name.clone()
-            } else {
-                // perf names the entry by the path's realpath on this machine.
-                std::fs::canonicalize(&g.name)
-                    .ok()
-                    .and_then(|p| p.to_str().map(String::from))
-                    .unwrap_or_else(|| g.name.clone())
-            };
-            let rel = cache_rel(&rel_name)?.join(&hex);
-            let dir = cache.dir.join(&rel);
-            let target = dir.join("elf");
-            let mut state = CacheState::Present;
-            let mut file_for_probes = None;
-            if !exists(&target) {
-                let content = match find_file(cache, g, o, id) {
-                    Ok(f) => Content::File(f),
-                    Err(why) if cache.debuginfod.is_empty() || module => return Err(why),
-                    Err(why) => {
-                        let data = super::debuginfod::fetch(&cache.debuginfod, &id)
-                            .map_err(|e| format!("{why}; debuginfod: {e}"))?;
-                        state = CacheState::Fetched;
-                        Content::Bytes(data, 0o755)
-                    }
-                };
-                mkdir(&dir)?;
-                let placed = match &content {
-                    // A hard link moves the file's ctime: the link record says it was
-                    // this link (what lets a later run prove the file; vouch.rs).
-                    Content::File(f) => {
-                        super::vouch::record_link(&cache.dir, f, id, || place(&target, &content))?
-                    }
-                    Content::Bytes(..) => place(&target, &content)?,
-                };
-                if state != CacheState::Fetched {
-                    state = placed;
-                }
-                if let Content::File(f) = content {
-                    file_for_probes = Some(f);
-                }
-            }
-            if !module && !g.name.ends_with(".ko") {
-                debug_file(cache, &id, &dir)?;
-                if state == CacheState::Fetched {
-                    super::store::fetch_debug_into_cache(&cache.debuginfod, &id, &target, &dir)
-                        .map(|data| place(&dir.join("debug"), &Content::Bytes(data, 0o644)))
-                        .transpose()?;
-                }
-            }
-            if !exists(&dir.join("probes")) {
-                let f = match file_for_probes {
-                    Some(f) => Some(f),
-                    None => open_regular(&target).ok().map(|(f, _)| Arc::new(f)),
-                };
-                probes(&dir, f.as_deref())?;
-            }
-            link(cache, &id, &rel)?;
-            Ok((state, rel.display().to_string()))
+        let rel = PathBuf::from("[kernel.kallsyms]").join(&self.hex);
+        let dir = cache.dir.join(&rel);
+        let target = dir.join("kallsyms");
+        let state = if exists(&target) {
+            CacheState::Present
+        } else {
+            let data = kallsyms().map_err(|e| format!("cannot read /proc/kallsyms: {e}"))?;
+            mkdir(&dir)?;
+            place(&target, &Content::Bytes(data, 0o755))?
+        };
+        self.linked(state, rel)
+    }
+
+    fn vdso(&self, trust: &HostTrust) -> Result<(CacheState, String), String> {
+        let (cache, g, id) = (self.cache, self.g, self.id);
+        if g.name != "[vdso]" {
+            return Err(format!("{} images are not cached", g.name));
         }
+        let this_boot = self.o.source() == Some(Source::Vdso)
+            || (trust.kernel.is_ok() && host::vdso_build_id() == Some(id));
+        if !this_boot && cache.debuginfod.is_empty() {
+            return Err(
+                "the recording is not proven to be of this host and boot: this process's vdso may differ"
+                    .into(),
+            );
+        }
+        let rel = PathBuf::from("[vdso]").join(&self.hex);
+        let dir = cache.dir.join(&rel);
+        let target = dir.join("vdso");
+        let state = if exists(&target) {
+            CacheState::Present
+        } else if !this_boot {
+            // Another boot's vdso: the image a symbol store holds for the ID
+            // (docs/store.md), checked to carry it.
+            let data = super::debuginfod::fetch(&cache.debuginfod, &id).map_err(|e| {
+                format!("the recording is not of this boot and its vdso image could not be fetched: debuginfod: {e}")
+            })?;
+            mkdir(&dir)?;
+            place(&target, &Content::Bytes(data, 0o600))?;
+            CacheState::Fetched
+        } else {
+            let img = host::vdso_image().ok_or("cannot read this process's vdso")?;
+            // The image written is the one whose ID is checked here.
+            if super::elf::build_id_of_image(img).ok() != Some(id) {
+                return Err("this process's vdso has another build ID".into());
+            }
+            mkdir(&dir)?;
+            // perf writes the image with mkstemp (0600) and links it.
+            place(&target, &Content::Bytes(img.to_vec(), 0o600))?
+        };
+        probes(&dir, None)?;
+        self.linked(state, rel)
+    }
+
+    /// A user DSO's or module's entry.
+    fn file(&self) -> Result<(CacheState, String), String> {
+        let (cache, g, id) = (self.cache, self.g, self.id);
+        let module = g.kind == DsoKind::Module;
+        let rel = cache_rel(&self.entry_name()?)?.join(&self.hex);
+        let dir = cache.dir.join(&rel);
+        let target = dir.join("elf");
+        let (state, file_for_probes) = if exists(&target) {
+            (CacheState::Present, None)
+        } else {
+            self.place_elf(&dir, &target, module)?
+        };
+        if !module && !g.name.ends_with(".ko") {
+            debug_file(cache, &id, &dir)?;
+            if state == CacheState::Fetched {
+                super::store::fetch_debug_into_cache(&cache.debuginfod, &id, &target, &dir)
+                    .map(|data| place(&dir.join("debug"), &Content::Bytes(data, 0o644)))
+                    .transpose()?;
+            }
+        }
+        if !exists(&dir.join("probes")) {
+            let f = match file_for_probes {
+                Some(f) => Some(f),
+                None => open_regular(&target).ok().map(|(f, _)| Arc::new(f)),
+            };
+            probes(&dir, f.as_deref())?;
+        }
+        self.linked(state, rel)
+    }
+
+    /// The recorded path the entry's directory is named by.
+    fn entry_name(&self) -> Result<String, String> {
+        let g = self.g;
+        if !g.name.starts_with('/') {
+            Err(format!(
+                "'{}' names no file (perf caches files by path)",
+                g.name
+            ))
+        } else if self.cache.symfs.is_some() {
+            // The recorded path: this machine's symlinks say nothing about the
+            // sysroot's.
+            Ok(g.name.clone())
+        } else {
+            // perf names the entry by the path's realpath on this machine.
+            Ok(std::fs::canonicalize(&g.name)
+                .ok()
+                .and_then(|p| p.to_str().map(String::from))
+                .unwrap_or_else(|| g.name.clone()))
+        }
+    }
+
+    /// Puts the ELF file at `target` in the new entry `dir`: the file found, else one
+    /// fetched. Also the file found, open, for the probes.
+    fn place_elf(
+        &self,
+        dir: &Path,
+        target: &Path,
+        module: bool,
+    ) -> Result<(CacheState, Option<Arc<File>>), String> {
+        let (cache, id) = (self.cache, self.id);
+        let (content, fetched) = match find_file(cache, self.g, self.o, id) {
+            Ok(f) => (Content::File(f), false),
+            Err(why) if cache.debuginfod.is_empty() || module => return Err(why),
+            Err(why) => {
+                let data = super::debuginfod::fetch(&cache.debuginfod, &id)
+                    .map_err(|e| format!("{why}; debuginfod: {e}"))?;
+                (Content::Bytes(data, 0o755), true)
+            }
+        };
+        mkdir(dir)?;
+        let placed = match &content {
+            // A hard link moves the file's ctime: the link record says it was
+            // this link (what lets a later run prove the file; vouch.rs).
+            Content::File(f) => {
+                super::vouch::record_link(&cache.dir, f, id, || place(target, &content))?
+            }
+            Content::Bytes(..) => place(target, &content)?,
+        };
+        let state = if fetched { CacheState::Fetched } else { placed };
+        match content {
+            Content::File(f) => Ok((state, Some(f))),
+            Content::Bytes(..) => Ok((state, None)),
+        }
+    }
+
+    /// Links the entry at `rel` under the ID's name; the result [`add`] returns.
+    fn linked(&self, state: CacheState, rel: PathBuf) -> Result<(CacheState, String), String> {
+        link(self.cache, &self.id, &rel)?;
+        Ok((state, rel.display().to_string()))
     }
 }
 

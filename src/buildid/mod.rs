@@ -26,7 +26,7 @@ pub mod vouch;
 
 use crate::format::buildid::{BuildId, BuildIdTable, TableEntry};
 use crate::format::record::FileIdent;
-use crate::model::{DsoId, DsoKind, Model};
+use crate::model::{Dso, DsoId, DsoKind, Model};
 use host::HostInfo;
 pub use proof::{
     Contradiction, FileTimes, Found, InTable, LocalFiles, NAMED_CLAIMANTS, Outcome, Place, Proven,
@@ -431,41 +431,25 @@ fn identify_one(
     vdso_id: &std::sync::OnceLock<Option<BuildId>>,
 ) -> Outcome {
     let dsos: Vec<_> = g.dsos.iter().map(|&d| &model.dsos[d as usize]).collect();
-    let mut ids: Vec<BuildId> = dsos
-        .iter()
-        .filter_map(|d| match d.ident {
-            FileIdent::BuildId(b) => Some(b),
-            _ => None,
-        })
-        .collect();
-    ids.sort();
-    ids.dedup();
-    let inodes: Vec<&FileIdent> = dsos
-        .iter()
-        .map(|d| &d.ident)
-        .filter(|i| matches!(i, FileIdent::Inode { .. }))
-        .collect();
-    let inode_clash = inodes
-        .iter()
-        .enumerate()
-        .any(|(i, a)| inodes[i + 1..].iter().any(|b| inode_conflict(a, b)));
-    let ambiguous = ids.len() > 1 || inode_clash;
+    let rec = Recorded::of(&dsos);
+    let (ids, inodes, ambiguous) = (&rec.ids, &rec.inodes, rec.ambiguous);
     // Every ID the input claims for this name, the one taken first at the head.
     let own = |e: &&TableEntry| e.filename == g.name && same_space(e, g.kind);
     let table = ev.table.entries.iter().find(own);
     let streamed = ev.stream.iter().find(own);
     let mut claimed: Vec<BuildId> = table.iter().map(|e| e.build_id).collect();
-    claimed.extend(&ids);
+    claimed.extend(ids);
     claimed.extend(ev.stream.iter().filter(own).map(|e| e.build_id));
     // live capture hook (issue 32): a file captured while it was mapped is proven
     // before the file at the path now.
     let prove = || {
-        let mut plain = || prove_group(g, &dsos, &inodes, ev, kernel_id, vdso_id);
+        let mut plain = || prove_group(g, &dsos, inodes, ev, kernel_id, vdso_id);
         match ev.live {
             Some(l) if g.kind == DsoKind::User => l.prove_first(&dsos, &mut plain),
             _ => plain(),
         }
     };
+    let claim = |o, ambiguous| check_claim(g, o, &claimed, ids, ambiguous, ev, prove);
 
     if let Some(e) = table {
         let mut o = Found::of(e.build_id, Source::InputTable);
@@ -476,42 +460,10 @@ fn identify_one(
                     .into(),
             );
         }
-        return check_claim(g, o, &claimed, &ids, ambiguous, ev, prove);
+        return claim(o, ambiguous);
     }
     if ambiguous {
-        let what = if ids.len() > 1 {
-            format!(
-                "build IDs {}",
-                ids.iter()
-                    .map(|b| b.to_string())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )
-        } else {
-            let mut v: Vec<String> = inodes
-                .iter()
-                .filter_map(|i| match i {
-                    FileIdent::Inode {
-                        maj,
-                        min,
-                        ino,
-                        generation: 0,
-                    } => Some(format!("inode {ino} on {maj}:{min}")),
-                    FileIdent::Inode {
-                        maj,
-                        min,
-                        ino,
-                        generation,
-                    } => Some(format!(
-                        "inode {ino} generation {generation} on {maj}:{min}"
-                    )),
-                    _ => None,
-                })
-                .collect();
-            v.sort();
-            v.dedup();
-            v.join(", ")
-        };
+        let what = rec.what();
         return Outcome::refused((
             Reason::Ambiguous,
             format!(
@@ -520,24 +472,92 @@ fn identify_one(
         ));
     }
     if let Some(&id) = ids.first() {
-        return check_claim(
-            g,
-            Found::of(id, Source::Mmap2),
-            &claimed,
-            &ids,
-            false,
-            ev,
-            prove,
-        );
+        return claim(Found::of(id, Source::Mmap2), false);
     }
     if let Some(e) = streamed {
-        let o = Found::of(e.build_id, Source::InputTable);
-        return check_claim(g, o, &claimed, &ids, false, ev, prove);
+        return claim(Found::of(e.build_id, Source::InputTable), false);
     }
     if let Some((id, _)) = ev.known.iter().find(|(_, p)| *p == g.name) {
         return Outcome::found(*id, Source::Known);
     }
     prove()
+}
+
+/// What a group's DSOs' records say of the file(s) mapped at its path.
+struct Recorded<'m> {
+    /// The build IDs the records carry, sorted, each once.
+    ids: Vec<BuildId>,
+    /// The records' inode identities.
+    inodes: Vec<&'m FileIdent>,
+    /// Mapped from more than one file.
+    ambiguous: bool,
+}
+
+impl<'m> Recorded<'m> {
+    fn of(dsos: &[&'m Dso]) -> Recorded<'m> {
+        let mut ids: Vec<BuildId> = dsos
+            .iter()
+            .filter_map(|d| match d.ident {
+                FileIdent::BuildId(b) => Some(b),
+                _ => None,
+            })
+            .collect();
+        ids.sort();
+        ids.dedup();
+        let inodes: Vec<&FileIdent> = dsos
+            .iter()
+            .map(|d| &d.ident)
+            .filter(|i| matches!(i, FileIdent::Inode { .. }))
+            .collect();
+        let inode_clash = inodes
+            .iter()
+            .enumerate()
+            .any(|(i, a)| inodes[i + 1..].iter().any(|b| inode_conflict(a, b)));
+        let ambiguous = ids.len() > 1 || inode_clash;
+        Recorded {
+            ids,
+            inodes,
+            ambiguous,
+        }
+    }
+
+    /// The different files an ambiguous path was mapped from, in words.
+    fn what(&self) -> String {
+        if self.ids.len() > 1 {
+            return format!(
+                "build IDs {}",
+                self.ids
+                    .iter()
+                    .map(|b| b.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
+        let mut v: Vec<String> = self
+            .inodes
+            .iter()
+            .filter_map(|i| match i {
+                FileIdent::Inode {
+                    maj,
+                    min,
+                    ino,
+                    generation: 0,
+                } => Some(format!("inode {ino} on {maj}:{min}")),
+                FileIdent::Inode {
+                    maj,
+                    min,
+                    ino,
+                    generation,
+                } => Some(format!(
+                    "inode {ino} generation {generation} on {maj}:{min}"
+                )),
+                _ => None,
+            })
+            .collect();
+        v.sort();
+        v.dedup();
+        v.join(", ")
+    }
 }
 
 /// A claim `o` of the input (its ID is one of `claimed`, the DSO's claims) checked

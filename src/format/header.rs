@@ -81,19 +81,7 @@ pub const FEAT_CLOCK_DATA: u32 = 29;
 impl FileHeader {
     /// Parses the header from the first bytes of a file of length `file_len`.
     pub fn parse(buf: &[u8], file_len: u64) -> Result<Self> {
-        let magic = buf
-            .get(0..8)
-            .ok_or_else(|| Error::format(0, "file is shorter than a perf.data magic"))?;
-        let endian = match magic {
-            b"PERFILE2" => Endian::Little,
-            b"2ELIFREP" => Endian::Big,
-            b"PERFFILE" => {
-                return Err(Error::unsupported(
-                    "legacy perf.data version 1 (magic PERFFILE) is not supported",
-                ));
-            }
-            _ => return Err(Error::format(0, "not a perf.data file (bad magic)")),
-        };
+        let endian = magic_order(buf)?;
         let e = endian;
         let rd = |off: usize| {
             e.u64(buf, off)
@@ -132,18 +120,6 @@ impl FileHeader {
                 format!("attr entry size {attr_size} is outside 80..=4096"),
             ));
         }
-        let check = |s: &Section, name: &str, off: u64| -> Result<()> {
-            match s.end() {
-                Some(end) if end <= file_len => Ok(()),
-                _ => Err(Error::format(
-                    off,
-                    format!(
-                        "{name} section [{:#x}, +{:#x}) extends past the end of the file ({file_len:#x} bytes)",
-                        s.offset, s.size
-                    ),
-                )),
-            }
-        };
         let mut data_size_repaired = false;
         if data.size == 0 && data.offset >= header_size && data.offset <= file_len {
             // perf: "The file's data size field is 0 which is unexpected. Was the
@@ -151,29 +127,7 @@ impl FileHeader {
             data.size = file_len - data.offset;
             data_size_repaired = data.size != 0;
         }
-        check(&attrs, "attrs", 24)?;
-        check(&data, "data", 40)?;
-        if data.offset < header_size || (attrs.size != 0 && attrs.offset < header_size) {
-            return Err(Error::format(8, "sections overlap the file header"));
-        }
-        if !attrs.size.is_multiple_of(attr_size) {
-            return Err(Error::format(
-                32,
-                format!(
-                    "attrs section size {} is not a multiple of the attr entry size {attr_size}",
-                    attrs.size
-                ),
-            ));
-        }
-        let (a0, a1, d0, d1) = (
-            attrs.offset,
-            attrs.offset + attrs.size,
-            data.offset,
-            data.offset + data.size,
-        );
-        if attrs.size != 0 && data.size != 0 && a0 < d1 && d0 < a1 {
-            return Err(Error::format(24, "attrs and data sections overlap"));
-        }
+        check_sections(&attrs, &data, header_size, attr_size, file_len)?;
         Ok(FileHeader {
             endian,
             header_size,
@@ -219,6 +173,68 @@ impl FileHeader {
         }
         out
     }
+}
+
+/// The byte order the magic at the start of `buf` says.
+fn magic_order(buf: &[u8]) -> Result<Endian> {
+    let magic = buf
+        .get(0..8)
+        .ok_or_else(|| Error::format(0, "file is shorter than a perf.data magic"))?;
+    match magic {
+        b"PERFILE2" => Ok(Endian::Little),
+        b"2ELIFREP" => Ok(Endian::Big),
+        b"PERFFILE" => Err(Error::unsupported(
+            "legacy perf.data version 1 (magic PERFFILE) is not supported",
+        )),
+        _ => Err(Error::format(0, "not a perf.data file (bad magic)")),
+    }
+}
+
+/// The attrs and data sections (the data's size repaired) checked against the file's
+/// length, the header and each other.
+fn check_sections(
+    attrs: &Section,
+    data: &Section,
+    header_size: u64,
+    attr_size: u64,
+    file_len: u64,
+) -> Result<()> {
+    let check = |s: &Section, name: &str, off: u64| -> Result<()> {
+        match s.end() {
+            Some(end) if end <= file_len => Ok(()),
+            _ => Err(Error::format(
+                off,
+                format!(
+                    "{name} section [{:#x}, +{:#x}) extends past the end of the file ({file_len:#x} bytes)",
+                    s.offset, s.size
+                ),
+            )),
+        }
+    };
+    check(attrs, "attrs", 24)?;
+    check(data, "data", 40)?;
+    if data.offset < header_size || (attrs.size != 0 && attrs.offset < header_size) {
+        return Err(Error::format(8, "sections overlap the file header"));
+    }
+    if !attrs.size.is_multiple_of(attr_size) {
+        return Err(Error::format(
+            32,
+            format!(
+                "attrs section size {} is not a multiple of the attr entry size {attr_size}",
+                attrs.size
+            ),
+        ));
+    }
+    let (a0, a1, d0, d1) = (
+        attrs.offset,
+        attrs.offset + attrs.size,
+        data.offset,
+        data.offset + data.size,
+    );
+    if attrs.size != 0 && data.size != 0 && a0 < d1 && d0 < a1 {
+        return Err(Error::format(24, "attrs and data sections overlap"));
+    }
+    Ok(())
 }
 
 fn read_bitmap(buf: &[u8], e: Endian) -> Result<([u64; 4], BitmapWords)> {

@@ -209,17 +209,24 @@ impl Order {
         let v = u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?);
         Some(if self.0 { v.swap_bytes() } else { v })
     }
+    /// `N` u64 words from `at` on (their bytes checked at once: no word is then missing).
+    fn u64s<const N: usize>(self, b: &[u8], at: usize) -> Option<[u64; N]> {
+        let w = b.get(at..at + 8 * N)?;
+        Some(std::array::from_fn(|i| self.u64(w, 8 * i).unwrap_or(0)))
+    }
+    /// Two u32 words (a prefix's id and size, a body's pid and tid), then `N` u64 words.
+    fn head<const N: usize>(self, b: &[u8]) -> Option<(u32, u32, [u64; N])> {
+        Some((self.u32(b, 0)?, self.u32(b, 4)?, self.u64s(b, 8)?))
+    }
 }
 
 /// Parses the file header from the dump's first bytes.
 pub fn parse_header(b: &[u8]) -> Result<Header, JitdumpError> {
-    let magic = Order(false)
-        .u32(b, 0)
-        .ok_or(JitdumpError::ShortHeader(b.len()))?;
-    let swapped = match magic {
-        MAGIC => false,
-        MAGIC_SWAPPED => true,
-        _ => return Err(JitdumpError::NotJitdump),
+    let swapped = match Order(false).u32(b, 0) {
+        Some(MAGIC) => false,
+        Some(MAGIC_SWAPPED) => true,
+        Some(_) => return Err(JitdumpError::NotJitdump),
+        None => return Err(JitdumpError::ShortHeader(b.len())),
     };
     if b.len() < HEADER_SIZE {
         return Err(JitdumpError::ShortHeader(b.len()));
@@ -282,15 +289,9 @@ impl<R: Read> Reader<R> {
     /// [`Reader::new`] with the reader `ahead` instead of `r`.
     fn start(r: R, ahead: Option<Ahead>) -> Result<Self, JitdumpError> {
         let mut me = Reader {
-            r,
             ahead,
-            header: Header::default(),
-            at: 0,
-            buf: Vec::new(),
-            pos: 0,
-            end: 0,
-            eof: false,
             first: FIRST_READ,
+            ..Self::records(r, Header::default(), 0, 0)
         };
         let got = me.fill(HEADER_SIZE)?;
         let header = parse_header(&me.buf[me.pos..me.pos + got])?;
@@ -379,17 +380,12 @@ impl<R: Read> Reader<R> {
     pub fn next_entry(&mut self) -> Result<Option<Entry<'_>>, JitdumpError> {
         let o = Order(self.header.swapped);
         let offset = self.at;
+        let cut = |time| JitdumpError::Truncated { offset, time };
         let got = self.fill(PREFIX_SIZE)?;
-        if got == 0 {
-            return Ok(None);
-        }
-        if got < PREFIX_SIZE {
-            return Err(JitdumpError::Truncated { offset, time: None });
-        }
-        let prefix = &self.buf[self.pos..self.pos + PREFIX_SIZE];
-        let kind = o.u32(prefix, 0).unwrap_or(u32::MAX);
-        let size = o.u32(prefix, 4).unwrap_or(0);
-        let time = o.u64(prefix, 8).unwrap_or(0);
+        // The prefix's words read whole exactly when the prefix is.
+        let Some((kind, size, [time])) = o.head(&self.buf[self.pos..self.pos + got]) else {
+            return if got == 0 { Ok(None) } else { Err(cut(None)) };
+        };
         if (size as usize) < PREFIX_SIZE || size > MAX_RECORD {
             return Err(JitdumpError::Bad {
                 offset,
@@ -397,99 +393,16 @@ impl<R: Read> Reader<R> {
             });
         }
         if self.fill(size as usize)? < size as usize {
-            return Err(JitdumpError::Truncated {
-                offset,
-                time: Some(time),
-            });
+            return Err(cut(Some(time)));
         }
         let body = self.pos + PREFIX_SIZE..self.pos + size as usize;
         self.pos += size as usize;
         self.at += size as u64;
-        let b = &self.buf[body];
         let bad = |what: &str| JitdumpError::Bad {
             offset,
             what: format!("record of id {kind} and size {size}: {what}"),
         };
-        let record = match kind {
-            id::CODE_LOAD => {
-                let (Some(pid), Some(tid), Some(vma), Some(code_addr), Some(code_size), Some(ci)) = (
-                    o.u32(b, 0),
-                    o.u32(b, 4),
-                    o.u64(b, 8),
-                    o.u64(b, 16),
-                    o.u64(b, 24),
-                    o.u64(b, 32),
-                ) else {
-                    return Err(bad("shorter than a code load"));
-                };
-                let rest = &b[40..];
-                let code_size = usize::try_from(code_size)
-                    .ok()
-                    .filter(|&c| c <= rest.len())
-                    .ok_or_else(|| bad("its code is larger than the record"))?;
-                let (name_part, code) = rest.split_at(rest.len() - code_size);
-                let name = name_part.split(|&c| c == 0).next().unwrap_or(&[]);
-                Record::Load(CodeLoad {
-                    pid,
-                    tid,
-                    vma,
-                    code_addr,
-                    code_index: ci,
-                    name,
-                    code,
-                })
-            }
-            id::CODE_MOVE => {
-                let (Some(pid), Some(tid), Some(vma), Some(old), Some(new), Some(sz), Some(ci)) = (
-                    o.u32(b, 0),
-                    o.u32(b, 4),
-                    o.u64(b, 8),
-                    o.u64(b, 16),
-                    o.u64(b, 24),
-                    o.u64(b, 32),
-                    o.u64(b, 40),
-                ) else {
-                    return Err(bad("shorter than a code move"));
-                };
-                Record::Move(CodeMove {
-                    pid,
-                    tid,
-                    vma,
-                    old_code_addr: old,
-                    new_code_addr: new,
-                    code_size: sz,
-                    code_index: ci,
-                })
-            }
-            id::DEBUG_INFO => {
-                let (Some(code_addr), Some(count)) = (o.u64(b, 0), o.u64(b, 8)) else {
-                    return Err(bad("shorter than a debug-info header"));
-                };
-                Record::Debug {
-                    code_addr,
-                    count,
-                    raw: &b[16..],
-                }
-            }
-            id::CLOSE => Record::Close,
-            id::UNWINDING_INFO => {
-                let (Some(usz), Some(hdr), Some(mapped)) = (o.u64(b, 0), o.u64(b, 8), o.u64(b, 16))
-                else {
-                    return Err(bad("shorter than an unwinding-info header"));
-                };
-                let data = usize::try_from(usz)
-                    .ok()
-                    .and_then(|u| b.get(24..24 + u))
-                    .filter(|d| hdr <= d.len() as u64)
-                    .ok_or_else(|| bad("its tables are larger than the record"))?;
-                Record::Unwinding(Unwinding {
-                    eh_frame_hdr_size: hdr,
-                    mapped_size: mapped,
-                    data,
-                })
-            }
-            other => Record::Unknown(other),
-        };
+        let record = parse_record(o, kind, &self.buf[body], bad)?;
         Ok(Some(Entry {
             offset,
             size: u64::from(size),
@@ -523,6 +436,76 @@ impl<R: Read> Reader<R> {
     pub fn swapped(&self) -> bool {
         self.header.swapped
     }
+}
+
+/// The body `b` of a record of id `kind`; `bad` words why it cannot be one.
+fn parse_record(
+    o: Order,
+    kind: u32,
+    b: &[u8],
+    bad: impl Fn(&str) -> JitdumpError,
+) -> Result<Record<'_>, JitdumpError> {
+    Ok(match kind {
+        id::CODE_LOAD => {
+            let (pid, tid, [vma, code_addr, code_size, code_index]) =
+                o.head(b).ok_or_else(|| bad("shorter than a code load"))?;
+            let rest = &b[40..];
+            let (name_part, code) = usize::try_from(code_size)
+                .ok()
+                .and_then(|c| rest.split_at_checked(rest.len().checked_sub(c)?))
+                .ok_or_else(|| bad("its code is larger than the record"))?;
+            let name = name_part.split(|&c| c == 0).next().unwrap_or(&[]);
+            Record::Load(CodeLoad {
+                pid,
+                tid,
+                vma,
+                code_addr,
+                code_index,
+                name,
+                code,
+            })
+        }
+        id::CODE_MOVE => {
+            let (pid, tid, [vma, old_code_addr, new_code_addr, code_size, code_index]) =
+                o.head(b).ok_or_else(|| bad("shorter than a code move"))?;
+            Record::Move(CodeMove {
+                pid,
+                tid,
+                vma,
+                old_code_addr,
+                new_code_addr,
+                code_size,
+                code_index,
+            })
+        }
+        id::DEBUG_INFO => {
+            let [code_addr, count] = o
+                .u64s(b, 0)
+                .ok_or_else(|| bad("shorter than a debug-info header"))?;
+            Record::Debug {
+                code_addr,
+                count,
+                raw: &b[16..],
+            }
+        }
+        id::CLOSE => Record::Close,
+        id::UNWINDING_INFO => {
+            let [usz, hdr, mapped] = o
+                .u64s(b, 0)
+                .ok_or_else(|| bad("shorter than an unwinding-info header"))?;
+            let data = usize::try_from(usz)
+                .ok()
+                .and_then(|u| b.get(24..24 + u))
+                .filter(|d| hdr <= d.len() as u64)
+                .ok_or_else(|| bad("its tables are larger than the record"))?;
+            Record::Unwinding(Unwinding {
+                eh_frame_hdr_size: hdr,
+                mapped_size: mapped,
+                data,
+            })
+        }
+        other => Record::Unknown(other),
+    })
 }
 
 impl Reader<std::fs::File> {
@@ -568,23 +551,20 @@ impl Ahead {
                         .try_recv()
                         .unwrap_or_else(|_| vec![0; AHEAD_ROOM + AHEAD_BLOCK]);
                     let mut n = AHEAD_ROOM;
-                    let read = loop {
-                        if n == b.len() {
-                            break Ok(());
-                        }
+                    let err = loop {
                         match f.read(&mut b[n..]) {
-                            Ok(0) => break Ok(()),
+                            Ok(0) => break None,
                             Ok(k) => n += k,
                             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                            Err(e) => break Err(e),
+                            Err(e) => break Some(e),
+                        }
+                        if n == b.len() {
+                            break None;
                         }
                     };
                     // The bytes read before an error are handed out first, as a
                     // plain reader hands out the records before it.
-                    let (got, err) = match read {
-                        Ok(()) => (Some((b, n)), None),
-                        Err(e) => ((n > AHEAD_ROOM).then_some((b, n)), Some(e)),
-                    };
+                    let got = (err.is_none() || n > AHEAD_ROOM).then_some((b, n));
                     let last = n == AHEAD_ROOM || err.is_some();
                     // The reader gone (done, or stopped at an error), the thread ends.
                     if got.is_some_and(|g| tx.send(Ok(g)).is_err()) {
@@ -639,8 +619,7 @@ pub fn lines(raw: &[u8], count: u64, swapped: bool) -> impl Iterator<Item = Line
         // CStr's search for the NUL goes a word at a time: every entry of the
         // hundreds of thousands a JIT writes repeats its file name.
         let name = std::ffi::CStr::from_bytes_until_nul(rest).ok()?.to_bytes();
-        let len = name.len();
-        at += 16 + len + 1;
+        at += 16 + name.len() + 1;
         Some(LineEntry {
             addr,
             lineno,

@@ -119,23 +119,7 @@ fn prove(sh: &Shared, job: &Job) -> Found1 {
     let b = before(sh, job);
     let pid = job.pid;
     if b.known && (b.covered || b.kept.is_some()) {
-        // The file is known: a stat covers this mapping. Its process's start helps
-        // only while perf's clock is not tied to this one, or for a record without
-        // a time.
-        let own = if job.time.is_none() || sh.clock.low().is_none() {
-            procfs::start_time(pid).map(|s| s - procfs::suspended_ns())
-        } else {
-            None
-        };
-        let own = own.filter(|&o| !refuted(sh, job, o));
-        let stat = match (&b.kept, b.covered) {
-            (Some(f), false) => {
-                let snap = sh.arrived.load(Ordering::SeqCst);
-                f.metadata().ok().map(|m| (FileTimes::of(&m), snap))
-            }
-            _ => None,
-        };
-        return Found1::Checked { own, stat };
+        return checked(sh, job, &b);
     }
     let snap = sh.arrived.load(Ordering::SeqCst);
     let Some(start0) = procfs::start_time(pid) else {
@@ -161,32 +145,8 @@ fn prove(sh: &Shared, job: &Job) -> Found1 {
         }
         Err(e) => return refused(Count::Unreadable, &format!("cannot stat it: {e}")),
     };
-    if let Key::Inode(maj, min, ino, generation) = job.key {
-        let (dmaj, dmin) = (libc::major(meta.dev()), libc::minor(meta.dev()));
-        if meta.ino() != ino {
-            return refused(
-                Count::Mismatched,
-                &format!(
-                    "the file read is inode {} on {dmaj}:{dmin}, the record mapped inode {ino} on {maj}:{min}",
-                    meta.ino()
-                ),
-            );
-        }
-        if (dmaj, dmin) != (maj, min) && !procfs::device_may_differ(&file) {
-            return refused(
-                Count::Mismatched,
-                &format!("the file read is on device {dmaj}:{dmin}, the record's on {maj}:{min}"),
-            );
-        }
-        if generation != 0
-            && let Some(g) = procfs::generation(&file)
-            && g != generation
-        {
-            return refused(
-                Count::Mismatched,
-                &format!("inode {ino} is another file now (generation {g}, recorded {generation})"),
-            );
-        }
+    if let Err(f1) = same_inode(job, &file, &meta) {
+        return f1;
     }
     // The process read before the open is the one read after it.
     if procfs::start_time(pid) != Some(start0) {
@@ -207,38 +167,15 @@ fn prove(sh: &Shared, job: &Job) -> Found1 {
             Err(why) => return refused(Count::Unreadable, &why),
         },
     };
-    let judged = match job.key {
-        Key::Id(want) => match &read {
-            Some((id, _)) if *id != want => Err((
-                Reason::Stale,
-                format!("the mapped file's note says {id}, the record {want}: rewritten since"),
-            )),
-            _ => Ok(()),
-        },
-        Key::Inode(..) => {
-            // The mapping was made after its process started, and after the moment
-            // perf's clock puts it at, at the least.
-            let lb = match (job.time, sh.clock.low()) {
-                (Some(t), Some(d)) => own.max(t as i128 + d),
-                _ => own,
-            };
-            let mut maps = ExecMaps::default();
-            maps.add(job.pgoff, job.end - job.start);
-            judge(
-                &times,
-                &loads,
-                &maps,
-                mono_to_wall(lb) - procfs::file_time_slack_ns(),
-                Place::RecordedInode,
-                // Only pdinject's own link excuses a ctime moved after the mapping
-                // (issue 29).
-                &match read.as_ref().map(|r| r.0).or(b.last.as_ref().map(|l| l.3)) {
-                    Some(id) => super::own_link_evidence(sh, &file, &meta, id),
-                    None => Default::default(),
-                },
-            )
-        }
+    let mapped = Mapped {
+        file: &file,
+        meta: &meta,
+        times,
+        loads: &loads,
+        read: read.as_ref().map(|r| r.0),
+        last: b.last.as_ref().map(|l| l.3),
     };
+    let judged = judged(sh, job, own, &mapped);
     if judged.is_ok()
         && let Some(t) = job.time
     {
@@ -255,6 +192,113 @@ fn prove(sh: &Shared, job: &Job) -> Found1 {
         file: Arc::new(file),
         judged,
     }))
+}
+
+/// A job whose file is known: a stat covers this mapping. Its process's start helps
+/// only while perf's clock is not tied to this one, or for a record without a time.
+fn checked(sh: &Shared, job: &Job, b: &Before) -> Found1 {
+    let own = if job.time.is_none() || sh.clock.low().is_none() {
+        procfs::start_time(job.pid).map(|s| s - procfs::suspended_ns())
+    } else {
+        None
+    };
+    let own = own.filter(|&o| !refuted(sh, job, o));
+    let stat = match (&b.kept, b.covered) {
+        (Some(f), false) => {
+            let snap = sh.arrived.load(Ordering::SeqCst);
+            f.metadata().ok().map(|m| (FileTimes::of(&m), snap))
+        }
+        _ => None,
+    };
+    Found1::Checked { own, stat }
+}
+
+/// Whether the file opened for a job keyed by inode is that inode: refused when not.
+fn same_inode(job: &Job, file: &File, meta: &std::fs::Metadata) -> Result<(), Found1> {
+    let Key::Inode(maj, min, ino, generation) = job.key else {
+        return Ok(());
+    };
+    let (dmaj, dmin) = (libc::major(meta.dev()), libc::minor(meta.dev()));
+    if meta.ino() != ino {
+        return Err(refused(
+            Count::Mismatched,
+            &format!(
+                "the file read is inode {} on {dmaj}:{dmin}, the record mapped inode {ino} on {maj}:{min}",
+                meta.ino()
+            ),
+        ));
+    }
+    if (dmaj, dmin) != (maj, min) && !procfs::device_may_differ(file) {
+        return Err(refused(
+            Count::Mismatched,
+            &format!("the file read is on device {dmaj}:{dmin}, the record's on {maj}:{min}"),
+        ));
+    }
+    if generation != 0
+        && let Some(g) = procfs::generation(file)
+        && g != generation
+    {
+        return Err(refused(
+            Count::Mismatched,
+            &format!("inode {ino} is another file now (generation {g}, recorded {generation})"),
+        ));
+    }
+    Ok(())
+}
+
+/// The file a job's mapping was read from, as read.
+struct Mapped<'a> {
+    file: &'a File,
+    meta: &'a std::fs::Metadata,
+    times: FileTimes,
+    loads: &'a [Segment],
+    /// The ID read now (none when the same file was read before).
+    read: Option<BuildId>,
+    /// The ID of the entry's last read.
+    last: Option<BuildId>,
+}
+
+/// Whether `m` is still the file the job's record mapped; `own` is its process's
+/// start at the earliest.
+fn judged(sh: &Shared, job: &Job, own: i128, m: &Mapped<'_>) -> Result<(), Refusal> {
+    match job.key {
+        Key::Id(want) => match m.read {
+            Some(id) if id != want => Err((
+                Reason::Stale,
+                format!("the mapped file's note says {id}, the record {want}: rewritten since"),
+            )),
+            _ => Ok(()),
+        },
+        Key::Inode(..) => {
+            // The mapping was made after its process started, and after the moment
+            // perf's clock puts it at, at the least.
+            let lb = lower_bound(sh, job, own);
+            let mut maps = ExecMaps::default();
+            maps.add(job.pgoff, job.end - job.start);
+            judge(
+                &m.times,
+                m.loads,
+                &maps,
+                mono_to_wall(lb) - procfs::file_time_slack_ns(),
+                Place::RecordedInode,
+                // Only pdinject's own link excuses a ctime moved after the mapping
+                // (issue 29).
+                &match m.read.or(m.last) {
+                    Some(id) => super::own_link_evidence(sh, m.file, m.meta, id),
+                    None => Default::default(),
+                },
+            )
+        }
+    }
+}
+
+/// The earliest the job's mapping can have been made: after `own`, its process's
+/// start, and after the moment perf's clock puts the record at.
+fn lower_bound(sh: &Shared, job: &Job, own: i128) -> i128 {
+    match (job.time, sh.clock.low()) {
+        (Some(t), Some(d)) => own.max(t as i128 + d),
+        _ => own,
+    }
 }
 
 fn refused(what: Count, why: &str) -> Found1 {
@@ -384,20 +428,10 @@ fn record(sh: &Shared, job: &Job, found: Found1, ftx: &SyncSender<Fill>) {
         return;
     };
     e.pending = e.pending.saturating_sub(1);
-    let bound = |e: &mut Entry, own: Option<i128>| match own {
-        Some(own) => {
-            let lb = match (job.time, sh.clock.low()) {
-                (Some(t), Some(d)) => own.max(t as i128 + d),
-                _ => own,
-            };
-            e.lb_owned = Some(e.lb_owned.map_or(lb, |l| l.min(lb)));
-        }
-        None => unowned(e, job.time),
-    };
     match found {
         Found1::Checked { own, stat } => {
             c.stat_only.fetch_add(1, Ordering::Relaxed);
-            bound(e, own);
+            bound(sh, job, e, own);
             if let Some((t, snap)) = stat
                 && snap >= e.stat_seq
             {
@@ -412,7 +446,7 @@ fn record(sh: &Shared, job: &Job, found: Found1, ftx: &SyncSender<Fill>) {
             {
                 v.push(l);
             }
-            bound(e, None);
+            bound(sh, job, e, None);
             e.last_failure = Some(why);
         }
         Found1::Refused { what, why } => {
@@ -422,63 +456,85 @@ fn record(sh: &Shared, job: &Job, found: Found1, ftx: &SyncSender<Fill>) {
                 Count::Unreadable => &c.unreadable,
             };
             n.fetch_add(1, Ordering::Relaxed);
-            bound(e, None);
+            bound(sh, job, e, None);
             e.last_failure = Some(why);
         }
-        Found1::Captured(cap) => {
-            c.captured.fetch_add(1, Ordering::Relaxed);
-            e.captured += 1;
-            bound(e, Some(cap.own));
-            if let Err((r, d)) = &cap.judged {
-                c.changed.fetch_add(1, Ordering::Relaxed);
-                e.taint = Some((
-                    *r,
-                    format!("process {} mapped it, and it changed since: {d}", job.pid),
-                ));
-            }
-            if let Some((id, loads)) = cap.read {
-                if let Some(prev) = e.id
-                    && prev != id
-                {
-                    e.taint.get_or_insert((
-                        Reason::Stale,
-                        format!("captured twice with different build IDs ({prev}, then {id}): rewritten during the recording"),
-                    ));
+        Found1::Captured(cap) => record_captured(sh, job, e, cap, ftx),
+    }
+}
+
+/// Narrows the entry's bounds on its mapping's time by the job's: owned by a process
+/// that started at `own` at the earliest, else unowned.
+fn bound(sh: &Shared, job: &Job, e: &mut Entry, own: Option<i128>) {
+    match own {
+        Some(own) => {
+            let lb = lower_bound(sh, job, own);
+            e.lb_owned = Some(e.lb_owned.map_or(lb, |l| l.min(lb)));
+        }
+        None => unowned(e, job.time),
+    }
+}
+
+/// [`record`] of a file read through its process.
+fn record_captured(
+    sh: &Shared,
+    job: &Job,
+    e: &mut Entry,
+    cap: Box<Captured>,
+    ftx: &SyncSender<Fill>,
+) {
+    let c = &sh.counts;
+    c.captured.fetch_add(1, Ordering::Relaxed);
+    e.captured += 1;
+    bound(sh, job, e, Some(cap.own));
+    if let Err((r, d)) = &cap.judged {
+        c.changed.fetch_add(1, Ordering::Relaxed);
+        e.taint = Some((
+            *r,
+            format!("process {} mapped it, and it changed since: {d}", job.pid),
+        ));
+    }
+    if let Some((id, loads)) = cap.read {
+        if let Some(prev) = e.id
+            && prev != id
+        {
+            e.taint.get_or_insert((
+                Reason::Stale,
+                format!("captured twice with different build IDs ({prev}, then {id}): rewritten during the recording"),
+            ));
+        }
+        e.id = Some(id);
+        e.loads = loads;
+    }
+    e.size = cap.size;
+    if cap.snap >= e.stat_seq {
+        e.times = Some(cap.times);
+        e.stat_seq = cap.snap;
+    }
+    if e.file.is_none() && sh.kept.load(Ordering::Relaxed) < sh.cfg.files_kept as u64 {
+        sh.kept.fetch_add(1, Ordering::Relaxed);
+        e.file = Some(cap.file.clone());
+    }
+    if let (Some(id), None) = (e.id, &e.taint) {
+        if let Ok(mut by) = sh.by_id.lock() {
+            by.entry(id).or_insert(job.key);
+        }
+        if !e.filled && (sh.cfg.cache.is_some() || sh.cfg.store.is_some()) {
+            let name = e.name.clone().unwrap_or_else(|| job.name.clone());
+            let fill = Fill {
+                name,
+                id,
+                file: cap.file.clone(),
+                size: cap.size,
+                nlink: cap.nlink,
+                dev: cap.dev,
+            };
+            match ftx.try_send(fill) {
+                Ok(()) => e.filled = true,
+                Err(TrySendError::Full(_)) => {
+                    c.fill_dropped.fetch_add(1, Ordering::Relaxed);
                 }
-                e.id = Some(id);
-                e.loads = loads;
-            }
-            e.size = cap.size;
-            if cap.snap >= e.stat_seq {
-                e.times = Some(cap.times);
-                e.stat_seq = cap.snap;
-            }
-            if e.file.is_none() && sh.kept.load(Ordering::Relaxed) < sh.cfg.files_kept as u64 {
-                sh.kept.fetch_add(1, Ordering::Relaxed);
-                e.file = Some(cap.file.clone());
-            }
-            if let (Some(id), None) = (e.id, &e.taint) {
-                if let Ok(mut by) = sh.by_id.lock() {
-                    by.entry(id).or_insert(job.key);
-                }
-                if !e.filled && (sh.cfg.cache.is_some() || sh.cfg.store.is_some()) {
-                    let name = e.name.clone().unwrap_or_else(|| job.name.clone());
-                    let fill = Fill {
-                        name,
-                        id,
-                        file: cap.file.clone(),
-                        size: cap.size,
-                        nlink: cap.nlink,
-                        dev: cap.dev,
-                    };
-                    match ftx.try_send(fill) {
-                        Ok(()) => e.filled = true,
-                        Err(TrySendError::Full(_)) => {
-                            c.fill_dropped.fetch_add(1, Ordering::Relaxed);
-                        }
-                        Err(TrySendError::Disconnected(_)) => {}
-                    }
-                }
+                Err(TrySendError::Disconnected(_)) => {}
             }
         }
     }

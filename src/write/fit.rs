@@ -158,57 +158,10 @@ fn fit(
     features: &[OldFeature],
     build_id: &[u8],
 ) -> Result<std::result::Result<Fit, NoFit>> {
-    // One payload per distinct section (exact aliases are written once, as perf
-    // reads them: the table entries share the offset).
-    let mut payloads: Vec<Payload> = vec![Payload::raw(build_id.to_vec())];
-    let mut sources: Vec<Option<Section>> = vec![None];
-    let mut slots: Vec<(u32, usize)> = vec![(FEAT_BUILD_ID, 0)];
-    for (bit, s, bytes) in features {
-        if *bit == FEAT_BUILD_ID {
-            continue;
-        }
-        let slot = match sources.iter().position(|x| *x == Some(*s)) {
-            Some(i) => i,
-            None => {
-                sources.push(Some(*s));
-                payloads.push(Payload::raw(bytes.clone()));
-                payloads.len() - 1
-            }
-        };
-        slots.push((*bit, slot));
-    }
-    slots.sort_by_key(|&(bit, _)| bit);
-    for (i, p) in payloads.iter_mut().enumerate().skip(1) {
-        let users: Vec<u32> = slots
-            .iter()
-            .filter(|(_, s)| *s == i)
-            .map(|(b, _)| *b)
-            .collect();
-        let strings = match users[..] {
-            [b] if ONE_STRING.contains(&b) => header_strings(&p.bytes, e, false),
-            [FEAT_CMDLINE] => header_strings(&p.bytes, e, true),
-            _ => None,
-        };
-        p.strings = strings.unwrap_or_default();
-        p.tight = vec![false; p.strings.len()];
-    }
+    let (mut payloads, slots) = payloads_of(e, features, build_id);
     let table = 16 * slots.len() as u64;
     let mut len = table + payloads.iter().map(Payload::len).sum::<u64>();
-    // Strings re-padded in bit order, only as many as make the tail fit.
-    let mut repadded = 0;
-    'pad: for p in payloads.iter_mut().skip(1) {
-        for k in 0..p.strings.len() {
-            if len <= have {
-                break 'pad;
-            }
-            let s = p.strings[k];
-            if s.tight_size() < s.size() {
-                p.tight[k] = true;
-                len -= (s.size() - s.tight_size()) as u64;
-                repadded += 1;
-            }
-        }
-    }
+    let repadded = repad(&mut payloads, &mut len, have);
     if len > have {
         return Ok(Err(NoFit::Room { need: len, have }));
     }
@@ -257,6 +210,70 @@ fn fit(
         repadded,
         gap,
     }))
+}
+
+/// The new tail's payloads, the BUILD_ID's `build_id` first, and each feature's
+/// (bit, payload), in bit order.
+fn payloads_of(
+    e: Endian,
+    features: &[OldFeature],
+    build_id: &[u8],
+) -> (Vec<Payload>, Vec<(u32, usize)>) {
+    // One payload per distinct section (exact aliases are written once, as perf
+    // reads them: the table entries share the offset).
+    let mut payloads: Vec<Payload> = vec![Payload::raw(build_id.to_vec())];
+    let mut sources: Vec<Option<Section>> = vec![None];
+    let mut slots: Vec<(u32, usize)> = vec![(FEAT_BUILD_ID, 0)];
+    for (bit, s, bytes) in features {
+        if *bit == FEAT_BUILD_ID {
+            continue;
+        }
+        let slot = match sources.iter().position(|x| *x == Some(*s)) {
+            Some(i) => i,
+            None => {
+                sources.push(Some(*s));
+                payloads.push(Payload::raw(bytes.clone()));
+                payloads.len() - 1
+            }
+        };
+        slots.push((*bit, slot));
+    }
+    slots.sort_by_key(|&(bit, _)| bit);
+    for (i, p) in payloads.iter_mut().enumerate().skip(1) {
+        let users: Vec<u32> = slots
+            .iter()
+            .filter(|(_, s)| *s == i)
+            .map(|(b, _)| *b)
+            .collect();
+        let strings = match users[..] {
+            [b] if ONE_STRING.contains(&b) => header_strings(&p.bytes, e, false),
+            [FEAT_CMDLINE] => header_strings(&p.bytes, e, true),
+            _ => None,
+        };
+        p.strings = strings.unwrap_or_default();
+        p.tight = vec![false; p.strings.len()];
+    }
+    (payloads, slots)
+}
+
+/// Strings re-padded in bit order, only as many as bring `len` within `have`; how
+/// many were.
+fn repad(payloads: &mut [Payload], len: &mut u64, have: u64) -> usize {
+    let mut repadded = 0;
+    'pad: for p in payloads.iter_mut().skip(1) {
+        for k in 0..p.strings.len() {
+            if *len <= have {
+                break 'pad;
+            }
+            let s = p.strings[k];
+            if s.tight_size() < s.size() {
+                p.tight[k] = true;
+                *len -= (s.size() - s.tight_size()) as u64;
+                repadded += 1;
+            }
+        }
+    }
+    repadded
 }
 
 /// Whether `got` reads as payload `p`: the same bytes, or the same strings.

@@ -415,7 +415,6 @@ pub fn write_tail_shaped(
 ) -> Result<()> {
     let h: &FileHeader = &input.header;
     let e = h.endian;
-    let src = &input.data_files[0];
     let io = |err| Error::io(out_path, err);
     let mut out = std::fs::OpenOptions::new()
         .write(true)
@@ -434,67 +433,20 @@ pub fn write_tail_shaped(
     out.seek(SeekFrom::Start(out_end)).map_err(io)?;
     let mut w = std::io::BufWriter::new(&mut out);
     let mut pos = out_end + 16 * bits.len() as u64;
-    let mut payloads = Vec::with_capacity(bits.len());
-    // Sections that alias one another exactly (the limits policy refuses partial
-    // overlaps) are read and written once; their table entries share the offset, so
-    // the output never holds more than the input's bytes plus the new table.
-    let mut written: Vec<(crate::format::header::Section, u64, u64)> = Vec::new();
-    for &bit in &bits {
-        let (at, len) = if bit == FEAT_BUILD_ID && build_id_payload.is_some() {
-            let p = build_id_payload.map(|p| p.to_vec()).unwrap_or_default();
-            let r = (pos, p.len() as u64);
-            pos += p.len() as u64;
-            payloads.push(p);
-            r
-        } else if let Some((_, p)) = edited.iter().find(|(b, _)| *b == bit) {
-            let r = (pos, p.len() as u64);
-            pos += p.len() as u64;
-            payloads.push(p.clone());
-            r
-        } else {
-            let (_, s) = input
-                .features
-                .iter()
-                .find(|(b, _)| *b == bit)
-                .ok_or_else(|| Error::format(data_end, format!("feature {bit} has no section")))?;
-            if let Some(&(_, at, len)) = written.iter().find(|(w, _, _)| w == s) {
-                (at, len)
-            } else {
-                let p = src.read_at(s.offset, s.size)?;
-                let r = (pos, p.len() as u64);
-                written.push((*s, pos, r.1));
-                pos += p.len() as u64;
-                payloads.push(p);
-                r
-            }
-        };
-        w.write_all(&e.put_u64(at)).map_err(io)?;
-        w.write_all(&e.put_u64(len)).map_err(io)?;
-    }
+    let sections = Sections {
+        input,
+        build_id_payload,
+        edited: &edited,
+    };
+    let payloads = sections.write_table(&mut w, &bits, &mut pos, &io)?;
     for p in &payloads {
         w.write_all(p).map_err(io)?;
     }
-    // Attrs and ids that sat after the data (perf 6.12's pipe-to-file layout) move
-    // after the new features; their offsets are patched, their bytes are not touched.
-    let mut attrs_off = h.attrs.offset;
-    let mut attrs_raw = src.read_at(h.attrs.offset, h.attrs.size)?;
-    let attr_len = (h.attr_size - 16) as usize;
-    let mut ids_patched = false;
-    for entry in attrs_raw.chunks_exact_mut(h.attr_size as usize) {
-        let ids_off = e.u64(entry, attr_len).unwrap_or(0);
-        let ids_size = e.u64(entry, attr_len + 8).unwrap_or(0);
-        if ids_size > 0 && ids_off >= data_end {
-            let ids = src.read_at(ids_off, ids_size)?;
-            w.write_all(&ids).map_err(io)?;
-            entry[attr_len..attr_len + 8].copy_from_slice(&e.put_u64(pos));
-            pos += ids_size;
-            ids_patched = true;
-        }
-    }
-    if h.attrs.offset >= data_end {
-        w.write_all(&attrs_raw).map_err(io)?;
-        attrs_off = pos;
-    }
+    let MovedAttrs {
+        raw: attrs_raw,
+        offset: attrs_off,
+        ids_patched,
+    } = move_attrs(input, &mut w, &mut pos, &io)?;
     w.flush().map_err(io)?;
     drop(w);
     if ids_patched && h.attrs.offset < data_end {
@@ -507,4 +459,117 @@ pub fn write_tail_shaped(
         out.write_all_at(&e.put_u64(h.data.size), 48).map_err(io)?;
     }
     Ok(())
+}
+
+/// Where a tail's feature sections come from: the new build-ID table, a section
+/// [`shaped`] rewrote, else the input's own.
+struct Sections<'a> {
+    input: &'a PerfInput,
+    build_id_payload: Option<&'a [u8]>,
+    edited: &'a [(u32, Vec<u8>)],
+}
+
+impl Sections<'_> {
+    /// Writes the feature table of `bits` to `w`, the sections laid out from `*pos`
+    /// on (moved past them); returns their bytes, in order.
+    fn write_table(
+        &self,
+        w: &mut impl Write,
+        bits: &[u32],
+        pos: &mut u64,
+        io: &dyn Fn(std::io::Error) -> Error,
+    ) -> Result<Vec<Vec<u8>>> {
+        let h = &self.input.header;
+        let (e, data_end) = (h.endian, h.feature_table_offset());
+        let mut payloads = Vec::with_capacity(bits.len());
+        // Sections that alias one another exactly (the limits policy refuses partial
+        // overlaps) are read and written once; their table entries share the offset, so
+        // the output never holds more than the input's bytes plus the new table.
+        let mut written: Vec<(crate::format::header::Section, u64, u64)> = Vec::new();
+        for &bit in bits {
+            let (at, len) = if bit == FEAT_BUILD_ID && self.build_id_payload.is_some() {
+                let p = self
+                    .build_id_payload
+                    .map(|p| p.to_vec())
+                    .unwrap_or_default();
+                let r = (*pos, p.len() as u64);
+                *pos += p.len() as u64;
+                payloads.push(p);
+                r
+            } else if let Some((_, p)) = self.edited.iter().find(|(b, _)| *b == bit) {
+                let r = (*pos, p.len() as u64);
+                *pos += p.len() as u64;
+                payloads.push(p.clone());
+                r
+            } else {
+                let (_, s) = self
+                    .input
+                    .features
+                    .iter()
+                    .find(|(b, _)| *b == bit)
+                    .ok_or_else(|| {
+                        Error::format(data_end, format!("feature {bit} has no section"))
+                    })?;
+                if let Some(&(_, at, len)) = written.iter().find(|(w, _, _)| w == s) {
+                    (at, len)
+                } else {
+                    let p = self.input.data_files[0].read_at(s.offset, s.size)?;
+                    let r = (*pos, p.len() as u64);
+                    written.push((*s, *pos, r.1));
+                    *pos += p.len() as u64;
+                    payloads.push(p);
+                    r
+                }
+            };
+            w.write_all(&e.put_u64(at)).map_err(io)?;
+            w.write_all(&e.put_u64(len)).map_err(io)?;
+        }
+        Ok(payloads)
+    }
+}
+
+/// The input's attrs section as the output holds it.
+struct MovedAttrs {
+    raw: Vec<u8>,
+    /// Where the output's attrs section starts.
+    offset: u64,
+    /// Some ids moved: `raw` differs from the input's.
+    ids_patched: bool,
+}
+
+/// Attrs and ids that sat after the data (perf 6.12's pipe-to-file layout) move
+/// after the new features, written to `w` from `*pos` on; their offsets are patched,
+/// their bytes are not touched.
+fn move_attrs(
+    input: &PerfInput,
+    w: &mut impl Write,
+    pos: &mut u64,
+    io: &dyn Fn(std::io::Error) -> Error,
+) -> Result<MovedAttrs> {
+    let h = &input.header;
+    let (e, data_end, src) = (h.endian, h.feature_table_offset(), &input.data_files[0]);
+    let mut attrs_off = h.attrs.offset;
+    let mut attrs_raw = src.read_at(h.attrs.offset, h.attrs.size)?;
+    let attr_len = (h.attr_size - 16) as usize;
+    let mut ids_patched = false;
+    for entry in attrs_raw.chunks_exact_mut(h.attr_size as usize) {
+        let ids_off = e.u64(entry, attr_len).unwrap_or(0);
+        let ids_size = e.u64(entry, attr_len + 8).unwrap_or(0);
+        if ids_size > 0 && ids_off >= data_end {
+            let ids = src.read_at(ids_off, ids_size)?;
+            w.write_all(&ids).map_err(io)?;
+            entry[attr_len..attr_len + 8].copy_from_slice(&e.put_u64(*pos));
+            *pos += ids_size;
+            ids_patched = true;
+        }
+    }
+    if h.attrs.offset >= data_end {
+        w.write_all(&attrs_raw).map_err(io)?;
+        attrs_off = *pos;
+    }
+    Ok(MovedAttrs {
+        raw: attrs_raw,
+        offset: attrs_off,
+        ids_patched,
+    })
 }
