@@ -27,7 +27,7 @@ use crate::sink::inplace::InplaceSink;
 use crate::sink::mmap2::Mmap2Sink;
 use crate::sink::stream::StreamSink;
 use crate::sink::table::TableSink;
-use crate::sink::{Facts, NullSink, Sink};
+use crate::sink::{Facts, NullSink, Sink, Staged};
 use crate::write::TempOutput;
 use std::fs::File;
 use std::io::{BufWriter, IsTerminal, Read, Seek};
@@ -585,12 +585,14 @@ fn with_facts<R>(engine: &Engine<'_>, f: impl FnOnce(&Facts<'_>) -> R) -> R {
         unaligned_records: engine.unaligned_records(),
         passes_on: &passes_on,
         output_kept: &output_kept,
-        spill: engine.spill(),
-        splices: engine.splices(),
-        layout: engine.layout(),
+        stages: Staged {
+            spill: engine.spill(),
+            splices: engine.splices(),
+            layout: engine.layout(),
+            // live capture hook (issue 32)
+            live: engine.live_capture(),
+        },
         time_mode: engine.time_mode(),
         first_seqs: engine.first_seqs(),
-        // live capture hook (issue 32)
-        live: engine.live_capture(),
     })
 }

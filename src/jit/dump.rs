@@ -65,8 +65,8 @@ pub(super) struct Dump {
     /// The shared image's ID, once written.
     pub id: Option<BuildId>,
     pub shared: Shared,
-    pub loads: u64,
-    pub moves: u64,
+    /// What the walk counted.
+    pub count: Tally,
     pub notes: Vec<String>,
     /// Where the next read goes on from: the first record after the last load read
     /// (the lines and tables before a load are read again with it).
@@ -78,6 +78,13 @@ pub(super) struct Dump {
     /// and CPython write none, and 50,000 inserts into a map were 5 % of a run), a
     /// map from the first move on.
     indexes: Indexes,
+}
+
+/// What a dump's walk counted.
+#[derive(Default)]
+pub(super) struct Tally {
+    pub loads: u64,
+    pub moves: u64,
     lost_moves: u64,
     /// Loads of single images left without lines: their DEBUG_INFO record does not
     /// read as it says (one note for them all, at the end of the walk).
@@ -120,15 +127,12 @@ impl Dump {
             singles: Vec::new(),
             id: None,
             shared,
-            loads: 0,
-            moves: 0,
+            count: Tally::default(),
             notes: Vec::new(),
             resume: r.offset(),
             shelf: Shelf::default(),
             img: (shared == Shared::Now).then(|| Image::new(Kind::Shared)),
             indexes: (Vec::new(), None),
-            lost_moves: 0,
-            malformed_singles: 0,
         })
     }
 
@@ -159,7 +163,7 @@ impl Dump {
         self.resume = walked.resume;
         if last {
             self.after_walk(&walked);
-            if let Some(img) = self.img.take().filter(|_| self.loads > 0) {
+            if let Some(img) = self.img.take().filter(|_| self.count.loads > 0) {
                 let done = img
                     .write(&self.image)
                     .map_err(|e| format!("cannot write its image: {e}"))?;
@@ -186,7 +190,7 @@ impl Dump {
                     }
                     (list, None) => list.push((x.index, self.recs.len())),
                 }
-                self.loads += 1;
+                self.count.loads += 1;
                 self.recs.push(MapRec {
                     time: x.time,
                     tid: x.load.tid,
@@ -203,11 +207,11 @@ impl Dump {
                 let (list, map) = &mut self.indexes;
                 let map = map.get_or_insert_with(|| list.drain(..).collect());
                 let Some(&n) = map.get(&mv.code_index) else {
-                    self.lost_moves += 1;
+                    self.count.lost_moves += 1;
                     return Ok(());
                 };
                 let load: MapRec = self.recs[n];
-                self.moves += 1;
+                self.count.moves += 1;
                 self.recs.push(MapRec {
                     time,
                     tid: mv.tid,
@@ -240,7 +244,7 @@ impl Dump {
                 .write(&path)
                 .map_err(|e| format!("cannot write its image: {e}"))?;
             self.dropped_note(done.dropped_tables);
-            self.malformed_singles += done.malformed_lines;
+            self.count.malformed_singles += done.malformed_lines;
             self.singles.push((path, done.id));
             return Ok((placed, self.singles.len() as u32));
         }
@@ -252,7 +256,7 @@ impl Dump {
 
     /// The notes of the walk, and the covers of a dump cut short.
     fn after_walk(&mut self, walked: &Walked) {
-        let lost_moves = self.lost_moves;
+        let lost_moves = self.count.lost_moves;
         let shown = self.path.display().to_string();
         if let Some(c) = &walked.cut {
             // From the cut on, code may have been loaded where older code was: every
@@ -275,11 +279,11 @@ impl Dump {
             self.recs.extend(covers);
             self.notes.push(format!(
                 "--jit: {shown} is cut short ({c}): its {} code loads before the cut are used; samples in JIT code from {t} ns on show as [unknown] (code loaded after the cut is not in the dump, and must not take an older load's name)",
-                self.loads
+                self.count.loads
             ));
         }
         if walked.late > 0 {
-            self.notes.push(if self.loads == 0 {
+            self.notes.push(if self.count.loads == 0 {
                 format!(
                     "--jit: {shown}: no code load of it was written before the recording's end ({} records after it: a later process with the same pid rewrote it, or the JIT loaded its code after the recording)",
                     walked.late
@@ -291,7 +295,7 @@ impl Dump {
                 )
             });
         }
-        let malformed = std::mem::take(&mut self.malformed_singles);
+        let malformed = std::mem::take(&mut self.count.malformed_singles);
         self.malformed_note(malformed);
         if lost_moves > 0 {
             self.notes.push(format!(

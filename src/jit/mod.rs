@@ -593,7 +593,7 @@ fn write_later(u: &mut Used, end_time: u64) -> Vec<String> {
         return vec![format!(
             "--jit: {}: no sample in its {} code loads; no image written",
             u.dump.path.display(),
-            u.dump.loads
+            u.dump.count.loads
         )];
     }
     match u.dump.write_kept(&shelf, end_time) {
@@ -614,8 +614,8 @@ fn write_later(u: &mut Used, end_time: u64) -> Vec<String> {
 /// The note of a dump used.
 fn summary(u: &Used) -> String {
     let d = &u.dump;
-    let moves = if d.moves > 0 {
-        format!(" and {} moves", d.moves)
+    let moves = if d.count.moves > 0 {
+        format!(" and {} moves", d.count.moves)
     } else {
         String::new()
     };
@@ -625,11 +625,14 @@ fn summary(u: &Used) -> String {
         .map_or(d.recs.len(), |k| k.iter().filter(|&&x| x).count());
     let mut into = Vec::new();
     if let Some(id) = d.id {
-        let held = u.placement.as_ref().map_or(d.loads, |p| p.len() as u64);
+        let held = u
+            .placement
+            .as_ref()
+            .map_or(d.count.loads, |p| p.len() as u64);
         into.push(format!(
             "{} (build ID {id}){}",
             d.image.display(),
-            if held == d.loads {
+            if held == d.count.loads {
                 String::new()
             } else {
                 format!(": the {held} loads samples touch (with --jit-maps all, every one)")
@@ -646,7 +649,7 @@ fn summary(u: &Used) -> String {
     format!(
         "--jit: {}: {} code loads{moves} into {}; {records} MMAP2 records",
         d.path.display(),
-        d.loads,
+        d.count.loads,
         into.join(" and ")
     )
 }

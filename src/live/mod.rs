@@ -251,18 +251,13 @@ pub(crate) struct Entry {
     /// The first name it was mapped under.
     pub name: Option<Arc<str>>,
     // --- the records (reader side) ---
-    /// Mapping records arrived.
-    pub records: u32,
-    /// Arrival number of the last.
-    pub seq_max: u64,
-    /// Records queued and not yet proven.
-    pub pending: u32,
+    /// Its mapping records: how many arrived, the last's number, how many wait.
+    pub arrived: Arrivals,
     /// Its executable mappings, for the layout rule.
     pub maps: ExecMaps,
     /// Records whose mapping time has no lower bound of their own (dropped, or their
-    /// process was gone): the smallest of their times, and how many have no time.
-    pub t_unowned: Option<u64>,
-    pub untimed_unowned: u32,
+    /// process was gone).
+    pub unowned: Unowned,
     // --- what the worker found ---
     /// The smallest lower bound (monotonic ns) of the mapping times of records whose
     /// process was found.
@@ -288,6 +283,25 @@ pub(crate) struct Entry {
     pub filled: bool,
 }
 
+/// The mapping records of one file identity, as they arrive.
+#[derive(Debug, Default)]
+pub(crate) struct Arrivals {
+    /// Mapping records arrived.
+    pub records: u32,
+    /// Arrival number of the last.
+    pub seq_max: u64,
+    /// Records queued and not yet proven.
+    pub pending: u32,
+}
+
+/// Records of one identity whose mapping time has no lower bound of their own: the
+/// smallest of their times, and how many have no time.
+#[derive(Debug, Default)]
+pub(crate) struct Unowned {
+    pub t: Option<u64>,
+    pub untimed: u32,
+}
+
 /// Counts for the summary.
 #[derive(Debug, Default)]
 pub(crate) struct Counts {
@@ -301,15 +315,23 @@ pub(crate) struct Counts {
     pub unreadable: AtomicU64,
     pub dropped: AtomicU64,
     pub untracked: AtomicU64,
+    /// What the filler did with each captured file.
+    pub fills: FillCounts,
+    pub bytes: AtomicU64,
+    pub over_budget: AtomicU64,
+    pub fill_dropped: AtomicU64,
+}
+
+/// The filler's counts: files added to, already in, or failed for the cache and the
+/// store.
+#[derive(Debug, Default)]
+pub(crate) struct FillCounts {
     pub cache_added: AtomicU64,
     pub cache_present: AtomicU64,
     pub cache_failed: AtomicU64,
     pub store_added: AtomicU64,
     pub store_present: AtomicU64,
     pub store_failed: AtomicU64,
-    pub bytes: AtomicU64,
-    pub over_budget: AtomicU64,
-    pub fill_dropped: AtomicU64,
 }
 
 /// perf's clock against the monotonic clock: `d = monotonic - perf clock` lies in
@@ -573,10 +595,10 @@ impl Capture {
             let seq = sh.arrived.fetch_add(1, Ordering::SeqCst) + 1;
             let e = entries.entry(key).or_default();
             e.name.get_or_insert_with(|| name.clone());
-            e.records += 1;
-            e.seq_max = seq;
+            e.arrived.records += 1;
+            e.arrived.seq_max = seq;
             e.maps.add(m.pgoff, m.len);
-            e.pending += 1;
+            e.arrived.pending += 1;
             seq
         };
         let job = Job {
@@ -602,7 +624,7 @@ impl Capture {
                 if let Ok(mut entries) = sh.entries.lock()
                     && let Some(e) = entries.get_mut(&job.key)
                 {
-                    e.pending -= 1;
+                    e.arrived.pending -= 1;
                     unowned(e, job.time);
                 }
                 Offered::Dropped
@@ -768,8 +790,8 @@ impl crate::buildid::Captured for Capture {
 /// A record of `e` whose mapping time has no lower bound of its own.
 pub(crate) fn unowned(e: &mut Entry, t: Option<u64>) {
     match t {
-        Some(t) => e.t_unowned = Some(e.t_unowned.map_or(t, |u| u.min(t))),
-        None => e.untimed_unowned += 1,
+        Some(t) => e.unowned.t = Some(e.unowned.t.map_or(t, |u| u.min(t))),
+        None => e.unowned.untimed += 1,
     }
 }
 
@@ -808,14 +830,14 @@ fn judge_entry(sh: &Shared, key: &Key, e: &mut Entry) -> Result<(BuildId, String
     let Some(id) = e.id else {
         return unproven(match &e.last_failure {
             Some(w) => w.clone(),
-            None if e.pending > 0 => "its mappings were not captured yet".into(),
+            None if e.arrived.pending > 0 => "its mappings were not captured yet".into(),
             None => "no mapping of it could be captured".into(),
         });
     };
-    if e.pending > 0 {
+    if e.arrived.pending > 0 {
         return unproven(format!(
             "{} of its mapping records were not captured yet",
-            e.pending
+            e.arrived.pending
         ));
     }
     // A build-ID MMAP2: the record names the ID; the capture only kept the file.
@@ -823,7 +845,7 @@ fn judge_entry(sh: &Shared, key: &Key, e: &mut Entry) -> Result<(BuildId, String
         return Ok((id, "the mapped file's note carries the record's ID".into()));
     }
     // Every record arrived before a stat: stat the kept file now if needed.
-    if e.stat_seq < e.seq_max {
+    if e.stat_seq < e.arrived.seq_max {
         if let Some(f) = e.file.clone() {
             let snap = sh.arrived.load(Ordering::SeqCst);
             match f.metadata() {
@@ -840,14 +862,14 @@ fn judge_entry(sh: &Shared, key: &Key, e: &mut Entry) -> Result<(BuildId, String
             );
         }
     }
-    if e.untimed_unowned > 0 {
+    if e.unowned.untimed > 0 {
         return unproven(format!(
             "{} of its mappings were made by processes gone before they could be read, and their records carry no time",
-            e.untimed_unowned
+            e.unowned.untimed
         ));
     }
     let low = sh.clock.low();
-    let unowned_lb = match (e.t_unowned, low) {
+    let unowned_lb = match (e.unowned.t, low) {
         (None, _) => None,
         (Some(t), Some(d)) => Some(t as i128 + d),
         (Some(_), None) => {
@@ -1011,12 +1033,12 @@ fn summarize(sh: &Shared) -> LiveSummary {
         },
         record_late_ms,
         filled: LiveFills {
-            cache_added: g(&c.cache_added),
-            cache_present: g(&c.cache_present),
-            cache_failed: g(&c.cache_failed),
-            store_added: g(&c.store_added),
-            store_present: g(&c.store_present),
-            store_failed: g(&c.store_failed),
+            cache_added: g(&c.fills.cache_added),
+            cache_present: g(&c.fills.cache_present),
+            cache_failed: g(&c.fills.cache_failed),
+            store_added: g(&c.fills.store_added),
+            store_present: g(&c.fills.store_present),
+            store_failed: g(&c.fills.store_failed),
             bytes_copied: g(&c.bytes),
             over_budget: g(&c.over_budget),
             fill_dropped: g(&c.fill_dropped),

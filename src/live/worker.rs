@@ -427,7 +427,7 @@ fn record(sh: &Shared, job: &Job, found: Found1, ftx: &SyncSender<Fill>) {
     let Some(e) = entries.get_mut(&job.key) else {
         return;
     };
-    e.pending = e.pending.saturating_sub(1);
+    e.arrived.pending = e.arrived.pending.saturating_sub(1);
     match found {
         Found1::Checked { own, stat } => {
             c.stat_only.fetch_add(1, Ordering::Relaxed);
@@ -608,7 +608,7 @@ fn fill(sh: &Shared, f: &Fill, cache_dev: Option<u64>, trust: &HostTrust) {
         // The one stat an entry already present costs.
         let link = cache.dir.join(".build-id").join(&hex[..2]).join(&hex[2..]);
         if std::fs::symlink_metadata(&link).is_ok() {
-            c.cache_present.fetch_add(1, Ordering::Relaxed);
+            c.fills.cache_present.fetch_add(1, Ordering::Relaxed);
         } else {
             // A hard link costs no bytes; a deleted file or one on another
             // filesystem is copied.
@@ -631,15 +631,15 @@ fn fill(sh: &Shared, f: &Fill, cache_dev: Option<u64>, trust: &HostTrust) {
                         if let Ok(mut a) = sh.added.lock() {
                             a.0.insert(f.id);
                         }
-                        c.cache_added.fetch_add(1, Ordering::Relaxed)
+                        c.fills.cache_added.fetch_add(1, Ordering::Relaxed)
                     }
                     Some(CacheState::Present) => {
                         c.bytes.fetch_sub(cost, Ordering::Relaxed);
-                        c.cache_present.fetch_add(1, Ordering::Relaxed)
+                        c.fills.cache_present.fetch_add(1, Ordering::Relaxed)
                     }
                     _ => {
                         c.bytes.fetch_sub(cost, Ordering::Relaxed);
-                        c.cache_failed.fetch_add(1, Ordering::Relaxed)
+                        c.fills.cache_failed.fetch_add(1, Ordering::Relaxed)
                     }
                 };
             }
@@ -649,7 +649,7 @@ fn fill(sh: &Shared, f: &Fill, cache_dev: Option<u64>, trust: &HostTrust) {
         if s.executable_path(&f.id)
             .is_some_and(|p| std::fs::symlink_metadata(p).is_ok())
         {
-            c.store_present.fetch_add(1, Ordering::Relaxed);
+            c.fills.store_present.fetch_add(1, Ordering::Relaxed);
         } else if !charge(sh, f.size) {
             c.over_budget.fetch_add(1, Ordering::Relaxed);
         } else {
@@ -666,13 +666,13 @@ fn fill(sh: &Shared, f: &Fill, cache_dev: Option<u64>, trust: &HostTrust) {
                         a.1.insert(f.id);
                     }
                     c.bytes.fetch_add(r.bytes, Ordering::Relaxed);
-                    c.store_added.fetch_add(1, Ordering::Relaxed);
+                    c.fills.store_added.fetch_add(1, Ordering::Relaxed);
                 }
                 Some(r) if r.state == StoreState::Present => {
-                    c.store_present.fetch_add(1, Ordering::Relaxed);
+                    c.fills.store_present.fetch_add(1, Ordering::Relaxed);
                 }
                 _ => {
-                    c.store_failed.fetch_add(1, Ordering::Relaxed);
+                    c.fills.store_failed.fetch_add(1, Ordering::Relaxed);
                 }
             }
         }

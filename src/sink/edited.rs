@@ -151,7 +151,7 @@ impl<'w> EditedSink<'w> {
             i == 0,
             converts,
         );
-        match (self.converts(), facts.spill) {
+        match (self.converts(), facts.stages.spill) {
             (true, Some(spill)) => {
                 self.counts = spill.take((from, to), &mut |part, seq| {
                     let mem = InMemory {
@@ -212,7 +212,7 @@ impl<'w> EditedSink<'w> {
         }
         self.report.timings.insert("write-data", t.elapsed());
         let t = Instant::now();
-        let shape = match facts.layout {
+        let shape = match facts.stages.layout {
             Some(_) => crate::write::TailShape::Edited(crate::aslr::shared_feature),
             None => crate::write::TailShape::AsInput,
         };
@@ -281,7 +281,7 @@ impl<'w> EditedSink<'w> {
             if converts {
                 convert_attr_records(&mut head, e)?;
             }
-            if facts.layout.is_some() {
+            if facts.stages.layout.is_some() {
                 head = crate::aslr::shared_head(&head, e, &mut self.dropped)?;
             }
             s.write_raw(&head)?;
@@ -333,7 +333,7 @@ impl<'w> EditedSink<'w> {
         };
         let mut ed = Editor::new(facts, &replaced, true, true, self.converts());
         ed.released = std::mem::take(&mut self.released);
-        match (self.converts(), facts.spill) {
+        match (self.converts(), facts.stages.spill) {
             (true, Some(spill)) => {
                 let counts = spill.take((offset, end), &mut |part, seq| {
                     let mem = InMemory {
@@ -458,7 +458,7 @@ impl<'a> Editor<'a> {
         takes: bool,
         converted: bool,
     ) -> Self {
-        let remap = facts.layout.map(|l| {
+        let remap = facts.stages.layout.map(|l| {
             // The records the remap sees are the conversion's, of its attrs.
             let attrs: Vec<crate::format::attr::Attr> = match converted {
                 true => facts.attrs.iter().map(crate::convert::converted).collect(),
@@ -466,7 +466,7 @@ impl<'a> Editor<'a> {
             };
             crate::aslr::Remapper::new(l, &attrs, &[], facts.endian, facts.time_mode)
         });
-        let (inserts, drops, at_end): (&[Insert], _, _) = match facts.splices {
+        let (inserts, drops, at_end): (&[Insert], _, _) = match facts.stages.splices {
             // A stream's inserts go at its end (EditedSink::finish).
             Some(s) if s.at_end => (&[], Some(&s.drops), true),
             Some(s) => (&s.inserts, Some(&s.drops), false),
@@ -719,7 +719,11 @@ impl Sink for EditedSink<'_> {
 
     fn finish(&mut self, facts: &Facts<'_>) -> Result<SinkReport> {
         // A stream's JIT records, at its end.
-        if let Some(s) = facts.splices.filter(|s| s.at_end && !s.inserts.is_empty()) {
+        if let Some(s) = facts
+            .stages
+            .splices
+            .filter(|s| s.at_end && !s.inserts.is_empty())
+        {
             let bytes: Vec<u8> = s
                 .inserts
                 .iter()
@@ -754,7 +758,7 @@ impl Sink for EditedSink<'_> {
         if self.converts() {
             r.convert = Some(self.counts.clone());
         }
-        if facts.layout.is_some() {
+        if facts.stages.layout.is_some() {
             r.aslr = Some(self.dropped.clone());
         }
         Ok(r)

@@ -86,12 +86,13 @@ pub(crate) fn plan(
     let mut out = Vec::new();
     for (m, rec, ident) in found {
         // live capture hook (issue 32): the captured file's own ID.
-        let live = by_file
-            .get(&m.dso)
-            .and_then(|&(g, k)| match facts.live?.lookup(&ident)? {
-                crate::live::LiveAnswer::Proven { build_id, .. } => Some((g, build_id, k)),
-                crate::live::LiveAnswer::Unproven(_) => None,
-            });
+        let live =
+            by_file
+                .get(&m.dso)
+                .and_then(|&(g, k)| match facts.stages.live?.lookup(&ident)? {
+                    crate::live::LiveAnswer::Proven { build_id, .. } => Some((g, build_id, k)),
+                    crate::live::LiveAnswer::Unproven(_) => None,
+                });
         let Some((g, id, kernel_space)) = ids.get(&m.dso).copied().or(live) else {
             continue;
         };
@@ -143,7 +144,7 @@ fn record_ids(facts: &Facts<'_>) -> (Ids, HashMap<DsoId, (usize, bool)>) {
     // live capture hook (issue 32): a path mapped from several files has no one ID,
     // but each file captured while mapped has its own, which its records carry.
     let mut by_file: HashMap<DsoId, (usize, bool)> = HashMap::new();
-    if facts.live.is_some() {
+    if facts.stages.live.is_some() {
         for (i, d) in facts.decisions().enumerate() {
             if record_id(d).is_none() && d.group.kind == DsoKind::User {
                 for &dso in &d.group.dsos {

@@ -105,17 +105,26 @@ pub struct Facts<'a> {
     /// checks them, with everything the stream keeps, against its budget; the second
     /// argument is the offset of the record that grew them.
     pub output_kept: &'a dyn Fn(u64, u64) -> Result<()>,
+    /// What the stages beside the identify made of the records (conversion, JIT
+    /// splices, the new layout, the live capture).
+    pub stages: Staged<'a>,
+    /// Whether records are ordered by time (else by number alone).
+    pub time_mode: bool,
+    /// The number of the first record of each data file (an editing sink walks a
+    /// file's records by the numbers the scan gave them).
+    pub first_seqs: &'a [u64],
+}
+
+/// What the stages beside the identify made of the records, each there when its mode
+/// is on.
+#[derive(Clone, Copy)]
+pub struct Staged<'a> {
     /// `--convert-callchain`: the records as the resolve converted them.
     pub spill: Option<&'a crate::convert::Spill>,
     /// `--jit`: the records spliced into the data and those dropped from it.
     pub splices: Option<&'a crate::jit::Splices>,
     /// `--aslr`: the layout the addresses move to.
     pub layout: Option<&'a crate::aslr::layout::Layout>,
-    /// Whether records are ordered by time (else by number alone).
-    pub time_mode: bool,
-    /// The number of the first record of each data file (an editing sink walks a
-    /// file's records by the numbers the scan gave them).
-    pub first_seqs: &'a [u64],
     /// live capture hook (issue 32): the files captured while mapped, whose IDs a
     /// mapping record can carry where a path-keyed table cannot (two files at one
     /// path).
