@@ -1,8 +1,9 @@
 //! The driver: one run from an input path to an output path. The input is
 //! classified once, the sink chosen by the output (`-` is a stream, anything else a
-//! file-format perf.data), and the engine driven by the input's kind ([`file`]: one
-//! batch; [`stream`]: many), each batch's final bytes handed to the sink with the
-//! engine's [`Facts`]. Any input reaches any sink.
+//! file-format perf.data: `output`), and the engine's entry called for the input's
+//! kind ([`file`]: one batch; [`stream`]: many); the engine hands each batch's final
+//! bytes to the sink through the driver's adapter, with the engine's
+//! [`Facts`](crate::sink::Facts). Any input reaches any sink.
 //!
 //! The driver sits above the engine and the sinks and is the only room that calls
 //! both: it may import `engine`, `sink`, `input`, `format`, `write`, `report`,
@@ -10,29 +11,25 @@
 //! input).
 
 pub mod file;
+mod output;
 pub mod stream;
 
 pub use file::run_file;
 pub use stream::{BATCH_BYTES, StreamInput, date_saved_stream, is_stream_header, run_stream};
 
 use crate::engine::dating::{Dating, wall_ns};
-use crate::engine::{Context, Engine, Handles, Host, dating::RecordingStart};
+use crate::engine::{Context, Handles, Host, dating::RecordingStart};
 use crate::error::{Error, Result};
 use crate::format::header::PIPE_HEADER_SIZE;
 use crate::input::PerfInput;
-use crate::options::{AttrsFor, Callchains, Form, Options, UnwindChoice, Unwinding};
+use crate::options::{AttrsFor, Callchains, Options, UnwindChoice, Unwinding};
 use crate::report::Report;
-use crate::sink::edited::EditedSink;
-use crate::sink::inplace::InplaceSink;
-use crate::sink::mmap2::Mmap2Sink;
-use crate::sink::stream::StreamSink;
-use crate::sink::table::TableSink;
-use crate::sink::{Facts, NullSink, Sink, Staged};
+use crate::sink::{NullSink, Sink};
 use crate::write::TempOutput;
+use output::{Output, sink_for, stream_sink};
 use std::fs::File;
-use std::io::{BufWriter, IsTerminal, Read, Seek};
+use std::io::{Read, Seek};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 
 /// What the input path names.
 pub enum Input {
@@ -140,62 +137,6 @@ pub fn run_in(cx: Context<'_>, input: &Path, output: &Path) -> Result<Report> {
     Ok(report)
 }
 
-/// Where a run's output goes, ready to be written. With the output's [`Form`] it
-/// picks the sink, once ([`sink_for`]).
-enum Output {
-    /// A stream on stdout (`-`).
-    Stdout,
-    /// A file-format perf.data (or a directory, `dir`, for a directory input),
-    /// written to a temp beside its path and committed at the end.
-    File { tmp: TempOutput, dir: bool },
-    /// The input itself, only what changes, crash-safe ([`crate::write::inplace`]).
-    InPlace,
-}
-
-/// The sink that writes `target` in `form`: the one place outputs and forms meet.
-/// Data that changes (`--convert-callchain`, `--jit`) is written by the editing
-/// sink in any form.
-fn sink_for(target: &Output, opts: &Options) -> Box<dyn Sink> {
-    let (form, callchains) = (opts.form, opts.callchains);
-    let edits = callchains == Callchains::Converted
-        || opts.jit != crate::options::JitChoice::Off
-        || opts.addresses == crate::options::Addresses::Remapped;
-    match target {
-        Output::Stdout => {
-            let w = BufWriter::with_capacity(1 << 20, std::io::stdout().lock());
-            stream_sink(Box::new(w), Path::new("<stdout>"), opts)
-        }
-        Output::File { tmp, dir } => {
-            let header_out = tmp.header_file_path();
-            let dir = dir.then_some(tmp.path.as_path());
-            match (edits, form) {
-                (true, form) => Box::new(EditedSink::file(&header_out, dir, form, callchains)),
-                (false, Form::Table) => Box::new(TableSink::new(&header_out, dir)),
-                (false, Form::Mmap2) => Box::new(Mmap2Sink::file(&header_out, dir)),
-            }
-        }
-        Output::InPlace => Box::new(InplaceSink::new(form)),
-    }
-}
-
-/// The sink that writes a stream to `w` in the options' form.
-fn stream_sink<'w>(
-    w: Box<dyn std::io::Write + 'w>,
-    name: &Path,
-    opts: &Options,
-) -> Box<dyn Sink + 'w> {
-    let edits = opts.callchains == Callchains::Converted
-        || opts.jit != crate::options::JitChoice::Off
-        || opts.addresses == crate::options::Addresses::Remapped;
-    let mut sink = StreamSink::new(w, name);
-    sink.set_attrs_for(opts.attrs_for);
-    match (edits, opts.form) {
-        (true, form) => Box::new(EditedSink::stream(sink, form, opts.callchains)),
-        (false, Form::Table) => Box::new(sink),
-        (false, Form::Mmap2) => Box::new(Mmap2Sink::stream(sink)),
-    }
-}
-
 /// The run into a new output (a file or stdout), with a file output left in its temp
 /// file for the caller to commit.
 fn run_uncommitted(
@@ -239,78 +180,16 @@ fn run_plain(cx: Context<'_>, input: &Path, output: &Path) -> Result<(Report, Op
         Input::File(i) => i.skipped_note(),
         _ => None,
     };
-    let target = if is_dash(output) {
-        if std::io::stdout().is_terminal() {
-            return Err(Error::Usage(
-                "refusing to write perf data to a terminal; redirect or pipe the output".into(),
-            ));
-        }
-        Output::Stdout
-    } else {
-        // perf.data holds secrets (paths, command lines, stacks): the output's mode
-        // follows the input's; perf's 0600 for a stream read from stdin.
-        let mode = if is_dash(input) {
-            None
-        } else {
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::metadata(input)
-                .ok()
-                .map(|m| m.permissions().mode() & 0o7777)
-        };
-        let dir = src.is_dir();
-        let tmp = TempOutput::create_with_mode(output, dir, mode)?;
-        Output::File { tmp, dir }
-    };
+    let target = Output::open(input, output, src.is_dir())?;
     let mut sink = sink_for(&target, cx.opts);
     let r = drive(cx, &in_name, src, sink.as_mut());
     drop(sink);
-    let (mut report, tmp) = match target {
-        Output::File { tmp, .. } => {
-            let mut r = r
-                .and_then(|r| rewrite_attrs(&tmp.header_file_path(), cx.opts).map(|()| r))
-                .map_err(|e| e.for_output(&tmp.path, output))?;
-            // The attrs are cut in the finished output, whatever sink wrote it: the
-            // output's own header says where they ended up.
-            let cut = crate::format::attr_compat::rewrite_file(
-                &tmp.header_file_path(),
-                cx.opts.attrs_for,
-            )
-            .map_err(|e| e.in_file(&in_name).for_output(&tmp.path, output))?;
-            if let (Some(from), Some(to)) = (cut, cx.opts.attrs_for.size()) {
-                r.notes.push(crate::format::attr_compat::note(
-                    from,
-                    to,
-                    cx.opts.attrs_for,
-                ));
-            }
-            (r, Some(tmp))
-        }
-        Output::Stdout | Output::InPlace => (r?, None),
-    };
+    let (mut report, tmp) = target.close(r, cx.opts, &in_name, output)?;
     report.notes.extend(skipped);
     report.pipe = is_dash(output);
     report.input = input.display().to_string();
     report.output = output.display().to_string();
     Ok((report, tmp))
-}
-
-/// The attrs of a finished file output as its data has them, wherever the sink wrote
-/// them: a conversion's lose the dumps (crate::convert::convert_attr), `--aslr`'s the
-/// registers (crate::aslr::remap::strip_attr).
-fn rewrite_attrs(path: &Path, opts: &Options) -> Result<()> {
-    let converts = opts.callchains == Callchains::Converted;
-    let remaps = opts.addresses == crate::options::Addresses::Remapped;
-    if !converts && !remaps {
-        return Ok(());
-    }
-    crate::convert::rewrite_file_attrs(path, &|a, e| {
-        let mut changed = converts && crate::convert::convert_attr(a, e);
-        if remaps {
-            crate::aslr::remap::strip_attr(a, e, false);
-            changed = true;
-        }
-        changed
-    })
 }
 
 /// Checks that every attr of a file input can be written at `to.size()`, before
@@ -422,7 +301,7 @@ fn drive(cx: Context<'_>, name: &Path, src: Input, sink: &mut dyn Sink) -> Resul
             let dating = if meta.is_file() {
                 let first = f.stream_position().unwrap_or(0);
                 let start = match cx.host {
-                    Host::Consult => date_saved_stream(cx, name, &f, first)?,
+                    Host::Consult => crate::engine::stream::date_saved_stream(cx, name, &f, first)?,
                     Host::Closed => RecordingStart::Unknown("the host is not consulted".into()),
                 };
                 Dating::Fixed(start)
@@ -544,55 +423,4 @@ pub fn stream(
     let mut report = run_stream(opened.cx(opts, Host::Consult), input, sink.as_mut())?;
     report.pipe = true;
     Ok(report)
-}
-
-/// The report of a run whose batches ended in `r`. On an error, work beside the
-/// stages is stopped; when it failed first (a full disk), its error explains why the
-/// stages stopped.
-fn conclude(
-    engine: Engine<'_>,
-    r: Result<crate::report::SinkReport>,
-    sink: &mut dyn Sink,
-    stop: &AtomicBool,
-    cx: Context<'_>,
-) -> Result<Report> {
-    match r {
-        Ok(sr) => Ok(engine.finish(sr, cx.pool.current_num_threads())),
-        Err(err) => {
-            stop.store(true, Ordering::Relaxed);
-            match (sink.abort(), err) {
-                (Some(first), Error::Stopped) => Err(first),
-                (_, err) => Err(err),
-            }
-        }
-    }
-}
-
-/// Calls `f` with what the engine has read and decided, as the sinks take it.
-fn with_facts<R>(engine: &Engine<'_>, f: impl FnOnce(&Facts<'_>) -> R) -> R {
-    let passes_on = |t: &crate::format::buildid::TableEntry| engine.passes_on(t);
-    let output_kept = |bytes, offset| engine.check_output_kept(bytes, offset);
-    f(&Facts {
-        name: engine.name(),
-        endian: engine.endian(),
-        attrs: engine.attrs(),
-        attr_records: engine.attr_records(),
-        stream_features: engine.stream_features(),
-        decided: engine.decided(),
-        mapping_records: engine.mapping_records(),
-        user_records: engine.user_records(),
-        compressed_records: engine.compressed_records(),
-        unaligned_records: engine.unaligned_records(),
-        passes_on: &passes_on,
-        output_kept: &output_kept,
-        stages: Staged {
-            spill: engine.spill(),
-            splices: engine.splices(),
-            layout: engine.layout(),
-            // live capture hook (issue 32)
-            live: engine.live_capture(),
-        },
-        time_mode: engine.time_mode(),
-        first_seqs: engine.first_seqs(),
-    })
 }

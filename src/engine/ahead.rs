@@ -1,11 +1,11 @@
 //! Resolving a file beside its scan, in one place: when to pause the scan
 //! ([`Beside::due`]), what a batch resolved ahead needs and resolving it on the pool
 //! ([`Beside::spawn`]), and, once the scan has ended, whether those batches hold or
-//! the whole file is resolved again ([`Beside::conclude`]). The driver sees only
-//! [`Beside`] and [`Engine::scan_until`].
+//! the whole file is resolved again ([`Beside::conclude`]). A file's run
+//! ([`super::file`]) sees only [`Beside`] and [`Engine::scan_until`].
 //!
 //! The scan is one thread's work, so the pool resolves behind it (with one data file
-//! and [`crate::options::Options::resolve_ahead`]): each time the scan has gone that
+//! and [`crate::options::Memory::resolve_ahead`]): each time the scan has gone that
 //! far and the pool is free, the records perf's round rule says are complete (those
 //! before the second-to-last FINISHED_ROUND) are resolved against the model so far,
 //! as a stream would be. Once the scan has ended the rule is checked to have held and

@@ -1,14 +1,17 @@
 //! The one engine: scan → model → resolve → identify, over a sequence of batches.
 //!
-//! A mapped file is one batch that ends at its end; a stream is many. The engine does
-//! not know which sink the bytes go to: after each batch the driver hands the sink the bytes
-//! that are final and the DSOs whose IDs those bytes need first (`sink`).
+//! A mapped file is one batch that ends at its end ([`file`](mod@file)); a stream is
+//! many, read batch after batch ([`stream`]). Each input form has one entry
+//! ([`file::process_file`], [`stream::process_stream`]) that runs all its stages
+//! here.
+//! The engine does not know which sink the bytes go to: after each batch it hands a
+//! [`Consumer`] (the driver's adapter over the sink) the bytes that are final and
+//! the DSOs whose IDs those bytes need first.
 //! Everything that decides an ID lives here once: the scan of records into the model,
 //! dating the recording, whether this host may speak for it, the unwind
 //! configuration, grouping DSOs into table entries, and the counts of the report.
-//! The two ways batches arrive (a file, or a stream read in batches) are the
-//! driver's (`driver`), which calls the engine and hands the sinks what it
-//! decided. The engine imports no sink and nothing of the driver.
+//! The driver (`driver`) opens the input, picks the sink and calls the entry of the
+//! input's form. The engine imports no sink and nothing of the driver.
 //!
 //! Imports: `resolve`, `buildid`, `model`, `input`, `format`, `limits`, `options`,
 //! `report`.
@@ -16,9 +19,11 @@
 mod ahead;
 pub(crate) mod dating;
 mod decide;
+pub(crate) mod file;
 mod flat;
 mod header;
 pub(crate) mod rounds;
+pub(crate) mod stream;
 
 pub(crate) use ahead::Beside;
 use decide::batch_trust;
@@ -36,7 +41,7 @@ use crate::format::record::{
     Comm, FeatureRecord, Fork, TrailerLayout, misc, mmap_fixed, parse_mmap, rt,
 };
 use crate::format::walk::{Chunk, Rec, Walker, Windows};
-use crate::input::DataFile;
+use crate::input::{DataFile, PerfInput};
 use crate::limits::StreamKept;
 use crate::model::{DsoId, DsoKind, Key, Model, ModelBuilder};
 use crate::options::{Mode, Options};
@@ -119,6 +124,47 @@ impl Handles {
             store,
         })
     }
+}
+
+/// What takes the engine's results as a run goes: the driver's adapter over a sink
+/// (the engine imports none). A file input is started, handed over as one batch and
+/// finished; a stream is started, handed over batch after batch, and finished. The
+/// engine is lent with each batch for what the sink reads of it.
+pub(crate) trait Consumer {
+    /// Before the first batch of a file-format input. Work started beside the stages
+    /// (the copy of a file's data) sets `stop` when it fails, which ends the stages at
+    /// their next chunk.
+    fn start_file(&mut self, input: &PerfInput, stop: &Arc<AtomicBool>) -> Result<()>;
+    /// Before the first batch of a stream: its pipe `header` and byte order; `stop`
+    /// as for [`Consumer::start_file`].
+    fn start_stream(&mut self, header: &[u8], e: Endian, stop: &Arc<AtomicBool>) -> Result<()>;
+    /// A file-format input, resolved whole (one batch), with every decision.
+    fn file_batch(
+        &mut self,
+        engine: &Engine<'_>,
+        input: &PerfInput,
+        new: &[Decision],
+    ) -> Result<()>;
+    /// Bytes of a stream at `offset`, final, with the DSOs they touch first (perf
+    /// must know their IDs before them).
+    fn bytes_batch(
+        &mut self,
+        engine: &Engine<'_>,
+        bytes: &[u8],
+        offset: u64,
+        new: &[Decision],
+    ) -> Result<()>;
+    /// After the last batch.
+    fn finish(&mut self, engine: &Engine<'_>) -> Result<SinkReport>;
+    /// Bytes of the input that work beside the stages keeps mapped at a time: the
+    /// scan keeps less for the resolve ([`file::KEEP_BYTES`]).
+    fn mapped_beside(&self) -> u64;
+    /// Where a file input's `--convert-callchain` spill goes (the resolve converts
+    /// into it); `None`: nothing is converted.
+    fn spill_dir(&self) -> Option<PathBuf>;
+    /// The run failed: stop what runs beside the stages. Returns that work's own
+    /// error when it failed first (it explains why the stages stopped).
+    fn abort(&mut self) -> Option<Error>;
 }
 
 /// What the scan counts and collects besides the model.
@@ -389,8 +435,8 @@ struct Stages {
     splices: Option<crate::jit::Splices>,
     /// `--aslr`: the layout's events, as the scan meets them.
     aslr: Option<crate::aslr::Recorder>,
-    // live capture hook (issue 32): the stream's capture, fed by the driver as
-    // records are read, consulted by identify.
+    // live capture hook (issue 32): the stream's capture, fed by the stream's
+    // reading ([`stream`]) as records are read, consulted by identify.
     live: Option<crate::live::LiveStream>,
 }
 
@@ -492,8 +538,8 @@ impl<'a> Engine<'a> {
         }
     }
 
-    // live capture hook (issue 32): the driver gives a live stream its capture and
-    // feeds it the records as they are read.
+    // live capture hook (issue 32): the stream's reading ([`stream`]) gives a live
+    // stream its capture and feeds it the records as they are read.
     /// The stream's live capture.
     pub(crate) fn set_live(&mut self, live: Option<crate::live::LiveStream>) {
         self.stages.live = live;
@@ -1484,6 +1530,30 @@ impl<'a> Engine<'a> {
             new.push(d);
         }
         new
+    }
+
+    /// The report of a run whose batches ended in `r`. On an error, work beside the
+    /// stages is stopped; when it failed first (a full disk), its error explains why
+    /// the stages stopped.
+    fn conclude(
+        self,
+        r: Result<SinkReport>,
+        out: &mut dyn Consumer,
+        stop: &AtomicBool,
+    ) -> Result<Report> {
+        match r {
+            Ok(sr) => {
+                let jobs = self.cx.pool.current_num_threads();
+                Ok(self.finish(sr, jobs))
+            }
+            Err(err) => {
+                stop.store(true, Ordering::Relaxed);
+                match (out.abort(), err) {
+                    (Some(first), Error::Stopped) => Err(first),
+                    (_, err) => Err(err),
+                }
+            }
+        }
     }
 
     /// The report: counts, notes and one line per decided DSO. `sink` says how many
