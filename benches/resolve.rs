@@ -12,7 +12,7 @@
 //! Run: `cargo bench --bench resolve` (add `-- --quick` for a short run).
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use pdinject::driver::analyse;
+use pdinject::testing::driver::analyse;
 use pdinject::options::{Options, UnwindChoice};
 use std::hint::black_box;
 use std::path::{Path, PathBuf};

@@ -95,7 +95,7 @@ pub fn command() -> clap::Command {
 
 /// Runs the binary.
 pub fn main() -> Exit {
-    pdinject::signals::install();
+    pdinject::cli_support::install_signal_handlers();
     if let Some(m) = jobs_hint(std::env::args_os().skip(1)) {
         eprintln!("pdinject: {m}");
         return Exit::Usage;

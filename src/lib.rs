@@ -23,36 +23,122 @@ pub use options::{AttrsFor, Callchains, Form, JitChoice, Mode, Options, UnwindCh
 pub use report::Report;
 
 pub mod batch;
-pub mod driver;
 pub mod error;
 pub mod options;
 pub mod report;
 
-// Rooms the tests, benches and fuzzers drive directly (their entry points and the
-// views they check); not part of the API.
-#[doc(hidden)]
-pub mod aslr;
-#[doc(hidden)]
-pub mod buildid;
-#[doc(hidden)]
-pub mod format;
-#[doc(hidden)]
-pub mod limits;
-#[doc(hidden)]
-pub mod live;
-#[doc(hidden)]
-pub mod model;
-#[doc(hidden)]
-pub mod resolve;
-#[doc(hidden)]
-pub mod signals;
-#[doc(hidden)]
-pub mod write;
-
-// Rooms only the library itself uses.
+pub(crate) mod aslr;
+pub(crate) mod buildid;
 pub(crate) mod convert;
+pub(crate) mod driver;
 pub(crate) mod engine;
+pub(crate) mod format;
 pub(crate) mod input;
 pub(crate) mod jit;
+pub(crate) mod limits;
+pub(crate) mod live;
+pub(crate) mod model;
 pub(crate) mod perfconfig;
+pub(crate) mod resolve;
+pub(crate) mod signals;
 pub(crate) mod sink;
+pub mod write;
+
+/// What the command line needs besides the API: its flags' defaults and checks, and
+/// the build-ID cache it opens for `--archive` and `buildid`-style output.
+pub mod cli_support {
+    pub use crate::buildid::archive::write as write_archive;
+    pub use crate::buildid::cache::BuildIdCache;
+    pub use crate::buildid::debuginfod;
+    pub use crate::buildid::store::PRINTED_NOT_STORED;
+    pub use crate::buildid::vouch::{DPKG_ADMINDIR, Vouchers};
+    pub use crate::limits::{
+        DEFAULT_STREAM_MEMORY_ARG, check_jobs, check_stream_memory, parse_size,
+    };
+    pub use crate::live::{DEFAULT_BUDGET_ARG, LiveChoice};
+    pub use crate::report::{check_report_path, stage_json};
+    pub use crate::signals::install as install_signal_handlers;
+}
+
+/// The rooms' parts the tests, benches and fuzzers drive directly (their entry points
+/// and the views they check), by the room's own path; not part of the API.
+#[doc(hidden)]
+pub mod testing {
+    pub mod aslr {
+        pub mod layout {
+            pub use crate::aslr::layout::{Config, Event, Inherit, Layout, LayoutBuilder, MapClass};
+        }
+        pub mod remap {
+            pub use crate::aslr::remap::{
+                SampleCtx, Verdict, callchain_deferred, kind, ksymbol, mmap, record, sample,
+            };
+        }
+    }
+    pub mod buildid {
+        pub use crate::buildid::{LocalFiles, Reason, RecordingStart};
+        pub mod cache {
+            pub use crate::buildid::cache::BuildIdCache;
+        }
+        pub mod debuginfod {
+            pub use crate::buildid::debuginfod::fetch;
+        }
+        pub mod elf {
+            pub use crate::buildid::elf::{build_id_from_notes, build_id_of_image};
+        }
+    }
+    pub mod driver {
+        pub use crate::driver::{analyse, run_in_place, stream, validate, validate_bytes};
+    }
+    pub mod format {
+        pub use crate::format::{Endian, c_str};
+        pub mod attr {
+            pub use crate::format::attr::{Attr, read_attrs};
+        }
+        pub mod buildid {
+            pub use crate::format::buildid::{BuildId, parse_build_id_table};
+        }
+        pub mod compressed {
+            pub use crate::format::compressed::{InnerStream, payload};
+        }
+        pub mod header {
+            pub use crate::format::header::{FileHeader, pipe_header};
+        }
+        pub mod jitdump {
+            pub use crate::format::jitdump::{Reader, Record, lines};
+        }
+        pub mod record {
+            pub use crate::format::record::{
+                FileIdent, Fork, Mmap, PROT_EXEC, RecordHeader, TrailerLayout, misc,
+                out_of_band_len, parse_mmap, rt,
+            };
+        }
+        pub mod sample {
+            pub use crate::format::sample::{SampleLayout, sample_id, sample_time, u64s};
+        }
+    }
+    pub mod limits {
+        pub use crate::limits::{
+            DEFAULT_STREAM_MEMORY, MODEL_DSO_COST, MODEL_EVENT_COST, STREAM_ATTR_COST,
+            STREAM_ID_COST, format_size,
+        };
+    }
+    pub mod live {
+        pub use crate::live::{Capture, LiveAnswer, LiveConfig, MapArrival, Offered, PerfClock};
+    }
+    pub mod model {
+        pub use crate::model::{Key, Model, ModelBuilder};
+    }
+    pub mod resolve {
+        pub mod callchain {
+            pub use crate::resolve::callchain::{Space, walk};
+        }
+        pub mod unwind {
+            pub use crate::resolve::unwind::{
+                Arch, SampleStack, UnwindConfig, UnwindMode, UnwindTables, Worker, unwind,
+            };
+        }
+    }
+    pub mod write {
+        pub use crate::write::temp_name;
+    }
+}

@@ -6,5 +6,5 @@ use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     // The engine alone, sample bodies decoded, nothing outside the input read.
-    let _ = pdinject::driver::validate_bytes(data);
+    let _ = pdinject::testing::driver::validate_bytes(data);
 });

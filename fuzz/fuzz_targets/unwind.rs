@@ -5,11 +5,11 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use pdinject::buildid::{LocalFiles, RecordingStart};
-use pdinject::format::Endian;
-use pdinject::format::record::{FileIdent, Mmap, misc};
-use pdinject::model::{Key, Model, ModelBuilder};
-use pdinject::resolve::unwind::{
+use pdinject::testing::buildid::{LocalFiles, RecordingStart};
+use pdinject::testing::format::Endian;
+use pdinject::testing::format::record::{FileIdent, Mmap, misc};
+use pdinject::testing::model::{Key, Model, ModelBuilder};
+use pdinject::testing::resolve::unwind::{
     Arch, SampleStack, UnwindConfig, UnwindMode, UnwindTables, Worker, unwind,
 };
 use std::sync::{Mutex, OnceLock};

@@ -34,7 +34,7 @@ impl RunArgs {
     /// `--jobs` within its limits.
     pub fn check_jobs(&self) -> Result<()> {
         match self.jobs {
-            Some(j) => pdinject::limits::check_jobs(j),
+            Some(j) => pdinject::cli_support::check_jobs(j),
             None => Ok(()),
         }
     }
@@ -96,7 +96,7 @@ pub struct EngineArgs {
     /// Memory a stream input may keep across its batches: the process model, the
     /// build-ID records it carries, its events and features (e.g. 512M, 2G; see
     /// "Limits" in docs/guarantees.md). A stream that needs more stops with an error.
-    #[arg(long = "stream-memory", value_name = "SIZE", value_parser = pdinject::limits::parse_size, default_value = pdinject::limits::DEFAULT_STREAM_MEMORY_ARG)]
+    #[arg(long = "stream-memory", value_name = "SIZE", value_parser = pdinject::cli_support::parse_size, default_value = pdinject::cli_support::DEFAULT_STREAM_MEMORY_ARG)]
     pub stream_memory: u64,
     /// The live capture (issue 32).
     #[command(flatten)]
@@ -196,7 +196,7 @@ pub(crate) struct CaptureArgs {
     pub live: LiveArg,
     /// Bytes the live capture may copy into the cache and the symbol store (hard
     /// links cost none), e.g. 512M, 2G.
-    #[arg(long = "live-budget", value_name = "SIZE", value_parser = pdinject::limits::parse_size, default_value = pdinject::live::DEFAULT_BUDGET_ARG)]
+    #[arg(long = "live-budget", value_name = "SIZE", value_parser = pdinject::cli_support::parse_size, default_value = pdinject::cli_support::DEFAULT_BUDGET_ARG)]
     pub live_budget: u64,
 }
 
@@ -247,7 +247,7 @@ impl EngineArgs {
         // --symbol-store that cannot be made is named when the run opens it) decides
         // which of several bad flags the usage error names.
         self.unwinding.check()?;
-        pdinject::limits::check_stream_memory(self.stream_memory)?;
+        pdinject::cli_support::check_stream_memory(self.stream_memory)?;
         self.files.check()?;
         let (cache, vouchers) = self.files.cache_and_vouchers(debuginfod)?;
         Ok(Options {
@@ -367,18 +367,18 @@ impl FileArgs {
         &self,
         debuginfod: Option<&str>,
     ) -> Result<(
-        Option<pdinject::buildid::cache::BuildIdCache>,
-        pdinject::buildid::vouch::Vouchers,
+        Option<pdinject::cli_support::BuildIdCache>,
+        pdinject::cli_support::Vouchers,
     )> {
         // The cache's link record is read with or without -N: it is evidence about
         // this machine's files, not something this run writes.
-        let cache_dir = pdinject::buildid::cache::BuildIdCache::locate(self.buildid_dir.as_deref())
+        let cache_dir = pdinject::cli_support::BuildIdCache::locate(self.buildid_dir.as_deref())
             .map_err(Error::Usage)?;
-        let vouchers = pdinject::buildid::vouch::Vouchers {
+        let vouchers = pdinject::cli_support::Vouchers {
             dpkg: Some(
                 self.dpkg_admindir
                     .clone()
-                    .unwrap_or_else(|| PathBuf::from(pdinject::buildid::vouch::DPKG_ADMINDIR)),
+                    .unwrap_or_else(|| PathBuf::from(pdinject::cli_support::DPKG_ADMINDIR)),
             ),
             cache: Some(cache_dir.clone()),
             same_layout: self.trust_same_layout,
@@ -387,7 +387,7 @@ impl FileArgs {
             None
         } else {
             let dir = cache_dir;
-            Some(pdinject::buildid::cache::BuildIdCache {
+            Some(pdinject::cli_support::BuildIdCache {
                 dir,
                 symfs: self.symfs.clone(),
                 debuginfod: debuginfod_servers(debuginfod)?,
@@ -398,11 +398,11 @@ impl FileArgs {
 }
 
 impl CaptureArgs {
-    fn choice(&self) -> pdinject::live::LiveChoice {
+    fn choice(&self) -> pdinject::cli_support::LiveChoice {
         match self.live {
-            LiveArg::Auto => pdinject::live::LiveChoice::Auto,
-            LiveArg::On => pdinject::live::LiveChoice::On,
-            LiveArg::Off => pdinject::live::LiveChoice::Off,
+            LiveArg::Auto => pdinject::cli_support::LiveChoice::Auto,
+            LiveArg::On => pdinject::cli_support::LiveChoice::On,
+            LiveArg::Off => pdinject::cli_support::LiveChoice::Off,
         }
     }
 }
@@ -447,7 +447,7 @@ pub fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
 /// client variables are read now, so that a DEBUGINFOD_TIMEOUT that is no number is a
 /// usage error before the run, not a failed fetch in the middle of it.
 fn debuginfod_servers(flag: Option<&str>) -> Result<Vec<String>> {
-    use pdinject::buildid::debuginfod;
+    use pdinject::cli_support::debuginfod;
     let servers = debuginfod::urls(flag).map_err(|e| Error::Usage(e.to_string()))?;
     if !servers.is_empty() {
         debuginfod::Settings::from_env().map_err(|e| Error::Usage(e.to_string()))?;

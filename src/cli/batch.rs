@@ -297,7 +297,7 @@ fn print_summary(summary: &Summary, shard: Option<Shard>, all: usize) {
             "pdinject batch: symbol store {}: {} IDs added ({} bytes, {} debug files), {} found there; {} DSOs not stored",
             t.dir, t.added, t.bytes_added, t.debuginfo_added, t.present, t.not_stored
         );
-        let shown = pdinject::buildid::store::PRINTED_NOT_STORED;
+        let shown = pdinject::cli_support::PRINTED_NOT_STORED;
         for n in t.not_stored_dsos.iter().take(shown) {
             eprintln!(
                 "pdinject batch:   not stored {} ({}): {}",

@@ -127,21 +127,21 @@ fn run(
         if let Some(r) = report_path {
             pdinject::report::check_report_path(r, input, input)?;
         }
-        let mut report = pdinject::driver::run_in_place(input, opts)?;
+        let mut report = pdinject::run_in_place(input, opts)?;
         finish(&mut report)?;
         if let Some(r) = report_path {
             pdinject::report::stage_json(&report, r)?.commit()?;
         }
         return Ok(report);
     };
-    pdinject::driver::run_staged(input, output, opts, report_path, &mut finish)
+    pdinject::run_staged(input, output, opts, report_path, &mut finish)
 }
 
 /// The cache's totals in `report`, and the archive of its entries when asked.
 fn add_cache(report: &mut Report, dir: &Path, archive: Option<&Path>) -> Result<()> {
     report.add_cache_totals(dir);
     if let Some(a) = archive {
-        let sum = pdinject::buildid::archive::write(report.cache_entries(), dir, a)?;
+        let sum = pdinject::cli_support::write_archive(report.cache_entries(), dir, a)?;
         report.notes.push(format!(
             "archive {}: {} cache entries, {} bytes (unpack with: tar xf {} -C ~/.debug)",
             a.display(),

@@ -1,6 +1,6 @@
 //! `--aslr` (issue 31). Two kinds of tests:
 //!
-//! - The pure layout and record rewrites (`pdinject::aslr`) driven over real
+//! - The pure layout and record rewrites (`pdinject::testing::aslr`) driven over real
 //!   recordings by a small reader here, against perf 7.3's own `perf inject --aslr`:
 //!   the records perf 7.3 writes are the records the pure functions make, record for
 //!   record.
@@ -10,16 +10,16 @@
 //!   They run `pdinject --aslr` itself.
 
 use super::common::*;
-use pdinject::aslr::layout::{Config, Event, Inherit, Layout, LayoutBuilder, MapClass};
-use pdinject::aslr::remap::{self, SampleCtx, Verdict};
-use pdinject::format::Endian;
-use pdinject::format::attr::Attr;
-use pdinject::format::compressed::{InnerStream, payload};
-use pdinject::format::header::FileHeader;
-use pdinject::format::record::{RecordHeader, TrailerLayout, misc, parse_mmap, rt};
-use pdinject::format::sample::{sample_id, sample_time};
-use pdinject::model::Key;
-use pdinject::resolve::callchain::Space;
+use pdinject::testing::aslr::layout::{Config, Event, Inherit, Layout, LayoutBuilder, MapClass};
+use pdinject::testing::aslr::remap::{self, SampleCtx, Verdict};
+use pdinject::testing::format::Endian;
+use pdinject::testing::format::attr::Attr;
+use pdinject::testing::format::compressed::{InnerStream, payload};
+use pdinject::testing::format::header::FileHeader;
+use pdinject::testing::format::record::{RecordHeader, TrailerLayout, misc, parse_mmap, rt};
+use pdinject::testing::format::sample::{sample_id, sample_time};
+use pdinject::testing::model::Key;
+use pdinject::testing::resolve::callchain::Space;
 use std::collections::{BTreeMap, HashMap};
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -44,7 +44,7 @@ fn push_records(e: Endian, data: &[u8], out: &mut Vec<Vec<u8>>, attrs: &mut Vec<
         let size = h.size as usize;
         assert!(size >= 8 && at + size <= data.len(), "bad record at {at}");
         let rec = &data[at..at + size];
-        let oob = pdinject::format::record::out_of_band_len(&h, rec, e).unwrap_or(0) as usize;
+        let oob = pdinject::testing::format::record::out_of_band_len(&h, rec, e).unwrap_or(0) as usize;
         match h.kind {
             rt::COMPRESSED | rt::COMPRESSED2 => {
                 let p = payload(&h, rec, e).unwrap();
@@ -74,7 +74,7 @@ fn push_records(e: Endian, data: &[u8], out: &mut Vec<Vec<u8>>, attrs: &mut Vec<
 fn read_recording(path: &Path) -> Recording {
     let buf = fs::read(path).unwrap();
     let mut records = Vec::new();
-    if let Some(e) = pdinject::format::header::pipe_header(&buf) {
+    if let Some(e) = pdinject::testing::format::header::pipe_header(&buf) {
         let mut attrs = Vec::new();
         push_records(e, &buf[16..], &mut records, &mut attrs);
         return Recording { e, attrs, records };
@@ -82,7 +82,7 @@ fn read_recording(path: &Path) -> Recording {
     let h = FileHeader::parse(&buf, buf.len() as u64).unwrap();
     let e = h.endian;
     let sec = &buf[h.attrs.offset as usize..(h.attrs.offset + h.attrs.size) as usize];
-    let attrs = pdinject::format::attr::read_attrs(&h, sec, |o, s| {
+    let attrs = pdinject::testing::format::attr::read_attrs(&h, sec, |o, s| {
         Ok(buf[o as usize..(o + s) as usize].to_vec())
     })
     .unwrap();
@@ -184,7 +184,7 @@ fn layout_of(r: &Recording, keys: &[Key], inherit: Inherit) -> Layout {
             rt::MMAP | rt::MMAP2 => {
                 let m = parse_mmap(&h, rec, rec.len() - tl.size, e).unwrap();
                 let kernel = matches!(h.cpumode(), misc::KERNEL | misc::GUEST_KERNEL);
-                let exec = m.prot & pdinject::format::record::PROT_EXEC != 0;
+                let exec = m.prot & pdinject::testing::format::record::PROT_EXEC != 0;
                 b.push(
                     key,
                     Event::Map {
@@ -199,13 +199,13 @@ fn layout_of(r: &Recording, keys: &[Key], inherit: Inherit) -> Layout {
                 );
             }
             rt::EXIT => {
-                let f = pdinject::format::record::Fork::parse(rec, e).unwrap();
+                let f = pdinject::testing::format::record::Fork::parse(rec, e).unwrap();
                 if f.tid == Some(f.pid) {
                     b.push(key, Event::Exit { pid: f.pid });
                 }
             }
             rt::FORK => {
-                let f = pdinject::format::record::Fork::parse(rec, e).unwrap();
+                let f = pdinject::testing::format::record::Fork::parse(rec, e).unwrap();
                 if f.pid != f.ppid {
                     b.push(
                         key,
@@ -220,7 +220,7 @@ fn layout_of(r: &Recording, keys: &[Key], inherit: Inherit) -> Layout {
                 let addr = e.u64(rec, 8).unwrap();
                 let len = u64::from(e.u32(rec, 16).unwrap());
                 let flags = e.u16(rec, 22).unwrap();
-                let name = pdinject::format::c_str(&rec[24..rec.len() - tl.size]);
+                let name = pdinject::testing::format::c_str(&rec[24..rec.len() - tl.size]);
                 if flags & 1 != 0 {
                     b.push(key, Event::Unmap { addr, len });
                 } else {

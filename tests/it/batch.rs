@@ -67,7 +67,7 @@ fn batch_fleet_damaged_input_and_rerun() {
     let gone_pid = gone.id();
     gone.wait().unwrap();
     // The name is TempOutput's; the bytes begin as a perf.data does.
-    let temp = pdinject::write::temp_name(gone_pid, 0);
+    let temp = pdinject::testing::write::temp_name(gone_pid, 0);
     let stale = out.join("host001").join(&temp);
     std::fs::create_dir_all(stale.parent().unwrap()).unwrap();
     std::fs::write(&stale, &demo[..4096]).unwrap();
@@ -688,7 +688,7 @@ fn batch_in_place() {
     ]);
     assert!(o.status.success(), "{}", tail(&o.stderr));
     for (f, m) in files.iter().zip(&mtimes) {
-        let back = pdinject::driver::validate(f).expect("rewritten in place, still valid");
+        let back = pdinject::testing::driver::validate(f).expect("rewritten in place, still valid");
         assert!(back.reading.samples > 100, "{}", f.display());
         assert_eq!(
             &std::fs::metadata(f).unwrap().modified().unwrap(),

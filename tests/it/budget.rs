@@ -8,7 +8,7 @@
 //! RSS within the project's 256 MB rather than grow.
 
 use crate::common::{self, pdinject};
-use pdinject::limits::{
+use pdinject::testing::limits::{
     DEFAULT_STREAM_MEMORY, MODEL_DSO_COST, MODEL_EVENT_COST, STREAM_ATTR_COST, STREAM_ID_COST,
     format_size,
 };
@@ -543,7 +543,7 @@ fn records_waiting_for_a_round_count_and_are_resolved_past_the_budget() {
             ..Default::default()
         };
         let mut out = Vec::new();
-        let r = pdinject::driver::stream(&mut &s[..], &mut out, &opts, 4 << 20).unwrap();
+        let r = pdinject::testing::driver::stream(&mut &s[..], &mut out, &opts, 4 << 20).unwrap();
         assert!(out == s, "every record passed on as it was");
         r.run.stream_kept_bytes.unwrap()
     };

@@ -14,7 +14,7 @@ fn fixture(name: &str) -> PathBuf {
 /// report's DSO lines.
 fn stream(bytes: &[u8], batch: usize) -> (Vec<u8>, Vec<String>, u64) {
     let mut out = Vec::new();
-    let r = pdinject::driver::stream(&mut &bytes[..], &mut out, &Options::default(), batch)
+    let r = pdinject::testing::driver::stream(&mut &bytes[..], &mut out, &Options::default(), batch)
         .unwrap_or_else(|e| panic!("batch {batch}: {e}"));
     let dsos = r
         .dsos
@@ -49,7 +49,7 @@ fn stream_fixture_batches_agree() {
             );
         }
         // What was written reads back through the engine, samples decoded.
-        let back = pdinject::driver::validate_bytes(&one).expect("the output validates");
+        let back = pdinject::testing::driver::validate_bytes(&one).expect("the output validates");
         assert_eq!(
             back.reading.samples, samples,
             "{name}: samples in the output"
@@ -75,11 +75,11 @@ fn first_sample(b: &[u8]) -> (usize, usize) {
 #[test]
 fn validation_decodes_sample_bodies() {
     let mut bytes = fs::read(fixture("demo.pdata")).expect("fixture");
-    pdinject::driver::validate_bytes(&bytes).expect("the fixture validates");
+    pdinject::testing::driver::validate_bytes(&bytes).expect("the fixture validates");
     let (at, size) = first_sample(&bytes);
     // Every field 0xff: the callchain announces more entries than the record holds.
     bytes[at + 8..at + size].fill(0xff);
-    let err = pdinject::driver::validate_bytes(&bytes)
+    let err = pdinject::testing::driver::validate_bytes(&bytes)
         .expect_err("a sample that does not decode")
         .to_string();
     assert!(
@@ -105,9 +105,9 @@ fn any_input_reaches_any_sink_without_perf() {
         .stdout(fs::File::create(&back).unwrap()));
     assert!(o.status.success(), "file to stream: {}", tail(&o.stderr));
     assert!(is_pipe_format(&back), "`-` is a stream");
-    let a = pdinject::driver::validate(&stream_in).unwrap();
-    let b = pdinject::driver::validate(&file).unwrap();
-    let c = pdinject::driver::validate(&back).unwrap();
+    let a = pdinject::testing::driver::validate(&stream_in).unwrap();
+    let b = pdinject::testing::driver::validate(&file).unwrap();
+    let c = pdinject::testing::driver::validate(&back).unwrap();
     assert_eq!(
         (a.reading.samples, a.reading.samples),
         (b.reading.samples, c.reading.samples)

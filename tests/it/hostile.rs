@@ -1285,7 +1285,7 @@ fn resolving_beside_the_scan_finds_what_one_resolve_finds() {
                 },
                 ..Default::default()
             };
-            let r = pdinject::driver::analyse(&path, &opts).unwrap();
+            let r = pdinject::testing::driver::analyse(&path, &opts).unwrap();
             let dsos: Vec<(String, u64)> =
                 r.dsos.iter().map(|d| (d.path.clone(), d.hits)).collect();
             (

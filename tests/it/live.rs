@@ -7,9 +7,9 @@
 //! close to it; the capture ties the two by bounds, see src/live/mod.rs).
 
 use super::common::*;
-use pdinject::buildid::cache::BuildIdCache;
-use pdinject::format::record::{FileIdent, misc};
-use pdinject::live::{Capture, LiveAnswer, LiveConfig, MapArrival, Offered, PerfClock};
+use pdinject::testing::buildid::cache::BuildIdCache;
+use pdinject::testing::format::record::{FileIdent, misc};
+use pdinject::testing::live::{Capture, LiveAnswer, LiveConfig, MapArrival, Offered, PerfClock};
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
