@@ -12,8 +12,8 @@
 //! Run: `cargo bench --bench resolve` (add `-- --quick` for a short run).
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use pdinject::testing::driver::analyse;
 use pdinject::options::{Options, UnwindChoice};
+use pdinject::testing::driver::analyse;
 use std::hint::black_box;
 use std::path::{Path, PathBuf};
 

@@ -3,19 +3,19 @@
 //! them, a progress bar on terminals, the summary, and the exit codes ([`exit::Exit`]).
 //! Parsing and error context live here; the work is the library's.
 
-pub mod args;
-pub mod batch;
-pub mod exit;
-pub mod generate;
+pub(crate) mod args;
+pub(crate) mod batch;
+pub(crate) mod exit;
+pub(crate) mod generate;
 mod progress;
-pub mod single;
+pub(crate) mod single;
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use exit::Exit;
 
 /// `pdinject --version`: the version and the commit it was built from (`build.rs`;
 /// `unknown` when built from neither a git work tree nor a crate tarball that says).
-pub const VERSION: &str = concat!(
+pub(crate) const VERSION: &str = concat!(
     env!("CARGO_PKG_VERSION"),
     " (commit ",
     env!("PDINJECT_COMMIT"),
@@ -37,7 +37,7 @@ pub const VERSION: &str = concat!(
     disable_help_subcommand = true,
     subcommand_value_name = "COMMAND",
 )]
-pub struct Cli {
+pub(crate) struct Cli {
     /// A mode other than one recording.
     #[command(subcommand)]
     pub command: Option<Command>,
@@ -53,7 +53,7 @@ pub struct Cli {
 
 /// The subcommands.
 #[derive(Subcommand, Debug)]
-pub enum Command {
+pub(crate) enum Command {
     /// Writes build IDs into many perf.data files: one thread pool, one memo of DSO
     /// build IDs, per-file errors that never stop the batch.
     #[command(version = VERSION, display_name = "pdinject batch", after_help = batch::AFTER_HELP)]
@@ -63,7 +63,7 @@ pub enum Command {
 /// `-j N`: before `-j` became perf's `--jit`, it was the worker count. A number after
 /// `-j` (or `-jN`) is that old spelling: a usage error that says what to write, rather
 /// than N taken as an input path.
-pub fn jobs_hint(args: impl Iterator<Item = std::ffi::OsString>) -> Option<String> {
+pub(crate) fn jobs_hint(args: impl Iterator<Item = std::ffi::OsString>) -> Option<String> {
     let args: Vec<std::ffi::OsString> = args.collect();
     let number = |s: &[u8]| !s.is_empty() && s.iter().all(u8::is_ascii_digit);
     for (i, a) in args.iter().enumerate() {
@@ -89,12 +89,12 @@ pub fn jobs_hint(args: impl Iterator<Item = std::ffi::OsString>) -> Option<Strin
 }
 
 /// The command line as the binary parses it (and as `--generate` describes it).
-pub fn command() -> clap::Command {
+pub(crate) fn command() -> clap::Command {
     Cli::command().mut_subcommand("batch", batch::help)
 }
 
 /// Runs the binary.
-pub fn main() -> Exit {
+pub(crate) fn main() -> Exit {
     pdinject::cli_support::install_signal_handlers();
     if let Some(m) = jobs_hint(std::env::args_os().skip(1)) {
         eprintln!("pdinject: {m}");

@@ -65,7 +65,7 @@ fn file_prefix(file: &Option<PathBuf>) -> String {
 
 impl Error {
     /// A format error at `offset` (file filled in later with [`Error::in_file`]).
-    pub fn format(offset: u64, what: impl Into<String>) -> Self {
+    pub(crate) fn format(offset: u64, what: impl Into<String>) -> Self {
         Error::Format {
             file: None,
             offset,
@@ -74,7 +74,7 @@ impl Error {
     }
 
     /// An unsupported-input error (file filled in later).
-    pub fn unsupported(what: impl Into<String>) -> Self {
+    pub(crate) fn unsupported(what: impl Into<String>) -> Self {
         Error::Unsupported {
             file: None,
             what: what.into(),
@@ -90,7 +90,7 @@ impl Error {
     }
 
     /// Attach the file name to errors that do not carry one yet.
-    pub fn in_file(mut self, path: &std::path::Path) -> Self {
+    pub(crate) fn in_file(mut self, path: &std::path::Path) -> Self {
         match &mut self {
             Error::Format { file, .. } | Error::Unsupported { file, .. } if file.is_none() => {
                 *file = Some(path.to_path_buf());
@@ -104,7 +104,7 @@ impl Error {
 impl Error {
     /// Reports I/O errors on the temp output `tmp` (or a file inside it) as errors
     /// writing `target`, the path the user knows.
-    pub fn for_output(self, tmp: &std::path::Path, target: &std::path::Path) -> Self {
+    pub(crate) fn for_output(self, tmp: &std::path::Path, target: &std::path::Path) -> Self {
         match self {
             Error::Io { path, source } if path.starts_with(tmp) => Error::Output {
                 path: target.to_path_buf(),

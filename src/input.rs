@@ -16,7 +16,7 @@ pub(crate) const WINDOW_BYTES: u64 = 64 << 20;
 
 /// Where a data stream's bytes live.
 #[derive(Debug)]
-pub enum Backing {
+pub(crate) enum Backing {
     /// A file on disk, mapped in windows.
     File(File),
     /// Bytes in memory (tests, fuzzing, batches of a pipe), holding the stream's bytes
@@ -27,7 +27,7 @@ pub enum Backing {
 /// One record stream: the data section of the header file, or a `data.N` file of a
 /// directory-format recording.
 #[derive(Debug)]
-pub struct DataFile {
+pub(crate) struct DataFile {
     /// Its path (for messages).
     pub path: PathBuf,
     /// Its bytes.
@@ -52,7 +52,7 @@ impl std::fmt::Debug for Kept {
 }
 
 /// A mapped or borrowed window of a data file.
-pub enum Window {
+pub(crate) enum Window {
     /// `map[a..b]` of a memory map of part of a file (the map may be shared with the
     /// windows lent from it).
     Map(Arc<memmap2::Mmap>, usize, usize),
@@ -82,7 +82,7 @@ impl crate::format::walk::Windows for DataFile {
 
 impl DataFile {
     /// The records of `backing` in `range`.
-    pub fn new(path: PathBuf, backing: Backing, range: Section) -> Self {
+    pub(crate) fn new(path: PathBuf, backing: Backing, range: Section) -> Self {
         DataFile {
             path,
             backing,
@@ -93,7 +93,7 @@ impl DataFile {
 
     /// The window the scan kept, no longer lent: the resolve is done with it, and it is
     /// unmapped when the last holder drops it.
-    pub fn take_kept(&self) -> Option<Arc<memmap2::Mmap>> {
+    pub(crate) fn take_kept(&self) -> Option<Arc<memmap2::Mmap>> {
         self.kept.lock().ok()?.take().map(|k| k.map)
     }
 
@@ -110,7 +110,7 @@ impl DataFile {
     /// page at once: one bulk fault instead of one per page, which is faster even
     /// for the scan that reads only record headers (4.7 GB of DWARF samples: 1.4 s
     /// populated, 2.8 s faulted page by page).
-    pub fn window(&self, offset: u64, len: u64) -> Result<Window> {
+    pub(crate) fn window(&self, offset: u64, len: u64) -> Result<Window> {
         self.window_with(offset, len, None)
     }
 
@@ -182,7 +182,7 @@ impl DataFile {
     }
 
     /// Reads `len` bytes at `offset` into a buffer.
-    pub fn read_at(&self, offset: u64, len: u64) -> Result<Vec<u8>> {
+    pub(crate) fn read_at(&self, offset: u64, len: u64) -> Result<Vec<u8>> {
         read_exact_at(&self.backing, &self.path, offset, len)
     }
 }
@@ -264,7 +264,7 @@ fn page_size() -> u64 {
 
 /// An opened perf.data.
 #[derive(Debug)]
-pub struct PerfInput {
+pub(crate) struct PerfInput {
     /// The path the user gave.
     pub path: PathBuf,
     /// The file holding the header (`path`, or `path/data` for a directory).
@@ -302,7 +302,7 @@ fn open_nonblocking(path: &Path) -> Result<File> {
 impl PerfInput {
     /// The ids section of each attr entry, as the header's attrs section gives them
     /// (read again from the file: for writers that must know what lies where).
-    pub fn ids_sections(&self) -> Result<Vec<Section>> {
+    pub(crate) fn ids_sections(&self) -> Result<Vec<Section>> {
         let h = &self.header;
         let Some(entry_len) = usize::try_from(h.attr_size).ok().filter(|&n| n >= 16) else {
             return Ok(Vec::new());
@@ -319,7 +319,7 @@ impl PerfInput {
     }
 
     /// Opens a perf.data file or directory.
-    pub fn open(path: &Path) -> Result<PerfInput> {
+    pub(crate) fn open(path: &Path) -> Result<PerfInput> {
         let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
         let is_dir = meta.is_dir();
         if !is_dir && !meta.is_file() {
@@ -353,7 +353,7 @@ impl PerfInput {
     }
 
     /// Builds an input over bytes in memory (no directory support).
-    pub fn from_bytes(name: &Path, bytes: Vec<u8>) -> Result<PerfInput> {
+    pub(crate) fn from_bytes(name: &Path, bytes: Vec<u8>) -> Result<PerfInput> {
         let len = bytes.len() as u64;
         Self::from_backing(name, name, Backing::Mem(Arc::new(bytes), 0), len)
     }
@@ -502,7 +502,7 @@ impl PerfInput {
     }
 
     /// The note on `data.N` entries skipped (not regular files), if any.
-    pub fn skipped_note(&self) -> Option<String> {
+    pub(crate) fn skipped_note(&self) -> Option<String> {
         (!self.skipped.is_empty()).then(|| {
             format!(
                 "skipped {} data.N entries that are not regular files (as perf does): {}",
@@ -517,13 +517,13 @@ impl PerfInput {
     }
 
     /// Reads a feature section's payload.
-    pub fn feature(&self, bit: u32) -> Option<Vec<u8>> {
+    pub(crate) fn feature(&self, bit: u32) -> Option<Vec<u8>> {
         let (_, s) = self.features.iter().find(|(b, _)| *b == bit)?;
         self.data_files[0].read_at(s.offset, s.size).ok()
     }
 
     /// Total bytes of records over all streams (for progress).
-    pub fn data_bytes(&self) -> u64 {
+    pub(crate) fn data_bytes(&self) -> u64 {
         self.data_files.iter().map(|d| d.range.size).sum()
     }
 }

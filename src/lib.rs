@@ -66,7 +66,9 @@ pub mod cli_support {
 pub mod testing {
     pub mod aslr {
         pub mod layout {
-            pub use crate::aslr::layout::{Config, Event, Inherit, Layout, LayoutBuilder, MapClass};
+            pub use crate::aslr::layout::{
+                Config, Event, Inherit, Layout, LayoutBuilder, MapClass,
+            };
         }
         pub mod remap {
             pub use crate::aslr::remap::{

@@ -9,30 +9,30 @@ use crate::error::{Error, Result};
 /// perf's `PATH_MAX`: it reads a build-ID entry's name area (the entry's bytes after
 /// its 36-byte head) into a `char filename[PATH_MAX]` without checking: a longer area
 /// smashes its stack (perf 6.1 aborts). Entries with a longer area are not read.
-pub const PATH_MAX: usize = 4096;
+pub(crate) const PATH_MAX: usize = 4096;
 
 /// Longest DSO name written into a build-ID table or HEADER_BUILD_ID record, in bytes
 /// without the NUL. Entries are written 8-byte aligned (perf 7.3 refuses stream events
 /// that are not), so the name area is `round_up(36 + len + 1, 8) - 36`: at most
 /// [`PATH_MAX`] for names up to 4091 bytes.
-pub const MAX_DSO_NAME: usize = 4091;
+pub(crate) const MAX_DSO_NAME: usize = 4091;
 
 /// Worker threads at most (`-j`). Each thread costs a stack and a share of the
 /// unwinder caches; 100,000 threads take minutes to start. Larger requests are a usage
 /// error rather than a silent clamp, so the user learns the value did not take.
-pub const MAX_JOBS: usize = 1024;
+pub(crate) const MAX_JOBS: usize = 1024;
 
 /// Events (`perf_event_attr` entries) per input. perf records a few per event given
 /// with `-e`; even `-e 'syscalls:*'` is under 1,000.
-pub const MAX_ATTRS: u64 = 65_536;
+pub(crate) const MAX_ATTRS: u64 = 65_536;
 
 /// The process model may always hold this many bytes (estimated: an event costs
 /// [`MODEL_EVENT_COST`] bytes, a DSO its name twice plus [`MODEL_DSO_COST`]) ...
-pub const MODEL_BYTES_FLOOR: u64 = 64 << 20;
+pub(crate) const MODEL_BYTES_FLOOR: u64 = 64 << 20;
 /// ... plus this many per byte of input. Uncompressed records cost about three model
 /// bytes per input byte (an MMAP2 record is 80+ bytes, its event 224); only compressed
 /// data can ask for more, and 16 leaves room for real `perf record -z` files.
-pub const MODEL_BYTES_PER_INPUT_BYTE: u64 = 16;
+pub(crate) const MODEL_BYTES_PER_INPUT_BYTE: u64 = 16;
 /// Estimated bytes of one model event: the event itself (64) and its share of the
 /// lookup index (model.rs): the 1-3 pieces a mapping leaves (40 bytes each) and their
 /// entries in the version tree (4 bytes each, up to two per tree level). Measured
@@ -46,31 +46,31 @@ pub const MODEL_DSO_COST: u64 = 128;
 /// Decompressed bytes allowed per compressed byte, past [`DECOMPRESS_FLOOR`]. perf's
 /// zstd records compress 5-50 times; 128 leaves room for idle stacks and still
 /// turns a 3 MB bomb into 384 MB of work rather than 10 GiB.
-pub const MAX_DECOMPRESS_RATIO: u64 = 128;
+pub(crate) const MAX_DECOMPRESS_RATIO: u64 = 128;
 /// Decompressed bytes always allowed whatever the ratio (small files of near-empty
 /// records legitimately compress very well).
-pub const DECOMPRESS_FLOOR: u64 = 64 << 20;
+pub(crate) const DECOMPRESS_FLOOR: u64 = 64 << 20;
 /// Bytes of a data file one worker maps at once when resolving a chunk. A chunk can
 /// only end where no zstd frame is open, so one frame that never ends makes the rest
 /// of the file one chunk: mapped whole, memory would follow the file size.
-pub const MAX_RESOLVE_WINDOW: u64 = 64 << 20;
+pub(crate) const MAX_RESOLVE_WINDOW: u64 = 64 << 20;
 
 /// Bytes of one dpkg `info/PKG.md5sums` read when a moved ctime needs the package
 /// manager's word (the vouchers of `buildid`): a package's list of digests is kilobytes
 /// (libc6's 3 KB, the largest on this machine 1.3 MB); a larger one is not read.
-pub const MAX_DPKG_MD5SUMS: u64 = 16 << 20;
+pub(crate) const MAX_DPKG_MD5SUMS: u64 = 16 << 20;
 
 /// Bytes of a build-ID cache's link record (`.pdinject-links`, one line of about 100
 /// bytes per file pdinject ever linked into the cache) read at most; a longer record
 /// is read from its newest end.
-pub const MAX_LINK_LOG: u64 = 64 << 20;
+pub(crate) const MAX_LINK_LOG: u64 = 64 << 20;
 
 /// Feature tail (every byte after the data section) that `--in-place` rewrites over
 /// itself at most, to fit a BUILD_ID table without growing the file: the undo journal
 /// holds the old tail, memory the old and the new. perf writes tails of kilobytes (a
 /// tracepoint recording's TRACING_DATA, a few MB); a larger tail gets its table
 /// appended past the end instead, as `--buildids --in-place` does.
-pub const MAX_FIT_TAIL: u64 = 64 << 20;
+pub(crate) const MAX_FIT_TAIL: u64 = 64 << 20;
 
 /// What a stream run may keep across its batches by default (`--stream-memory`): the
 /// process model (mappings, DSO names), the HEADER_BUILD_ID records taken, events and
@@ -90,19 +90,19 @@ pub const DEFAULT_STREAM_MEMORY: u64 = 32 << 20;
 pub const DEFAULT_STREAM_MEMORY_ARG: &str = "32M";
 /// The smallest `--stream-memory` taken: less is surely a unit mistake (a bare
 /// number is bytes), and no real stream fits in it.
-pub const MIN_STREAM_MEMORY: u64 = 1 << 20;
+pub(crate) const MIN_STREAM_MEMORY: u64 = 1 << 20;
 /// Estimated fixed bytes of one HEADER_BUILD_ID record a stream keeps (its name is
 /// held twice besides: the entry and the set that drops repeats).
 pub const STREAM_ID_COST: u64 = 96;
 /// Estimated fixed bytes of one HEADER_ATTR record (the parsed attr beside its bytes).
 pub const STREAM_ATTR_COST: u64 = 256;
 /// Estimated fixed bytes of one decision (its name is held twice besides).
-pub const STREAM_DECISION_COST: u64 = 256;
+pub(crate) const STREAM_DECISION_COST: u64 = 256;
 
 /// What a stream keeps across its batches, estimated in bytes, by kind: the terms of
 /// the `--stream-memory` budget.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct StreamKept {
+pub(crate) struct StreamKept {
     /// The process model: mapping events and DSO names.
     pub model: u64,
     /// HEADER_BUILD_ID records taken: their names and IDs.
@@ -120,7 +120,7 @@ pub struct StreamKept {
 
 impl StreamKept {
     /// Everything kept.
-    pub fn total(&self) -> u64 {
+    pub(crate) fn total(&self) -> u64 {
         [
             self.model,
             self.build_ids,
@@ -134,7 +134,7 @@ impl StreamKept {
     }
 
     /// Checks the total against `limit`.
-    pub fn check(&self, limit: u64) -> std::result::Result<(), StreamOver> {
+    pub(crate) fn check(&self, limit: u64) -> std::result::Result<(), StreamOver> {
         if self.total() > limit {
             return Err(StreamOver { kept: *self, limit });
         }
@@ -162,7 +162,7 @@ impl StreamKept {
 
 /// A stream that went over its `--stream-memory` budget.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct StreamOver {
+pub(crate) struct StreamOver {
     /// What it keeps, by kind.
     pub kept: StreamKept,
     /// The budget.
@@ -172,7 +172,7 @@ pub struct StreamOver {
 impl StreamOver {
     /// The error for this budget at `offset`, the record that went over (the file is
     /// filled in by the stage that knows it, with [`Error::in_file`]).
-    pub fn at(&self, offset: u64) -> Error {
+    pub(crate) fn at(&self, offset: u64) -> Error {
         Error::format(offset, self.to_string())
     }
 }
@@ -267,7 +267,7 @@ pub struct Exceeded {
 impl Exceeded {
     /// The error for this limit at `offset` (the file is filled in by the stage that
     /// knows it, with [`Error::in_file`]).
-    pub fn at(&self, offset: u64) -> Error {
+    pub(crate) fn at(&self, offset: u64) -> Error {
         Error::format(offset, self.to_string())
     }
 }
@@ -283,7 +283,10 @@ impl std::fmt::Display for Exceeded {
 }
 
 /// Checks decompressed output `bytes_out` against compressed input `bytes_in`.
-pub fn check_decompressed(bytes_in: u64, bytes_out: u64) -> std::result::Result<(), Exceeded> {
+pub(crate) fn check_decompressed(
+    bytes_in: u64,
+    bytes_out: u64,
+) -> std::result::Result<(), Exceeded> {
     let limit = DECOMPRESS_FLOOR.max(bytes_in.saturating_mul(MAX_DECOMPRESS_RATIO));
     if bytes_out > limit {
         return Err(Exceeded {
@@ -309,7 +312,7 @@ pub fn check_jobs(jobs: usize) -> Result<()> {
 }
 
 /// Whether a DSO name can be written where perf reads it back.
-pub fn name_fits(name: &[u8]) -> bool {
+pub(crate) fn name_fits(name: &[u8]) -> bool {
     name.len() <= MAX_DSO_NAME
 }
 

@@ -42,10 +42,10 @@ impl Key {
 }
 
 /// The pid under which kernel-space maps are kept (perf's HOST_KERNEL_ID, -1).
-pub const KERNEL_PID: u32 = u32::MAX;
+pub(crate) const KERNEL_PID: u32 = u32::MAX;
 
 /// Index of a DSO in [`Model::dsos`].
-pub type DsoId = u32;
+pub(crate) type DsoId = u32;
 
 /// What kind of object a DSO is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
@@ -63,12 +63,12 @@ pub enum DsoKind {
 
 impl DsoKind {
     /// Kernel-space DSOs are listed with the KERNEL cpumode in the build-ID table.
-    pub fn is_kernel_space(self) -> bool {
+    pub(crate) fn is_kernel_space(self) -> bool {
         matches!(self, DsoKind::Kernel | DsoKind::Module)
     }
 
     /// The cpumode of its build-ID table entry or record.
-    pub fn build_id_cpumode(self) -> u16 {
+    pub(crate) fn build_id_cpumode(self) -> u16 {
         if self.is_kernel_space() {
             misc::KERNEL
         } else {
@@ -105,10 +105,10 @@ pub struct ExecMaps {
 impl ExecMaps {
     /// Distinct mappings kept per DSO (a library is mapped the same way by every
     /// process; more than a few means something remaps its code).
-    pub const KEPT: usize = 8;
+    pub(crate) const KEPT: usize = 8;
 
     /// Adds one recorded executable mapping.
-    pub fn add(&mut self, pgoff: u64, len: u64) {
+    pub(crate) fn add(&mut self, pgoff: u64, len: u64) {
         if !self.maps.contains(&(pgoff, len)) {
             if self.maps.len() < Self::KEPT {
                 self.maps.push((pgoff, len));
@@ -119,7 +119,7 @@ impl ExecMaps {
     }
 
     /// Adds every mapping of `other` (the DSOs of one path).
-    pub fn merge(&mut self, other: &ExecMaps) {
+    pub(crate) fn merge(&mut self, other: &ExecMaps) {
         for &(pgoff, len) in &other.maps {
             self.add(pgoff, len);
         }
@@ -127,12 +127,12 @@ impl ExecMaps {
     }
 
     /// Whether the DSO was mapped executable at all.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.maps.is_empty() && !self.more
     }
 
     /// The distinct file offsets mapped.
-    pub fn pgoffs(&self) -> impl Iterator<Item = u64> + '_ {
+    pub(crate) fn pgoffs(&self) -> impl Iterator<Item = u64> + '_ {
         self.maps.iter().map(|m| m.0)
     }
 }
@@ -140,7 +140,7 @@ impl ExecMaps {
 /// One process's address space at one key: its own layer at one version and what
 /// that layer lies on (see [`Model::space`]).
 #[derive(Clone, Copy, Debug)]
-pub struct Space<'m> {
+pub(crate) struct Space<'m> {
     model: &'m Model,
     pid: u32,
     depth: u32,
@@ -155,14 +155,14 @@ impl Space<'_> {
     ///
     /// Iterative: a fork continues in the parent as of the fork, one process at a
     /// time, so a chain of forks costs one step per fork (never a recursion per event).
-    pub fn lookup(&self, addr: u64) -> Option<MapEntry> {
+    pub(crate) fn lookup(&self, addr: u64) -> Option<MapEntry> {
         self.lookup_seen(addr).map(|(m, _)| m)
     }
 
     /// [`Space::lookup`], with the keys over which this process sees the same mapping
     /// at `addr` when the process's own mappings hold it (not a parent's as of a
     /// fork): a caller that meets the address again within them has its answer.
-    pub fn lookup_seen(&self, addr: u64) -> Option<(MapEntry, Option<Seen>)> {
+    pub(crate) fn lookup_seen(&self, addr: u64) -> Option<(MapEntry, Option<Seen>)> {
         let mut sp = *self;
         // The visible interval around `addr` left by the mappings of the children
         // already searched (a child's own mappings hide its parent's).
@@ -194,7 +194,7 @@ impl Space<'_> {
 /// The keys over which a process sees one piece of a mapping unchanged: every key
 /// from `from` on and before `until` (none: to the end of the recording).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Seen {
+pub(crate) struct Seen {
     pub from: Key,
     pub until: Option<Key>,
 }
@@ -202,7 +202,7 @@ pub struct Seen {
 impl Seen {
     /// Whether `key` is in the window.
     #[inline]
-    pub fn holds(&self, key: Key) -> bool {
+    pub(crate) fn holds(&self, key: Key) -> bool {
         self.from <= key && self.until.is_none_or(|u| key < u)
     }
 }
@@ -230,7 +230,7 @@ enum Base {
 
 /// A mapping of a process.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct MapEntry {
+pub(crate) struct MapEntry {
     /// First address.
     pub start: u64,
     /// One past the last address.
@@ -691,7 +691,7 @@ impl Default for ModelBuilder {
 
 /// Classifies a mapping's file name the way perf does (map.h): `None` for anonymous
 /// memory, heap, stack, SysV shm, hugetlb and other special names that have no DSO.
-pub fn classify(name: &[u8], cpumode: u16, flags: u32) -> Option<(DsoKind, Cow<'_, str>)> {
+pub(crate) fn classify(name: &[u8], cpumode: u16, flags: u32) -> Option<(DsoKind, Cow<'_, str>)> {
     let s = String::from_utf8_lossy(name);
     if cpumode == misc::KERNEL {
         if s.starts_with("[kernel.kallsyms]") {
@@ -725,21 +725,21 @@ pub fn classify(name: &[u8], cpumode: u16, flags: u32) -> Option<(DsoKind, Cow<'
 
 impl ModelBuilder {
     /// A new, empty builder.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
     /// Raises the model's memory budget by what `bytes` of input may ask for
     /// ([`crate::limits::MODEL_BYTES_PER_INPUT_BYTE`]): file mode calls it once with
     /// the data size, a stream with every batch.
-    pub fn account_input(&mut self, bytes: u64) {
+    pub(crate) fn account_input(&mut self, bytes: u64) {
         self.budget = self
             .budget
             .saturating_add(bytes.saturating_mul(crate::limits::MODEL_BYTES_PER_INPUT_BYTE));
     }
 
     /// Estimated bytes of model so far (see [`crate::limits::MODEL_EVENT_COST`]).
-    pub fn used(&self) -> u64 {
+    pub(crate) fn used(&self) -> u64 {
         self.used
     }
 
@@ -852,7 +852,7 @@ impl ModelBuilder {
 
     /// The DSO of `name` with `ident` (a JIT image, which no record names), added if
     /// new. Err when the model would go over its memory budget.
-    pub fn intern_dso(
+    pub(crate) fn intern_dso(
         &mut self,
         kind: DsoKind,
         name: &str,
@@ -863,7 +863,7 @@ impl ModelBuilder {
 
     /// Records a mapping of `pid` at `key` that no record of the input made (a JIT's
     /// code load). Err when the model would go over its memory budget.
-    pub fn map(&mut self, pid: u32, key: Key, m: MapEntry) -> Result<(), Exceeded> {
+    pub(crate) fn map(&mut self, pid: u32, key: Key, m: MapEntry) -> Result<(), Exceeded> {
         self.charge(crate::limits::MODEL_EVENT_COST)?;
         if let (Some(d), true) = (m.dso, m.exec)
             && let Some(dso) = self.dsos.get_mut(d as usize)
@@ -883,14 +883,14 @@ impl ModelBuilder {
     /// Forgets the mappings made by the records numbered in `seqs` (a JIT's marker
     /// and the anonymous maps after it, which perf drops when it injects the JIT's
     /// code).
-    pub fn forget(&mut self, seqs: &std::collections::HashSet<u64>) {
+    pub(crate) fn forget(&mut self, seqs: &std::collections::HashSet<u64>) {
         self.events
             .retain(|(_, e)| !(matches!(e.kind, EventKind::Map(_)) && seqs.contains(&e.key.seq)));
         self.indexed.clear();
     }
 
     /// Records that `pid` exec'd at `key`: its old mappings are gone.
-    pub fn exec(&mut self, key: Key, pid: u32) -> Result<(), Exceeded> {
+    pub(crate) fn exec(&mut self, key: Key, pid: u32) -> Result<(), Exceeded> {
         self.charge(crate::limits::MODEL_EVENT_COST)?;
         self.events.push((
             pid,
@@ -904,7 +904,7 @@ impl ModelBuilder {
 
     /// Records that `pid` was forked from `parent` at `key` (new processes only;
     /// new threads share their process's maps and need no event).
-    pub fn fork(&mut self, key: Key, pid: u32, parent: u32) -> Result<(), Exceeded> {
+    pub(crate) fn fork(&mut self, key: Key, pid: u32, parent: u32) -> Result<(), Exceeded> {
         if pid != parent {
             self.charge(crate::limits::MODEL_EVENT_COST)?;
             self.events.push((
@@ -919,13 +919,13 @@ impl ModelBuilder {
     }
 
     /// The DSOs so far.
-    pub fn dsos(&self) -> &[Dso] {
+    pub(crate) fn dsos(&self) -> &[Dso] {
         &self.dsos
     }
 
     /// The oldest time of the events recorded from record `seq` on (in time mode a
     /// key is the record's time, then its `seq`).
-    pub fn oldest_event_from(&self, seq: u64) -> Option<u64> {
+    pub(crate) fn oldest_event_from(&self, seq: u64) -> Option<u64> {
         self.events
             .iter()
             .filter(|(_, e)| e.key.seq >= seq)
@@ -938,7 +938,7 @@ impl ModelBuilder {
     /// are sorted where they are (the builder's order matters to nothing) rather
     /// than copied: a stream holds the builder and its batch's model at once, and
     /// a copy of every event besides was a fifth of its peak memory.
-    pub fn snapshot(&mut self) -> Model {
+    pub(crate) fn snapshot(&mut self) -> Model {
         self.events.sort_by_key(|&(pid, ev)| (pid, ev.key));
         build_sorted(
             &self.events,
@@ -950,7 +950,7 @@ impl ModelBuilder {
 
     /// Freezes the model: sorts every process's events by key and indexes each
     /// process's own mappings (a fork or exec starts a new layer).
-    pub fn build(mut self) -> Model {
+    pub(crate) fn build(mut self) -> Model {
         self.events.sort_by_key(|&(pid, ev)| (pid, ev.key));
         build_sorted(&self.events, self.dsos, self.kernel_ref, &mut self.indexed)
     }
@@ -1027,7 +1027,7 @@ fn overlay(state: &mut BTreeMap<u64, MapEntry>, m: MapEntry) {
 /// Lays mapping `m` over the sorted, non-overlapping `maps`, as [`overlay`] does: what
 /// it covers is cut out of the entries there; it is kept itself when `keep` says so
 /// (a caller that holds only some kinds of mappings still has them cut).
-pub fn lay_over(maps: &mut Vec<MapEntry>, m: MapEntry, keep: impl Fn(&MapEntry) -> bool) {
+pub(crate) fn lay_over(maps: &mut Vec<MapEntry>, m: MapEntry, keep: impl Fn(&MapEntry) -> bool) {
     let lo = maps.partition_point(|o| o.end <= m.start);
     let hi = maps.partition_point(|o| o.start < m.end);
     let mut pieces = Vec::with_capacity(3);
@@ -1068,18 +1068,16 @@ pub struct Model {
 const MAX_FORK_DEPTH: u32 = 64;
 
 impl Model {
-    /// The mapping covering `addr` in process `pid` as of `key`.
-    pub fn lookup(&self, pid: u32, addr: u64, key: Key) -> Option<MapEntry> {
-        self.lookup_depth(pid, addr, key, 0)
-    }
-
-    fn lookup_depth(&self, pid: u32, addr: u64, key: Key, depth: u32) -> Option<MapEntry> {
-        self.space_depth(pid, key, depth)?.lookup(addr)
+    /// The mapping covering `addr` in process `pid` as of `key` (the unit tests ask
+    /// one address at a time; the resolve asks a [`Space`]).
+    #[cfg(test)]
+    pub(crate) fn lookup(&self, pid: u32, addr: u64, key: Key) -> Option<MapEntry> {
+        self.space_depth(pid, key, 0)?.lookup(addr)
     }
 
     /// `pid`'s address space as of `key`, for many lookups at that key (the entries
     /// of one sample's callchain): the process and checkpoint are found once.
-    pub fn space(&self, pid: u32, key: Key) -> Option<Space<'_>> {
+    pub(crate) fn space(&self, pid: u32, key: Key) -> Option<Space<'_>> {
         self.space_depth(pid, key, 0)
     }
 
@@ -1097,7 +1095,7 @@ impl Model {
 
     /// Version of `pid`'s address space as of `key`: equal versions of one process
     /// have equal address spaces (the parent's state at a fork is fixed).
-    pub fn version(&self, pid: u32, key: Key) -> usize {
+    pub(crate) fn version(&self, pid: u32, key: Key) -> usize {
         self.procs
             .get(&pid)
             .map_or(0, |p| p.keys.partition_point(|&k| k <= key))
@@ -1107,7 +1105,12 @@ impl Model {
     /// (see [`Model::version`]), oldest first, when it did nothing else in between
     /// (no exec, no fork): laid over the address space at `from` with
     /// [`lay_over`], they give the one at `to`.
-    pub fn mappings_between(&self, pid: u32, from: usize, to: usize) -> Option<Vec<MapEntry>> {
+    pub(crate) fn mappings_between(
+        &self,
+        pid: u32,
+        from: usize,
+        to: usize,
+    ) -> Option<Vec<MapEntry>> {
         let proc = self.procs.get(&pid)?;
         proc.laid
             .get(from..to)?
@@ -1122,7 +1125,7 @@ impl Model {
     /// The whole address space of `pid` as of `key`, sorted, non-overlapping: the
     /// layers of the fork chain (at most [`MAX_FORK_DEPTH`]), each built once, then
     /// laid over each other from the oldest ancestor up.
-    pub fn address_space(&self, pid: u32, key: Key) -> Vec<MapEntry> {
+    pub(crate) fn address_space(&self, pid: u32, key: Key) -> Vec<MapEntry> {
         let mut layers: Vec<Vec<MapEntry>> = Vec::new();
         let (mut pid, mut key) = (pid, key);
         for _ in 0..=MAX_FORK_DEPTH {

@@ -78,7 +78,7 @@ pub enum JitMaps {
 pub type ProgressFn = std::sync::Arc<dyn Fn(&str, u64, u64) + Send + Sync>;
 
 /// Default per-sample unwinding budget (see docs/unwinding.md for the measurement).
-pub const DEFAULT_UNWIND_BUDGET: Duration = Duration::from_millis(1);
+pub(crate) const DEFAULT_UNWIND_BUDGET: Duration = Duration::from_millis(1);
 /// Default frame cap: perf's own PERF_MAX_STACK_DEPTH is 127; deeper DWARF stacks exist.
 pub const DEFAULT_MAX_FRAMES: usize = 512;
 
@@ -242,7 +242,7 @@ impl Default for Options {
 /// milliseconds and the pool is better used mapping its windows (on dwarf-med, 146 MB,
 /// resolving beside the scan measured no faster on 2 cores); on GB-sized files it
 /// takes a fifth of the run.
-pub const DEFAULT_RESOLVE_AHEAD: u64 = 256 << 20;
+pub(crate) const DEFAULT_RESOLVE_AHEAD: u64 = 256 << 20;
 
 impl std::fmt::Debug for Options {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -270,7 +270,7 @@ impl Options {
     /// What may excuse a moved ctime in this run: [`Options::vouchers`], with the
     /// link record of the cache this run fills when they name none (a library caller
     /// that fills a cache proves again what its own links moved).
-    pub fn effective_vouchers(&self) -> crate::buildid::vouch::Vouchers {
+    pub(crate) fn effective_vouchers(&self) -> crate::buildid::vouch::Vouchers {
         let mut v = self.vouchers.clone();
         if v.cache.is_none() {
             v.cache = self.cache.as_ref().map(|c| c.dir.clone());
@@ -286,7 +286,7 @@ impl Options {
     }
 
     /// The worker pool: `jobs` threads, all cores by default.
-    pub fn pool(&self) -> Result<rayon::ThreadPool> {
+    pub(crate) fn pool(&self) -> Result<rayon::ThreadPool> {
         let jobs = self
             .jobs
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))

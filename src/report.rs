@@ -102,7 +102,7 @@ pub struct InPlaceReport {
 
 /// What a sink tells the report.
 #[derive(Debug, Default)]
-pub struct SinkReport {
+pub(crate) struct SinkReport {
     /// IDs the output gained (table entries or records pdinject wrote).
     pub ids_new: usize,
     /// IDs decided that the output cannot hold (no table can be added to it).
@@ -452,7 +452,7 @@ const GROUP_OVER: usize = 5;
 /// Examples named on a grouped line.
 const GROUP_EXAMPLES: usize = 3;
 
-pub use crate::format::escape;
+pub(crate) use crate::format::escape;
 
 /// Refuses a `--report` path that is the input or the output (same name, or the same
 /// file by device and inode): the report would overwrite the recording.
@@ -509,7 +509,7 @@ pub fn stage_json(report: &Report, path: &Path) -> Result<TempOutput> {
 }
 
 /// The word used for a reason in summaries (same as the JSON value).
-pub fn reason_word(r: Reason) -> &'static str {
+pub(crate) fn reason_word(r: Reason) -> &'static str {
     match r {
         Reason::Stale => "stale",
         Reason::Ambiguous => "ambiguous",

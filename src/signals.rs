@@ -329,7 +329,7 @@ pub(crate) mod hooks {
 }
 
 /// Names the input in the SIGBUS message (called when the input is opened).
-pub fn input_opened(path: &Path) {
+pub(crate) fn input_opened(path: &Path) {
     let msg = format!(
         "pdinject: input {} changed size while being read\n",
         path.display()

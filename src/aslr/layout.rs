@@ -39,11 +39,9 @@ use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashMap};
 
 /// perf's user-space base (`user_space_start`).
-pub const USER_BASE: u64 = 0x20_0000;
+pub(crate) const USER_BASE: u64 = 0x20_0000;
 /// perf's kernel base on a 64-bit kernel (`kernel_space_start_64`).
-pub const KERNEL_BASE_64: u64 = 0xffff_8000_1000_0000;
-/// perf's kernel base on a 32-bit kernel (`kernel_space_start_32`).
-pub const KERNEL_BASE_32: u64 = 0x8000_0000;
+pub(crate) const KERNEL_BASE_64: u64 = 0xffff_8000_1000_0000;
 
 /// The kernel's layout, apart from every pid's (a sample without a pid is pid -1, and
 /// its user addresses are not the kernel's).
@@ -79,8 +77,9 @@ pub struct Config {
     pub page: u64,
     /// First address of every process's layout.
     pub user_base: u64,
-    /// First address of the kernel's layout ([`KERNEL_BASE_32`] when the recording's
-    /// kernel is 32-bit, as perf reads it from the header's arch).
+    /// First address of the kernel's layout. perf 7.3 starts a 32-bit kernel's at
+    /// 0x8000_0000 (`kernel_space_start_32`, from the header's arch); pdinject
+    /// starts every kernel's at [`KERNEL_BASE_64`], as no recording here is 32-bit.
     pub kernel_base: u64,
     /// Forked children.
     pub inherit: Inherit,
@@ -110,18 +109,18 @@ pub struct MapClass {
 }
 
 /// perf's `is_anon_memory()`.
-pub fn is_anon(name: &[u8]) -> bool {
+pub(crate) fn is_anon(name: &[u8]) -> bool {
     name == b"//anon" || name.starts_with(b"/dev/zero") || name.starts_with(b"/anon_hugepage")
 }
 
 /// perf's `is_no_dso_memory()`.
-pub fn is_no_dso(name: &[u8]) -> bool {
+pub(crate) fn is_no_dso(name: &[u8]) -> bool {
     name.starts_with(b"[stack") || name.starts_with(b"/SYSV") || name == b"[heap]"
 }
 
 /// perf's `is_kernel_module()` for a kernel-space name: a `.ko` file (compressed or
 /// not), or a bracketed name that is not the kernel's, the vdso's or vsyscall's.
-pub fn is_kernel_module(name: &[u8]) -> bool {
+pub(crate) fn is_kernel_module(name: &[u8]) -> bool {
     let base = name.rsplit(|&b| b == b'/').next().unwrap_or(name);
     if base.first() == Some(&b'[') {
         let not = [
@@ -572,7 +571,7 @@ impl Layout {
     /// mappings in time order, so a batch's events must all come after the last key
     /// laid (a batch that ends at a FINISHED_ROUND, whose records perf has all ordered
     /// by then). `Err` with the first key that does not, nothing laid.
-    pub fn extend(&mut self, mut events: Vec<(Key, Event)>) -> Result<(), Key> {
+    pub(crate) fn extend(&mut self, mut events: Vec<(Key, Event)>) -> Result<(), Key> {
         events.sort_by_key(|&(k, _)| k);
         if let (Some(&last), Some(&(first, _))) = (self.keys.last(), events.first())
             && first <= last
@@ -608,7 +607,7 @@ impl Layout {
 
     /// `addr` of process `pid` in `space`, remapped as of `key` (a sample's time and
     /// place in the file); `None` where perf 7.3 writes 0.
-    pub fn remap_in(&self, pid: u32, space: Space, addr: u64, key: Key) -> Option<u64> {
+    pub(crate) fn remap_in(&self, pid: u32, space: Space, addr: u64, key: Key) -> Option<u64> {
         let s = self.spaces.get(&space_id(pid, space))?;
         let v = self.version(key);
         let p = s.covering_at(addr, v)?;
@@ -632,7 +631,7 @@ impl Layout {
 
     /// The layout as lookups at `key` see it (a sample's addresses: the version found
     /// once, the pieces hit remembered).
-    pub fn at(&self, key: Key) -> At<'_> {
+    pub(crate) fn at(&self, key: Key) -> At<'_> {
         At {
             l: self,
             v: self.version(key),
@@ -684,7 +683,7 @@ impl Hit {
 /// The layout at one key: [`Layout::remap`] without finding the version and the same
 /// pieces again for each address of a sample.
 #[derive(Debug)]
-pub struct At<'a> {
+pub(crate) struct At<'a> {
     l: &'a Layout,
     v: u32,
     memo: RefCell<[Hit; MEMO]>,
@@ -694,7 +693,7 @@ pub struct At<'a> {
 impl At<'_> {
     /// The view at `key`, keeping what it remembers when no event lies between
     /// (consecutive samples mostly share their version).
-    pub fn move_to(&mut self, key: Key) {
+    pub(crate) fn move_to(&mut self, key: Key) {
         // Still between the same two events: the version holds (no search).
         let keys = &self.l.keys;
         let v = self.v as usize;
@@ -708,7 +707,7 @@ impl At<'_> {
     }
 
     /// [`Layout::remap`] at this key.
-    pub fn remap(&self, pid: u32, space: Space, addr: u64) -> Option<u64> {
+    pub(crate) fn remap(&self, pid: u32, space: Space, addr: u64) -> Option<u64> {
         let other = match space {
             Space::Kernel => Space::User,
             Space::User => Space::Kernel,

@@ -11,9 +11,9 @@
 //! - [`Remapper`]: the rewrite of the resolve's records (after a conversion, when
 //!   there is one), into the output's spill.
 
-pub mod layout;
-pub mod remap;
-pub mod tracing;
+pub(crate) mod layout;
+pub(crate) mod remap;
+pub(crate) mod tracing;
 
 use crate::format::Endian;
 use crate::format::attr::Attr;
@@ -26,7 +26,7 @@ use remap::{DropReason, SampleCtx, Verdict};
 use std::collections::{BTreeMap, HashMap};
 
 /// What was removed from the output, by reason (the summary and the report).
-pub type Dropped = BTreeMap<DropReason, u64>;
+pub(crate) type Dropped = BTreeMap<DropReason, u64>;
 
 /// The summary line of what `--aslr` removed.
 pub(crate) fn line(d: &Dropped) -> String {

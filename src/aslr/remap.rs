@@ -17,31 +17,32 @@ use crate::resolve::callchain::{CONTEXT_MAX, Space};
 /// Record types this module names beyond `format::record::rt`.
 pub mod kind {
     pub const KSYMBOL: u32 = 17;
-    pub const BPF_EVENT: u32 = 18;
-    pub const TEXT_POKE: u32 = 20;
-    pub const CALLCHAIN_DEFERRED: u32 = 22;
-    pub const AUXTRACE_ERROR: u32 = 72;
+    #[cfg(test)]
+    pub(crate) const BPF_EVENT: u32 = 18;
+    pub(crate) const TEXT_POKE: u32 = 20;
+    pub(crate) const CALLCHAIN_DEFERRED: u32 = 22;
+    pub(crate) const AUXTRACE_ERROR: u32 = 72;
 }
 
 /// `sample_type` bits past those of `format::attr::st`.
-pub mod st2 {
-    pub const WEIGHT: u64 = 1 << 14;
-    pub const DATA_SRC: u64 = 1 << 15;
-    pub const TRANSACTION: u64 = 1 << 17;
-    pub const REGS_INTR: u64 = 1 << 18;
-    pub const PHYS_ADDR: u64 = 1 << 19;
-    pub const AUX: u64 = 1 << 20;
-    pub const CGROUP: u64 = 1 << 21;
-    pub const DATA_PAGE_SIZE: u64 = 1 << 22;
-    pub const CODE_PAGE_SIZE: u64 = 1 << 23;
-    pub const WEIGHT_STRUCT: u64 = 1 << 24;
-    pub const WEIGHT_TYPE: u64 = WEIGHT | WEIGHT_STRUCT;
+pub(crate) mod st2 {
+    pub(crate) const WEIGHT: u64 = 1 << 14;
+    pub(crate) const DATA_SRC: u64 = 1 << 15;
+    pub(crate) const TRANSACTION: u64 = 1 << 17;
+    pub(crate) const REGS_INTR: u64 = 1 << 18;
+    pub(crate) const PHYS_ADDR: u64 = 1 << 19;
+    pub(crate) const AUX: u64 = 1 << 20;
+    pub(crate) const CGROUP: u64 = 1 << 21;
+    pub(crate) const DATA_PAGE_SIZE: u64 = 1 << 22;
+    pub(crate) const CODE_PAGE_SIZE: u64 = 1 << 23;
+    pub(crate) const WEIGHT_STRUCT: u64 = 1 << 24;
+    pub(crate) const WEIGHT_TYPE: u64 = WEIGHT | WEIGHT_STRUCT;
 }
 
 /// perf's `ASLR_SUPPORTED_SAMPLE_TYPE`: every bit but REGS_USER and REGS_INTR (whose
 /// fields are cut out of every sample) among those perf knows; bits past
 /// CODE_PAGE_SIZE are cleared too (their fields are not copied).
-pub const SUPPORTED_SAMPLE_TYPE: u64 = st::IDENTIFIER
+pub(crate) const SUPPORTED_SAMPLE_TYPE: u64 = st::IDENTIFIER
     | st::IP
     | st::TID
     | st::TIME
@@ -98,7 +99,7 @@ pub enum DropReason {
 
 impl DropReason {
     /// What the summary says.
-    pub fn describe(self) -> &'static str {
+    pub(crate) fn describe(self) -> &'static str {
         match self {
             DropReason::Raw => "samples with raw tracepoint data",
             DropReason::StackUser => "samples with a user stack dump",
@@ -203,7 +204,7 @@ fn marker_mode(v: u64) -> Option<u16> {
 const USER_DEFERRED: u64 = (-640i64) as u64;
 
 /// The remapper: `(pid, space, addr) -> new addr`.
-pub type Remapper<'r> = &'r dyn Fn(u32, Space, u64) -> Option<u64>;
+pub(crate) type Remapper<'r> = &'r dyn Fn(u32, Space, u64) -> Option<u64>;
 
 struct Walk<'a, 'o> {
     rec: &'a [u8],
@@ -457,7 +458,7 @@ fn branch_stack(
 }
 
 /// The `sample_type` the output's attr carries for a recorded one.
-pub fn out_sample_type(sample_type: u64) -> u64 {
+pub(crate) fn out_sample_type(sample_type: u64) -> u64 {
     sample_type & SUPPORTED_SAMPLE_TYPE
 }
 
@@ -467,7 +468,7 @@ pub fn out_sample_type(sample_type: u64) -> u64 {
 /// `config2` (function or path pointers, addresses, offsets) zeroed. `probe_pmu` says
 /// whether the attr's PMU type is the recording's kprobe or uprobe PMU (perf asks the
 /// machine it runs on; the recording's PMU_MAPPINGS feature is the truth).
-pub fn strip_attr(attr: &mut [u8], e: Endian, probe_pmu: bool) {
+pub(crate) fn strip_attr(attr: &mut [u8], e: Endian, probe_pmu: bool) {
     let size = match e.u32(attr, 4) {
         Some(0) | None => 64,
         Some(s) => s as usize,
@@ -591,7 +592,7 @@ pub fn record(h: &RecordHeader, rec: &[u8], e: Endian) -> Verdict {
 /// data after it) with the data's kernel addresses left out
 /// ([`super::tracing::without_kernel_addresses`]), its size padded again to 8 as perf
 /// pads it.
-pub fn tracing_data(rec: &[u8], e: Endian, out: &mut Vec<u8>) -> Verdict {
+pub(crate) fn tracing_data(rec: &[u8], e: Endian, out: &mut Vec<u8>) -> Verdict {
     let Some(data) = rec.get(16..) else {
         return Verdict::Drop(DropReason::TracingData);
     };

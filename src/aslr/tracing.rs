@@ -20,7 +20,7 @@ const MAGIC: &[u8] = b"\x17\x08\x44tracing";
 /// `data` with its kallsyms and printk parts emptied; `None` when `data` is not
 /// tracing data as perf writes it (the caller then leaves it out whole: what cannot
 /// be read cannot be shown to hold no address).
-pub fn without_kernel_addresses(data: &[u8]) -> Option<Vec<u8>> {
+pub(crate) fn without_kernel_addresses(data: &[u8]) -> Option<Vec<u8>> {
     let mut r = Cursor {
         data,
         at: 0,

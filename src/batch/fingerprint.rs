@@ -14,7 +14,7 @@ use std::time::Duration;
 
 /// Every option that changes an output.
 #[derive(Clone, Copy, Debug)]
-pub struct Fingerprint<'a> {
+pub(crate) struct Fingerprint<'a> {
     mode: Mode,
     known: &'a [(BuildId, String)],
     unwind: UnwindChoice,
@@ -34,7 +34,7 @@ pub struct Fingerprint<'a> {
 
 impl<'a> Fingerprint<'a> {
     /// The fingerprint of `o`.
-    pub fn of(o: &'a Options) -> Fingerprint<'a> {
+    pub(crate) fn of(o: &'a Options) -> Fingerprint<'a> {
         let Options {
             mode,
             known,
@@ -141,7 +141,7 @@ impl fmt::Display for Fingerprint<'_> {
 }
 
 /// The options that change an output, as one string (stored in each marker).
-pub fn fingerprint(o: &Options) -> String {
+pub(crate) fn fingerprint(o: &Options) -> String {
     Fingerprint::of(o).to_string()
 }
 

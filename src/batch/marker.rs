@@ -21,7 +21,7 @@ struct Marker {
 
 /// Where the up-to-date marker of `input`'s output lives: `OUT/.pdinject/REL.json`
 /// under an output directory, `.NAME.pdinject.json` beside a suffixed output.
-pub fn marker_path(dest: &Dest, input: &Input) -> PathBuf {
+pub(crate) fn marker_path(dest: &Dest, input: &Input) -> PathBuf {
     match dest {
         Dest::OutDir(d) => {
             let mut p = d.join(".pdinject").join(&input.rel).into_os_string();

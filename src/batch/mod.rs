@@ -26,8 +26,6 @@ mod shard;
 pub use dest::{Dest, output_path};
 pub use discover::{Input, Listing, WalkSkip, collect, is_perf_dir, read_list};
 pub use exec::{BatchOptions, CONCURRENT_BELOW, run};
-pub use fingerprint::{Fingerprint, fingerprint};
-pub use marker::marker_path;
 pub use report::LineReport;
 pub use result::{FileResult, Status, Summary};
 pub use shard::{SHARD_COUNT_ENV, Shard, fmix64, fnv1a64, shard_hash};

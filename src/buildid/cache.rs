@@ -80,7 +80,7 @@ pub enum CacheState {
 
 /// The cache outcome of one group.
 #[derive(Clone, Debug)]
-pub struct CacheResult {
+pub(crate) struct CacheResult {
     /// Name of the DSO.
     pub name: String,
     /// Kernel space (the table's address space).
@@ -95,9 +95,7 @@ pub struct CacheResult {
 
 /// What [`fill`] did, one result per group that had an ID.
 #[derive(Clone, Debug, Default)]
-pub struct CacheSummary {
-    /// The cache directory.
-    pub dir: PathBuf,
+pub(crate) struct CacheSummary {
     /// Per group with an ID.
     pub results: Vec<CacheResult>,
 }
@@ -119,7 +117,10 @@ pub struct CacheTotals {
 
 impl CacheTotals {
     /// The totals of the cache at `dir` from what happened to each DSO's entry.
-    pub fn of(dir: &Path, states: impl IntoIterator<Item = Option<CacheState>>) -> CacheTotals {
+    pub(crate) fn of(
+        dir: &Path,
+        states: impl IntoIterator<Item = Option<CacheState>>,
+    ) -> CacheTotals {
         let mut t = CacheTotals {
             dir: dir.display().to_string(),
             ..CacheTotals::default()
@@ -140,7 +141,7 @@ impl CacheTotals {
 /// Whether a DSO's cache detail says the cache itself cannot be written: worth a
 /// note for the whole run (the per-DSO details say the rest: other builds, other
 /// boots, files not here).
-pub fn is_unwritable(detail: &str) -> bool {
+pub(crate) fn is_unwritable(detail: &str) -> bool {
     detail.starts_with("cannot create") || detail.starts_with("cannot write")
 }
 
@@ -153,7 +154,7 @@ static KALLSYMS: std::sync::Mutex<Option<std::thread::JoinHandle<std::io::Result
 /// then overlaps scan and resolve instead of adding to the run. Called only for a
 /// recording that names this host and kernel release (the entry is written only if
 /// the recording is then proven to be of this boot).
-pub fn prefetch_kallsyms(cache: &BuildIdCache) {
+pub(crate) fn prefetch_kallsyms(cache: &BuildIdCache) {
     let Some(id) = host::kernel_build_id() else {
         return;
     };
@@ -182,7 +183,7 @@ fn kallsyms() -> std::io::Result<Vec<u8>> {
 }
 
 /// Adds every group with an ID to the cache, in parallel on the current rayon pool.
-pub fn fill(
+pub(crate) fn fill(
     cache: &BuildIdCache,
     groups: &[Group],
     outcomes: &[Outcome],
@@ -207,14 +208,11 @@ pub fn fill(
             })
         })
         .collect();
-    CacheSummary {
-        dir: cache.dir.clone(),
-        results,
-    }
+    CacheSummary { results }
 }
 
 /// `root` + an absolute recorded path.
-pub fn under_root(root: &Path, name: &str) -> PathBuf {
+pub(crate) fn under_root(root: &Path, name: &str) -> PathBuf {
     root.join(name.trim_start_matches('/'))
 }
 

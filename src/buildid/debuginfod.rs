@@ -26,14 +26,14 @@ use std::time::{Duration, Instant};
 
 /// Largest file accepted whatever `DEBUGINFOD_MAXSIZE` says: a download is held in
 /// memory before its ID is checked, and a runaway server must not take it all.
-pub const MAX_BYTES: u64 = 4 << 30;
+pub(crate) const MAX_BYTES: u64 = 4 << 30;
 /// `DEBUGINFOD_TIMEOUT` when unset: elfutils' default.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(90);
+pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(90);
 /// What a server must send within each `DEBUGINFOD_TIMEOUT` (elfutils: "at least 100K").
-pub const LOW_SPEED_BYTES: u64 = 100 << 10;
+pub(crate) const LOW_SPEED_BYTES: u64 = 100 << 10;
 /// Redirects followed for one request (a load balancer, a federating server that
 /// sends the client on, one more for good measure; a loop ends here).
-pub const MAX_REDIRECTS: u32 = 8;
+pub(crate) const MAX_REDIRECTS: u32 = 8;
 
 /// The client's settings, from elfutils' variables.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -80,7 +80,9 @@ impl Settings {
 
     /// The settings the variables `get` returns say (elfutils: 0 or less, or unset,
     /// means none, but for the timeout, whose default is 90 s).
-    pub fn from_vars(get: impl Fn(&str) -> Option<OsString>) -> Result<Settings, SettingsError> {
+    pub(crate) fn from_vars(
+        get: impl Fn(&str) -> Option<OsString>,
+    ) -> Result<Settings, SettingsError> {
         let number =
             |var: &'static str, unit: &'static str| -> Result<Option<i64>, SettingsError> {
                 let Some(v) = get(var) else { return Ok(None) };
@@ -108,7 +110,7 @@ impl Settings {
     }
 
     /// The largest file taken.
-    pub fn limit(&self) -> u64 {
+    pub(crate) fn limit(&self) -> u64 {
         self.max_size.map_or(MAX_BYTES, |m| m.min(MAX_BYTES))
     }
 }
@@ -303,7 +305,7 @@ pub fn fetch(servers: &[String], id: &BuildId) -> Result<Vec<u8>, FetchError> {
 
 /// Fetches the debug info with this ID (`/buildid/HEX/debuginfo`: a separate debug
 /// file, or an unstripped executable), checked to carry exactly this ID.
-pub fn fetch_debuginfo(servers: &[String], id: &BuildId) -> Result<Vec<u8>, FetchError> {
+pub(crate) fn fetch_debuginfo(servers: &[String], id: &BuildId) -> Result<Vec<u8>, FetchError> {
     fetch_kind(servers, id, "debuginfo")
 }
 
@@ -321,7 +323,7 @@ fn fetch_kind(servers: &[String], id: &BuildId, kind: &str) -> Result<Vec<u8>, F
 
 /// Fetches `/buildid/ID/KIND` (`executable`, `debuginfo`) from the first of `servers`
 /// that has it, with these settings; the file must carry exactly this ID.
-pub fn fetch_with(
+pub(crate) fn fetch_with(
     settings: &Settings,
     servers: &[String],
     id: &BuildId,

@@ -11,12 +11,12 @@ use std::path::Path;
 use std::sync::Arc;
 
 pub(crate) use super::elf_read::pread_new;
-pub use super::elf_read::{
-    Blocks, Elf, Headers, SectionPlace, Segment, build_id_from_notes, build_id_of_image,
-    open_regular, read_build_id, reader,
+pub(crate) use super::elf_read::{Elf, Segment, open_regular, read_build_id, reader};
+pub use super::elf_read::{build_id_from_notes, build_id_of_image};
+pub(crate) use super::proof::{
+    CtimeEvidence, FileTimes, Place, Proven, Reason, RecordingStart, Refusal,
 };
-pub use super::proof::{CtimeEvidence, FileTimes, Place, Proven, Reason, RecordingStart, Refusal};
-pub use super::vouch::Vouchers;
+pub(crate) use super::vouch::Vouchers;
 
 /// Filesystems whose stat() device differs from the device in mmap records.
 fn device_may_differ(fd: &File) -> bool {
@@ -53,7 +53,7 @@ fn fmt_time(ns: i128) -> String {
 /// `cp -a`, `rsync -t` and image extraction keep it) and the segment layout; ctime and
 /// birth time are the copy's own and are not used. Without a recording time there is no
 /// proof at all.
-pub fn prove_in_sysroot(
+pub(crate) fn prove_in_sysroot(
     path: &Path,
     exec_maps: &ExecMaps,
     start: &RecordingStart,
@@ -107,7 +107,7 @@ fn judge_times(t: &FileTimes, start: i128, place: Place) -> Result<(), Refusal> 
 /// are unchanged since before the start, or, under `--trust-same-layout`, when the
 /// records named its inode and the layout is exactly the recorded one. Refused, it is
 /// `stale` when the layout shows another file, else `ctime-moved` (it may be fine).
-pub fn judge(
+pub(crate) fn judge(
     t: &FileTimes,
     loads: &[Segment],
     maps: &ExecMaps,

@@ -24,7 +24,7 @@ pub(super) fn parse<'d, R: object::ReadRef<'d>>(data: R) -> Result<Elf<'d, R>, R
 /// `.symtab` and `.dynsym` whole, which pdinject never uses: for the DSOs of a DWARF
 /// recording, parsed twice each (proof, unwind sections), that was two thirds of the
 /// bytes read and a tenth of an in-place run's CPU (copies and fresh pages).
-pub enum Elf<'d, R: object::ReadRef<'d>> {
+pub(crate) enum Elf<'d, R: object::ReadRef<'d>> {
     /// ELFCLASS32.
     E32(Headers<'d, object::elf::FileHeader32<object::Endianness>, R>),
     /// ELFCLASS64.
@@ -32,7 +32,7 @@ pub enum Elf<'d, R: object::ReadRef<'d>> {
 }
 
 /// The headers of one ELF class (see [`Elf`]).
-pub struct Headers<'d, E: object::read::elf::FileHeader, R: object::ReadRef<'d>> {
+pub(crate) struct Headers<'d, E: object::read::elf::FileHeader, R: object::ReadRef<'d>> {
     data: R,
     endian: E::Endian,
     segments: &'d [E::ProgramHeader],
@@ -40,7 +40,7 @@ pub struct Headers<'d, E: object::read::elf::FileHeader, R: object::ReadRef<'d>>
 }
 
 /// Where a section is: its address range and where its bytes are.
-pub struct SectionPlace {
+pub(crate) struct SectionPlace {
     /// `sh_addr`.
     pub address: u64,
     /// `sh_size`.
@@ -54,7 +54,7 @@ pub struct SectionPlace {
 
 /// A PT_LOAD segment: where its bytes are in the file and where they go in memory.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Segment {
+pub(crate) struct Segment {
     /// `p_offset`.
     pub offset: u64,
     /// `p_vaddr`.
@@ -161,7 +161,7 @@ where
 
 impl<'d, R: object::ReadRef<'d>> Elf<'d, R> {
     /// The headers of the ELF file in `data`; an error (in words) for anything else.
-    pub fn parse(data: R) -> Result<Self, String> {
+    pub(crate) fn parse(data: R) -> Result<Self, String> {
         let r = match object::FileKind::parse(data).map_err(|e| e.to_string())? {
             object::FileKind::Elf32 => Headers::parse(data).map(Elf::E32),
             object::FileKind::Elf64 => Headers::parse(data).map(Elf::E64),
@@ -171,7 +171,7 @@ impl<'d, R: object::ReadRef<'d>> Elf<'d, R> {
     }
 
     /// Whether the file is little-endian.
-    pub fn is_little_endian(&self) -> bool {
+    pub(crate) fn is_little_endian(&self) -> bool {
         match self {
             Elf::E32(h) => h.endian == object::Endianness::Little,
             Elf::E64(h) => h.endian == object::Endianness::Little,
@@ -179,7 +179,7 @@ impl<'d, R: object::ReadRef<'d>> Elf<'d, R> {
     }
 
     /// `(p_offset, p_vaddr)` of each PT_LOAD segment.
-    pub fn load_segments(&self) -> Vec<(u64, u64)> {
+    pub(crate) fn load_segments(&self) -> Vec<(u64, u64)> {
         match self {
             Elf::E32(h) => h.load_segments(),
             Elf::E64(h) => h.load_segments(),
@@ -187,7 +187,7 @@ impl<'d, R: object::ReadRef<'d>> Elf<'d, R> {
     }
 
     /// Each PT_LOAD segment.
-    pub fn loads(&self) -> Vec<Segment> {
+    pub(crate) fn loads(&self) -> Vec<Segment> {
         match self {
             Elf::E32(h) => h.loads(),
             Elf::E64(h) => h.loads(),
@@ -195,7 +195,7 @@ impl<'d, R: object::ReadRef<'d>> Elf<'d, R> {
     }
 
     /// The NT_GNU_BUILD_ID note's descriptor, if there is one.
-    pub fn build_id(&self) -> Result<Option<&'d [u8]>, String> {
+    pub(crate) fn build_id(&self) -> Result<Option<&'d [u8]>, String> {
         match self {
             Elf::E32(h) => h.build_id(),
             Elf::E64(h) => h.build_id(),
@@ -204,7 +204,7 @@ impl<'d, R: object::ReadRef<'d>> Elf<'d, R> {
     }
 
     /// The section called `name`, if any.
-    pub fn section(&self, name: &[u8]) -> Option<SectionPlace> {
+    pub(crate) fn section(&self, name: &[u8]) -> Option<SectionPlace> {
         match self {
             Elf::E32(h) => h.section(name),
             Elf::E64(h) => h.section(name),
@@ -265,7 +265,7 @@ fn id_from_bytes(raw: &[u8]) -> Result<BuildId, Refusal> {
 /// never gets it opened (opening a FIFO blocks, a tty may become our controlling
 /// terminal); the open itself is non-blocking and never takes a terminal, and fstat()
 /// after it proves the file opened is the one stat() saw.
-pub fn open_regular(path: &Path) -> Result<(File, std::fs::Metadata), Refusal> {
+pub(crate) fn open_regular(path: &Path) -> Result<(File, std::fs::Metadata), Refusal> {
     let io_refusal = |e: std::io::Error| match e.kind() {
         std::io::ErrorKind::NotFound => (Reason::Missing, "no file at this path".to_string()),
         _ => (Reason::Unreadable, e.to_string()),
@@ -305,7 +305,7 @@ const BLOCK: u64 = 16 << 10;
 /// name); from a plain `File` each became a seek and a read, some 50 system calls
 /// per file and a tenth of a DWARF recording's whole run. Each block is read once;
 /// a range larger than a few blocks (a whole section) is read directly.
-pub struct Blocks<'f> {
+pub(crate) struct Blocks<'f> {
     file: &'f File,
     len: u64,
     pos: u64,
@@ -415,12 +415,12 @@ impl object::read::ReadCacheOps for Blocks<'_> {
 }
 
 /// `file` for [`Elf::parse`] (see [`Blocks`]).
-pub fn reader(file: &File) -> object::read::ReadCache<Blocks<'_>> {
+pub(crate) fn reader(file: &File) -> object::read::ReadCache<Blocks<'_>> {
     object::read::ReadCache::new(Blocks::new(file))
 }
 
 /// The build ID in the notes of an open ELF file.
-pub fn read_build_id(file: &File) -> Result<BuildId, Refusal> {
+pub(crate) fn read_build_id(file: &File) -> Result<BuildId, Refusal> {
     let cache = reader(file);
     id_of(&parse(&cache)?)
 }

@@ -6,7 +6,7 @@ use crate::format::buildid::BuildId;
 
 /// Facts about the running host.
 #[derive(Clone, Debug, Default)]
-pub struct HostInfo {
+pub(crate) struct HostInfo {
     /// `uname -n`.
     pub hostname: String,
     /// `uname -r`.
@@ -15,7 +15,7 @@ pub struct HostInfo {
 
 impl HostInfo {
     /// Reads hostname and release.
-    pub fn detect() -> HostInfo {
+    pub(crate) fn detect() -> HostInfo {
         // SAFETY: uname fills the struct on success.
         let mut u: libc::utsname = unsafe { std::mem::zeroed() };
         if unsafe { libc::uname(&mut u) } != 0 {
@@ -39,7 +39,7 @@ impl HostInfo {
 /// Address of `sym` in this boot's kernel (needs privileges: 0 reads as unknown).
 /// /proc/kallsyms is generated as it is read and is large; `_text` and `_stext` sit
 /// near its start, so reading stops at the first match.
-pub fn kernel_symbol(sym: &str) -> Option<u64> {
+pub(crate) fn kernel_symbol(sym: &str) -> Option<u64> {
     use std::io::BufRead;
     let f = std::fs::File::open("/proc/kallsyms").ok()?;
     for line in std::io::BufReader::with_capacity(1 << 16, f).lines() {
@@ -57,18 +57,18 @@ pub fn kernel_symbol(sym: &str) -> Option<u64> {
 }
 
 /// The running kernel's build ID.
-pub fn kernel_build_id() -> Option<BuildId> {
+pub(crate) fn kernel_build_id() -> Option<BuildId> {
     build_id_from_notes(&std::fs::read("/sys/kernel/notes").ok()?)
 }
 
 /// A loaded module's build ID.
-pub fn module_build_id(name: &str) -> Option<BuildId> {
+pub(crate) fn module_build_id(name: &str) -> Option<BuildId> {
     let p = format!("/sys/module/{name}/notes/.note.gnu.build-id");
     build_id_from_notes(&std::fs::read(p).ok()?)
 }
 
 /// The module name perf's path or `[name]` stands for (dashes become underscores).
-pub fn module_name(dso_name: &str) -> Option<String> {
+pub(crate) fn module_name(dso_name: &str) -> Option<String> {
     let base = if let Some(n) = dso_name.strip_prefix('[').and_then(|n| n.strip_suffix(']')) {
         n
     } else {
@@ -83,7 +83,7 @@ pub fn module_name(dso_name: &str) -> Option<String> {
 
 /// This process's vdso image, as perf dumps it into the build-ID cache: the whole
 /// `[vdso]` mapping of /proc/self/maps.
-pub fn vdso_image() -> Option<&'static [u8]> {
+pub(crate) fn vdso_image() -> Option<&'static [u8]> {
     let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
     let line = maps.lines().find(|l| l.ends_with("[vdso]"))?;
     let range = line.split_whitespace().next()?;
@@ -101,7 +101,7 @@ pub fn vdso_image() -> Option<&'static [u8]> {
 }
 
 /// The build ID of this process's own vdso (the running kernel's).
-pub fn vdso_build_id() -> Option<BuildId> {
+pub(crate) fn vdso_build_id() -> Option<BuildId> {
     build_id_of_image(vdso_image()?).ok()
 }
 

@@ -78,12 +78,12 @@ pub struct MemoStats {
 
 impl Memo {
     /// A new, empty memo.
-    pub fn new() -> Memo {
+    pub(crate) fn new() -> Memo {
         Memo::default()
     }
 
     /// Its counters so far.
-    pub fn stats(&self) -> MemoStats {
+    pub(crate) fn stats(&self) -> MemoStats {
         MemoStats {
             dso_files_read: self.files_read.load(Ordering::Relaxed),
             proofs_run: self.proofs_run.load(Ordering::Relaxed),
@@ -131,7 +131,7 @@ fn open(path: &Path) -> std::io::Result<std::fs::File> {
 /// file is accepted only with a record made elsewhere that its bytes did not change
 /// since before the start ([`super::vouch`]: dpkg's, pdinject's own cache link), or
 /// under `--trust-same-layout` (see [`super::elf::judge`]).
-pub fn prove_and_read(
+pub(crate) fn prove_and_read(
     path: &Path,
     ident: &FileIdent,
     exec_maps: &ExecMaps,

@@ -13,32 +13,33 @@
 //! kernel or module claim that this boot's notes contradict, is proven the normal way
 //! or refused ([`Reason::ConflictingClaim`]); see [`Contradiction`].
 
-pub mod archive;
-pub mod cache;
+pub(crate) mod archive;
+pub(crate) mod cache;
 pub mod debuginfod;
-pub mod elf;
+pub(crate) mod elf;
 mod elf_read;
-pub mod host;
-pub mod memo;
-pub mod proof;
-pub mod store;
-pub mod vouch;
+pub(crate) mod host;
+pub(crate) mod memo;
+pub(crate) mod proof;
+pub(crate) mod store;
+pub(crate) mod vouch;
 
 use crate::format::buildid::{BuildId, BuildIdTable, TableEntry};
 use crate::format::record::FileIdent;
 use crate::model::{Dso, DsoId, DsoKind, Model};
 use host::HostInfo;
-pub use proof::{
-    Contradiction, FileTimes, Found, InTable, LocalFiles, NAMED_CLAIMANTS, Outcome, Place, Proven,
-    Reason, RecordingStart, Refusal, Refused, Source, Verdict,
+pub(crate) use proof::{
+    Contradiction, FileTimes, Found, InTable, NAMED_CLAIMANTS, Outcome, Place, Refusal, Refused,
+    Source, Verdict,
 };
+pub use proof::{LocalFiles, Reason, RecordingStart};
 use rayon::prelude::*;
 use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
 
 /// The DSOs of one build-ID table entry: one name in one address space.
 #[derive(Clone, Debug)]
-pub struct Group {
+pub(crate) struct Group {
     /// Name as written in the table.
     pub name: String,
     /// Kind.
@@ -52,7 +53,7 @@ pub struct Group {
 impl Group {
     /// Mapped as code at least once (a file only ever mapped as data, like a locale
     /// archive, is not a DSO perf lists); kernel-space DSOs and the vdso always are.
-    pub fn is_code(&self, model: &Model) -> bool {
+    pub(crate) fn is_code(&self, model: &Model) -> bool {
         self.kind != DsoKind::User
             || self.dsos.iter().any(|&d| {
                 model
@@ -79,7 +80,7 @@ enum FileKey {
 /// its table and its HEADER_BUILD_ID records, host entries only (a guest is another
 /// machine). The same name in several processes is one DSO, not a conflict.
 #[derive(Clone, Debug, Default)]
-pub struct Claims {
+pub(crate) struct Claims {
     /// Each contested ID: its claimants, (space, name) with what file they are.
     contested: HashMap<BuildId, Vec<(FileKey, bool, String)>>,
     /// Every claimant of a contested ID: the contested IDs it claims.
@@ -95,7 +96,7 @@ struct Contest {
 
 impl Claims {
     /// Gathers the claims of `model`'s build-ID MMAP2 records, `table` and `stream`.
-    pub fn gather(model: &Model, table: &BuildIdTable, stream: &[TableEntry]) -> Claims {
+    pub(crate) fn gather(model: &Model, table: &BuildIdTable, stream: &[TableEntry]) -> Claims {
         let mut by_id: HashMap<BuildId, Vec<(bool, &str)>> = HashMap::new();
         for d in &model.dsos {
             if let FileIdent::BuildId(b) = d.ident {
@@ -171,7 +172,7 @@ impl Claims {
 
     /// Whether the input claims, for `name` in this space, an ID it also claims for
     /// another file.
-    pub fn is_contested(&self, kernel_space: bool, name: &str) -> bool {
+    pub(crate) fn is_contested(&self, kernel_space: bool, name: &str) -> bool {
         self.claimants
             .contains_key(&(kernel_space, name.to_string()))
     }
@@ -217,7 +218,7 @@ fn is_guest(e: &TableEntry) -> bool {
 /// is that build, whatever its inode's times: what lets the unwinder read the CFI of
 /// a library whose ctime moved because `perf record` linked it into `~/.debug` (the
 /// ID itself is the input's, written as it is; see `resolve::unwind::UnwindTables`).
-pub fn claimed_user_ids(
+pub(crate) fn claimed_user_ids(
     table: &BuildIdTable,
     known: &[(BuildId, String)],
 ) -> std::sync::Arc<HashMap<String, BuildId>> {
@@ -244,7 +245,7 @@ pub fn claimed_user_ids(
 
 /// Whether the recording's host, and its kernel, are this machine's.
 #[derive(Clone, Debug)]
-pub struct HostTrust {
+pub(crate) struct HostTrust {
     /// Local files may be opened (same hostname and kernel release), or the reason
     /// every local file is refused for (another host; a recording nothing dates).
     pub local: Result<(), Refusal>,
@@ -254,7 +255,7 @@ pub struct HostTrust {
 
 impl HostTrust {
     /// Decides from the recording's HOSTNAME, OSRELEASE and kernel reference map.
-    pub fn decide(
+    pub(crate) fn decide(
         hostname: Option<&str>,
         release: Option<&str>,
         kernel_ref: Option<(&str, u64)>,
@@ -298,7 +299,7 @@ impl HostTrust {
 }
 
 /// Everything the identify stage consults.
-pub struct Evidence<'a> {
+pub(crate) struct Evidence<'a> {
     /// The input's BUILD_ID table.
     pub table: &'a BuildIdTable,
     /// HEADER_BUILD_ID records in the input's data.
@@ -323,7 +324,7 @@ pub struct Evidence<'a> {
 
 /// live capture hook (issue 32): proofs from files read while a live recording's
 /// processes mapped them (implemented by the live capture, a room above this one).
-pub trait Captured: Sync {
+pub(crate) trait Captured: Sync {
     /// Waits (a bounded time) until what arrived so far is proven.
     fn settle(&self);
     /// The answer for a user DSO whose files (one model DSO each) are `dsos`: the
@@ -365,7 +366,7 @@ pub(crate) fn inode_conflict(a: &FileIdent, b: &FileIdent) -> bool {
 }
 
 /// Identifies every group, in parallel on the current rayon pool.
-pub fn identify(groups: &[Group], model: &Model, ev: &Evidence<'_>) -> Vec<Outcome> {
+pub(crate) fn identify(groups: &[Group], model: &Model, ev: &Evidence<'_>) -> Vec<Outcome> {
     let kernel_id = std::sync::OnceLock::new();
     let vdso_id = std::sync::OnceLock::new();
     // Proven files stay open for the build-ID cache, within half the descriptor limit;

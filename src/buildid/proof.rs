@@ -50,7 +50,7 @@ pub enum Reason {
 }
 
 /// A failed proof: the reason and a sentence for the user.
-pub type Refusal = (Reason, String);
+pub(crate) type Refusal = (Reason, String);
 
 /// The recording's start in wall-clock ns since the epoch, or why it is not known.
 /// "Unknown" refuses every local file ([`Reason::Undated`]); there is no value that
@@ -104,7 +104,7 @@ pub enum LocalFiles {
 
 impl LocalFiles {
     /// From host trust's verdict on local files.
-    pub fn of<E>(local: &Result<(), E>) -> LocalFiles {
+    pub(crate) fn of<E>(local: &Result<(), E>) -> LocalFiles {
         match local {
             Ok(()) => LocalFiles::Trusted,
             Err(_) => LocalFiles::Refused,
@@ -114,7 +114,7 @@ impl LocalFiles {
 
 /// The answer for one group: an ID with its provenance, or the reason there is none.
 #[derive(Clone, Debug)]
-pub enum Outcome {
+pub(crate) enum Outcome {
     /// An ID known for certain.
     Found(Found),
     /// No ID, and why.
@@ -123,7 +123,7 @@ pub enum Outcome {
 
 /// An ID known for certain, and where it came from.
 #[derive(Clone, Debug)]
-pub struct Found {
+pub(crate) struct Found {
     /// The ID.
     pub build_id: BuildId,
     /// Where it came from.
@@ -141,7 +141,7 @@ pub struct Found {
 
 impl Found {
     /// `id` from `source`, nothing more to say.
-    pub fn of(build_id: BuildId, source: Source) -> Found {
+    pub(crate) fn of(build_id: BuildId, source: Source) -> Found {
         Found {
             build_id,
             source,
@@ -155,7 +155,7 @@ impl Found {
 
 /// Whether the input's table lists a found ID's name already.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum InTable {
+pub(crate) enum InTable {
     /// Its entry is kept verbatim; none is added.
     Listed,
     /// Not listed: an entry is added.
@@ -165,7 +165,7 @@ pub enum InTable {
 
 /// No ID, and why.
 #[derive(Clone, Debug)]
-pub struct Refused {
+pub(crate) struct Refused {
     /// Why there is none.
     pub reason: Reason,
     /// Words for the user.
@@ -176,12 +176,12 @@ pub struct Refused {
 
 impl Outcome {
     /// `id` from `source`, nothing more to say.
-    pub fn found(build_id: BuildId, source: Source) -> Self {
+    pub(crate) fn found(build_id: BuildId, source: Source) -> Self {
         Outcome::Found(Found::of(build_id, source))
     }
 
     /// No ID, for `reason`.
-    pub fn refused((reason, detail): Refusal) -> Self {
+    pub(crate) fn refused((reason, detail): Refusal) -> Self {
         Outcome::Refused(Refused {
             reason,
             detail,
@@ -190,7 +190,7 @@ impl Outcome {
     }
 
     /// The ID, if one is known for certain.
-    pub fn build_id(&self) -> Option<BuildId> {
+    pub(crate) fn build_id(&self) -> Option<BuildId> {
         match self {
             Outcome::Found(f) => Some(f.build_id),
             Outcome::Refused(_) => None,
@@ -198,7 +198,7 @@ impl Outcome {
     }
 
     /// Where the ID came from.
-    pub fn source(&self) -> Option<Source> {
+    pub(crate) fn source(&self) -> Option<Source> {
         match self {
             Outcome::Found(f) => Some(f.source),
             Outcome::Refused(_) => None,
@@ -206,7 +206,7 @@ impl Outcome {
     }
 
     /// Why there is no ID.
-    pub fn reason(&self) -> Option<Reason> {
+    pub(crate) fn reason(&self) -> Option<Reason> {
         match self {
             Outcome::Found(_) => None,
             Outcome::Refused(r) => Some(r.reason),
@@ -214,7 +214,7 @@ impl Outcome {
     }
 
     /// Words for the user.
-    pub fn detail(&self) -> Option<&str> {
+    pub(crate) fn detail(&self) -> Option<&str> {
         match self {
             Outcome::Found(f) => f.detail.as_deref(),
             Outcome::Refused(r) => Some(&r.detail),
@@ -222,12 +222,12 @@ impl Outcome {
     }
 
     /// The input's table already lists this name (its entry is kept verbatim).
-    pub fn in_input_table(&self) -> bool {
+    pub(crate) fn in_input_table(&self) -> bool {
         matches!(self, Outcome::Found(f) if f.table == InTable::Listed)
     }
 
     /// The open file the ID was read from.
-    pub fn file(&self) -> Option<&Arc<File>> {
+    pub(crate) fn file(&self) -> Option<&Arc<File>> {
         match self {
             Outcome::Found(f) => f.file.as_ref(),
             Outcome::Refused(_) => None,
@@ -235,7 +235,7 @@ impl Outcome {
     }
 
     /// The input's contradicted claim for this DSO, and what became of it.
-    pub fn contradiction(&self) -> Option<&Contradiction> {
+    pub(crate) fn contradiction(&self) -> Option<&Contradiction> {
         match self {
             Outcome::Found(f) => f.contradiction.as_ref(),
             Outcome::Refused(r) => r.contradiction.as_ref(),
@@ -244,7 +244,7 @@ impl Outcome {
 
     /// The same answer with `file`, the file its ID was read from, open (the build-ID
     /// cache links or copies it).
-    pub fn with_file(self, file: File) -> Self {
+    pub(crate) fn with_file(self, file: File) -> Self {
         match self {
             Outcome::Found(f) => Outcome::Found(Found {
                 file: Some(Arc::new(file)),
@@ -255,7 +255,7 @@ impl Outcome {
     }
 
     /// The same answer with its file closed (a descriptor must not outlive the batch).
-    pub fn without_file(self) -> Self {
+    pub(crate) fn without_file(self) -> Self {
         match self {
             Outcome::Found(f) => Outcome::Found(Found { file: None, ..f }),
             r => r,
@@ -279,7 +279,7 @@ pub enum Verdict {
 /// An ID the input claims for a DSO that the input contradicts (it claims the same
 /// ID for another file) or that this boot's kernel or module notes contradict.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Contradiction {
+pub(crate) struct Contradiction {
     /// The contradicted ID.
     pub claimed: BuildId,
     /// Other DSOs the input claims it for, sorted, at most [`NAMED_CLAIMANTS`]
@@ -296,13 +296,13 @@ pub struct Contradiction {
 
 /// Other claimants named in a [`Contradiction`] (the perf 6.17 bug makes every
 /// module claim one ID: a hundred names per module would say nothing more).
-pub const NAMED_CLAIMANTS: usize = 8;
+pub(crate) const NAMED_CLAIMANTS: usize = 8;
 
 /// A local file proven to be the one a recording mapped, still open (so what is read
 /// next, and what the build-ID cache links or copies, comes from the file that was
 /// checked, not whatever the path names later).
 #[derive(Clone, Debug)]
-pub struct Proven {
+pub(crate) struct Proven {
     /// Its build ID.
     pub build_id: BuildId,
     /// The open file.
@@ -318,7 +318,7 @@ pub struct Proven {
 /// A record, made elsewhere, that a file's bytes have been what they are now since
 /// `since` (ns since the epoch).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Voucher {
+pub(crate) struct Voucher {
     /// The file is known unchanged from this moment on.
     pub since: i128,
     /// Who says so, in words (for the refusal when `since` is too late).
@@ -327,7 +327,7 @@ pub struct Voucher {
 
 /// What a proof knows beyond a file's inode when its ctime moved after the start.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct CtimeEvidence {
+pub(crate) struct CtimeEvidence {
     /// A record that the bytes are unchanged since some time.
     pub voucher: Option<Voucher>,
     /// `--trust-same-layout` was given.
@@ -337,7 +337,7 @@ pub struct CtimeEvidence {
 /// What a file's inode says about when it changed (ns since the epoch), as the proof
 /// read it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct FileTimes {
+pub(crate) struct FileTimes {
     /// Last modification of its bytes (settable: `touch -d`, `cp -p`).
     pub mtime: i128,
     /// Last change of the inode (bytes, links, mode, owner, times); not settable.
@@ -348,7 +348,7 @@ pub struct FileTimes {
 
 impl FileTimes {
     /// The times in `meta` (std reads it with statx, which gives the birth time).
-    pub fn of(meta: &std::fs::Metadata) -> FileTimes {
+    pub(crate) fn of(meta: &std::fs::Metadata) -> FileTimes {
         let ns = |s: i64, n: i64| s as i128 * 1_000_000_000 + n as i128;
         let btime = meta
             .created()
@@ -367,7 +367,7 @@ impl FileTimes {
 
 /// Which file a proof is about: what its inode's times can show.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Place {
+pub(crate) enum Place {
     /// On this machine, the inode the records named (device, inode and, when both
     /// sides know it, generation checked).
     RecordedInode,
@@ -379,7 +379,7 @@ pub enum Place {
 
 impl Place {
     /// The place of a local file mapped with `ident` (once its inode is checked).
-    pub fn of(ident: &FileIdent) -> Place {
+    pub(crate) fn of(ident: &FileIdent) -> Place {
         match ident {
             FileIdent::Inode { .. } => Place::RecordedInode,
             FileIdent::None | FileIdent::BuildId(_) => Place::Local,

@@ -50,10 +50,10 @@ use std::time::Duration;
 /// a killed writer's and removed. A live writer's file is at most minutes old (it is
 /// written in one go); a writer stopped for longer finds its file gone, stores
 /// nothing for that ID and says so, and a later run stores it.
-pub const STALE_TEMP: Duration = Duration::from_secs(3600);
+pub(crate) const STALE_TEMP: Duration = Duration::from_secs(3600);
 
 /// DSOs not stored that a batch's totals name (the count covers them all).
-pub const NAMED_NOT_STORED: usize = 100;
+pub(crate) const NAMED_NOT_STORED: usize = 100;
 
 /// Lines of DSOs not stored a human summary prints (the report names them all).
 pub const PRINTED_NOT_STORED: usize = 10;
@@ -94,7 +94,7 @@ struct Shared {
 
 impl SymbolStore {
     /// A store at `dir`, created when missing (the first array task makes it).
-    pub fn new(dir: &Path, symfs: Option<PathBuf>) -> Result<SymbolStore, String> {
+    pub(crate) fn new(dir: &Path, symfs: Option<PathBuf>) -> Result<SymbolStore, String> {
         mkdir(dir)?;
         if !dir.is_dir() {
             return Err(format!("{}: not a directory", dir.display()));
@@ -110,7 +110,7 @@ impl SymbolStore {
     }
 
     /// `DIR/.build-id/xx/rest` for `id` (`None` for an ID too short to split).
-    pub fn executable_path(&self, id: &BuildId) -> Option<PathBuf> {
+    pub(crate) fn executable_path(&self, id: &BuildId) -> Option<PathBuf> {
         let hex = id.to_string();
         if hex.len() < 4 {
             return None;
@@ -148,7 +148,7 @@ pub enum DebugInfo {
 
 /// The store outcome of one DSO with an ID.
 #[derive(Clone, Debug)]
-pub struct StoreResult {
+pub(crate) struct StoreResult {
     /// Name of the DSO.
     pub name: String,
     /// Kernel space (the table's address space).
@@ -197,7 +197,7 @@ pub struct StoreTotals {
 
 impl StoreTotals {
     /// Totals over one run's results.
-    pub fn of<'a>(dir: &Path, results: impl IntoIterator<Item = &'a StoreResult>) -> Self {
+    pub(crate) fn of<'a>(dir: &Path, results: impl IntoIterator<Item = &'a StoreResult>) -> Self {
         let mut t = StoreTotals {
             dir: dir.display().to_string(),
             ..StoreTotals::default()
@@ -230,7 +230,7 @@ impl StoreTotals {
     /// Adds another run's totals (a batch's sum): the counts add up; a DSO not stored
     /// is named once, and at most [`NAMED_NOT_STORED`] are named (a batch over other
     /// hosts' recordings could name every DSO of the fleet).
-    pub fn merge(&mut self, o: &StoreTotals) {
+    pub(crate) fn merge(&mut self, o: &StoreTotals) {
         self.added += o.added;
         self.present += o.present;
         self.debuginfo_added += o.debuginfo_added;
@@ -250,7 +250,7 @@ impl StoreTotals {
 }
 
 /// Stores every group with an ID, in parallel on the current rayon pool.
-pub fn fill(
+pub(crate) fn fill(
     store: &SymbolStore,
     groups: &[Group],
     outcomes: &[Outcome],
@@ -399,7 +399,7 @@ fn has_dwarf<'d, R: object::ReadRef<'d>>(e: &Elf<'d, R>) -> bool {
 /// `None` when the entry has one, the executable has its own `.debug_info`, or no
 /// server has any (a stripped file without debug info is still symbolised from its
 /// `.dynsym`).
-pub fn fetch_debug_into_cache(
+pub(crate) fn fetch_debug_into_cache(
     servers: &[String],
     id: &BuildId,
     exe: &Path,

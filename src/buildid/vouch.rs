@@ -27,7 +27,7 @@
 //! directory), and only when a proof needs an excuse; the answer for a file is kept
 //! per file state (device, inode, size, mtime, ctime), so an MD5 is computed once.
 
-pub use super::proof::{CtimeEvidence, Voucher};
+pub(crate) use super::proof::{CtimeEvidence, Voucher};
 use crate::format::buildid::BuildId;
 use std::collections::HashMap;
 use std::fs::File;
@@ -41,7 +41,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 pub const DPKG_ADMINDIR: &str = "/var/lib/dpkg";
 
 /// The name of pdinject's link record inside a build-ID cache directory.
-pub const LINK_LOG: &str = ".pdinject-links";
+pub(crate) const LINK_LOG: &str = ".pdinject-links";
 
 /// Where the excuses for a moved ctime may come from: part of a run's options.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -69,7 +69,7 @@ impl Default for Vouchers {
 
 impl Vouchers {
     /// None at all: no package database, no cache record, no opt-in.
-    pub fn none() -> Vouchers {
+    pub(crate) fn none() -> Vouchers {
         Vouchers {
             dpkg: None,
             cache: None,
@@ -82,7 +82,7 @@ impl Vouchers {
     /// The evidence for the open `file` (`meta` its fstat, `id` the ID its note
     /// gives, if any), found at `path`. Looked up only when a proof needs it (its
     /// ctime is after a recording's start); kept per file state.
-    pub fn evidence(
+    pub(crate) fn evidence(
         &self,
         file: &File,
         meta: &std::fs::Metadata,
@@ -532,7 +532,7 @@ fn format_link(dev: u64, ino: u64, r: &LinkRecord) -> String {
 /// change fell within the same clock tick as the link (the kernel's ctime clock is
 /// coarse). The note is read again after the link, so the record never names an ID
 /// the file does not carry.
-pub fn record_link<T>(
+pub(crate) fn record_link<T>(
     dir: &Path,
     file: &File,
     id: BuildId,

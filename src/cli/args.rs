@@ -9,7 +9,7 @@ use std::time::Duration;
 /// The flags of every run, single or batch. Their help speaks of a single run;
 /// `pdinject batch` words it for many ([`super::batch::help`]).
 #[derive(clap::Args, Debug)]
-pub struct RunArgs {
+pub(crate) struct RunArgs {
     /// What the engine is asked.
     #[command(flatten)]
     pub engine: EngineArgs,
@@ -32,7 +32,7 @@ pub struct RunArgs {
 
 impl RunArgs {
     /// `--jobs` within its limits.
-    pub fn check_jobs(&self) -> Result<()> {
+    pub(crate) fn check_jobs(&self) -> Result<()> {
         match self.jobs {
             Some(j) => pdinject::cli_support::check_jobs(j),
             None => Ok(()),
@@ -42,7 +42,7 @@ impl RunArgs {
 
 /// Values of `--unwind`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum UnwindArg {
+pub(crate) enum UnwindArg {
     /// DWARF when samples carry user stacks, else nothing.
     Auto,
     /// Never unwind.
@@ -55,7 +55,7 @@ pub enum UnwindArg {
 
 /// Values of `--live` (issue 32).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum LiveArg {
+pub(crate) enum LiveArg {
     /// When the input is a stream being recorded now on this host and boot.
     Auto,
     /// On any stream input, without the proof that it is of this host and boot.
@@ -67,7 +67,7 @@ pub enum LiveArg {
 /// Values of `--attrs-for`: a perf version, since what a user knows is which perf
 /// refuses the file ("incompatible file format"), not the size of its attr struct.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum AttrsForArg {
+pub(crate) enum AttrsForArg {
     /// 128-byte attrs (PERF_ATTR_SIZE_VER7), what perf 6.1 reads.
     #[value(name = "6.1")]
     Perf6_1,
@@ -80,7 +80,7 @@ pub enum AttrsForArg {
 /// what they are about, each flattened where its flags stand in `--help`; the flags
 /// between the groups stay here.
 #[derive(clap::Args, Debug)]
-pub struct EngineArgs {
+pub(crate) struct EngineArgs {
     /// Which DSOs get IDs, the records that carry them, and the data rewritten.
     #[command(flatten)]
     pub(crate) form: FormArgs,
@@ -224,7 +224,7 @@ pub(crate) struct JitArgs {
 
 /// `--jit-maps` values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum JitMapsArg {
+pub(crate) enum JitMapsArg {
     /// The loads samples touch.
     Touched,
     /// Every load.
@@ -233,7 +233,7 @@ pub enum JitMapsArg {
 
 impl EngineArgs {
     /// `--attrs-for` as the library takes it.
-    pub fn attrs_for(&self) -> AttrsFor {
+    pub(crate) fn attrs_for(&self) -> AttrsFor {
         match self.attrs_for {
             None => AttrsFor::Verbatim,
             Some(AttrsForArg::Perf6_1) => AttrsFor::Perf6_1,
@@ -242,7 +242,7 @@ impl EngineArgs {
     }
 
     /// The engine's options; `debuginfod` as `--debuginfod` gave it (single runs).
-    pub fn options(&self, debuginfod: Option<&str>) -> Result<Options> {
+    pub(crate) fn options(&self, debuginfod: Option<&str>) -> Result<Options> {
         // This order (then --known-build-ids, as the options are built; a
         // --symbol-store that cannot be made is named when the run opens it) decides
         // which of several bad flags the usage error names.
@@ -421,7 +421,7 @@ impl JitArgs {
 }
 
 /// Parses `500us`, `1ms`, `2s`, `100ns` (a bare number is milliseconds).
-pub fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
+pub(crate) fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
     let s = s.trim();
     let split = s
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))

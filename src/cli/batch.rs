@@ -13,7 +13,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-pub const AFTER_HELP: &str = "\
+pub(crate) const AFTER_HELP: &str = "\
 Outputs keep each input's path relative to the inputs' common parent folder under
 --out-dir (fleets name every file perf.data), or go beside each input with --suffix.
 An output is skipped when it is up to date: written by this pdinject version with the
@@ -24,7 +24,7 @@ Exit codes: 0 every input done or up to date, 3 some failed, 1 all failed (or no
 found), 2 usage.";
 
 /// The batch's help of the shared flags that mean more in a batch.
-pub fn help(c: clap::Command) -> clap::Command {
+pub(crate) fn help(c: clap::Command) -> clap::Command {
     c.mut_arg("in_place", |a| {
         a.help("Rewrite each input itself, only what changes, crash-safe (see \"In place\")")
     })
@@ -38,7 +38,7 @@ pub fn help(c: clap::Command) -> clap::Command {
 
 /// The flags of `pdinject batch`.
 #[derive(clap::Args, Debug)]
-pub struct BatchArgs {
+pub(crate) struct BatchArgs {
     /// The flags single runs share.
     #[command(flatten)]
     pub run: RunArgs,
@@ -74,7 +74,7 @@ pub struct BatchArgs {
 
 /// Runs `pdinject batch`: every usage error before any input is touched, then the
 /// inputs this task owns.
-pub fn execute(args: &BatchArgs) -> Result<Exit> {
+pub(crate) fn execute(args: &BatchArgs) -> Result<Exit> {
     // The cache is filled as by single runs: one entry per DSO file, the later inputs
     // finding it present.
     let engine = args.run.engine.options(None)?;

@@ -7,7 +7,7 @@ use pdinject::batch::Summary;
 /// How the process ends. A run killed by a signal (SIGINT, SIGTERM, ...) does not end
 /// here: its handler removes the temp files and dies of the signal (130 for Ctrl-C).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Exit {
+pub(crate) enum Exit {
     /// 0: the output written (batch: every input done or up to date); `--help` and
     /// `--version`.
     Done = 0,
@@ -22,12 +22,12 @@ pub enum Exit {
 
 impl Exit {
     /// The code the process returns.
-    pub fn code(self) -> i32 {
+    pub(crate) fn code(self) -> i32 {
         self as i32
     }
 
     /// The exit of a run that ended with `e`.
-    pub fn of_error(e: &Error) -> Exit {
+    pub(crate) fn of_error(e: &Error) -> Exit {
         match e {
             Error::Usage(_) => Exit::Usage,
             _ => Exit::Failed,
@@ -35,7 +35,7 @@ impl Exit {
     }
 
     /// The exit of a command line clap did not take (or `--help`, `--version`).
-    pub fn of_clap(e: &clap::Error) -> Exit {
+    pub(crate) fn of_clap(e: &clap::Error) -> Exit {
         if e.use_stderr() {
             Exit::Usage
         } else {
@@ -44,7 +44,7 @@ impl Exit {
     }
 
     /// The exit of a batch that ran.
-    pub fn of_batch(s: &Summary) -> Exit {
+    pub(crate) fn of_batch(s: &Summary) -> Exit {
         if s.failed == 0 {
             Exit::Done
         } else if s.failed < s.inputs {

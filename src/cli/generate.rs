@@ -8,7 +8,7 @@ use std::io::Write;
 
 /// What `--generate` prints.
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Generate {
+pub(crate) enum Generate {
     /// The man page pdinject(1).
     Man,
     /// The man page pdinject-batch(1).
@@ -22,7 +22,7 @@ pub enum Generate {
 }
 
 /// Writes `what` for the command line `cmd` (the binary's parser) to `out`.
-pub fn write(what: Generate, cmd: clap::Command, out: &mut dyn Write) -> std::io::Result<()> {
+pub(crate) fn write(what: Generate, cmd: clap::Command, out: &mut dyn Write) -> std::io::Result<()> {
     use clap_complete::Shell;
     let shell = match what {
         Generate::Man => return man(cmd, out),

@@ -4,7 +4,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 /// A bar of `len` bytes on stderr drawn by `template`, or `None` when it would not be
 /// seen (`quiet`, or stderr is no terminal).
-pub fn bar(quiet: bool, len: u64, template: &str) -> Option<ProgressBar> {
+pub(crate) fn bar(quiet: bool, len: u64, template: &str) -> Option<ProgressBar> {
     use std::io::IsTerminal;
     if quiet || !std::io::stderr().is_terminal() {
         return None;

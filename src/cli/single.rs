@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 /// The flags of a single run.
 #[derive(clap::Args, Debug)]
-pub struct SingleArgs {
+pub(crate) struct SingleArgs {
     /// The flags batches share.
     #[command(flatten)]
     pub run: RunArgs,
@@ -36,7 +36,7 @@ pub struct SingleArgs {
 }
 
 /// Runs `pdinject [FLAGS] IN OUT` (or `--in-place FILE`).
-pub fn execute(args: &SingleArgs) -> Result<()> {
+pub(crate) fn execute(args: &SingleArgs) -> Result<()> {
     let mut paths = args.paths.iter();
     let input = args.input_flag.clone().or_else(|| paths.next().cloned());
     let output = args.output_flag.clone().or_else(|| paths.next().cloned());

@@ -58,7 +58,7 @@ pub struct Counts {
 
 impl Counts {
     /// Adds `o` (a later batch).
-    pub fn merge(&mut self, o: &Counts) {
+    pub(crate) fn merge(&mut self, o: &Counts) {
         self.samples += o.samples;
         self.with_user_frames += o.with_user_frames;
         self.frames += o.frames;
@@ -69,7 +69,7 @@ impl Counts {
     }
 
     /// The summary line.
-    pub fn line(&self) -> String {
+    pub(crate) fn line(&self) -> String {
         format!(
             "converted {} DWARF samples to callchains ({} user frames); {} lost frames: {} at the frame cap, {} at a file not proven or without unwind tables, {} at code outside any file; {} had no user stack",
             self.samples,

@@ -43,7 +43,7 @@ enum Backing {
 
 /// The spill: converted chunks, written as they are done.
 #[derive(Debug)]
-pub struct Spill {
+pub(crate) struct Spill {
     backing: Backing,
     /// The spill's length, and its parts (a chunk converted again replaces its part:
     /// batches resolved beside the scan may be resolved again at its end).

@@ -8,9 +8,7 @@ use crate::input::PerfInput;
 use crate::report::Report;
 use crate::sink::Sink;
 
-pub use crate::engine::file::KEEP_BYTES;
-
 /// Runs a file-format input through the engine into `sink`: one batch.
-pub fn run_file(cx: Context<'_>, input: &PerfInput, sink: &mut dyn Sink) -> Result<Report> {
+pub(crate) fn run_file(cx: Context<'_>, input: &PerfInput, sink: &mut dyn Sink) -> Result<Report> {
     crate::engine::file::process_file(cx, input, &mut Fed(sink))
 }

@@ -10,12 +10,12 @@
 //! `options`, `signals`; nothing below imports it (but `batch`, which runs it per
 //! input).
 
-pub mod file;
+pub(crate) mod file;
 mod output;
 pub mod stream;
 
-pub use file::run_file;
-pub use stream::{BATCH_BYTES, StreamInput, date_saved_stream, is_stream_header, run_stream};
+pub(crate) use file::run_file;
+pub(crate) use stream::{BATCH_BYTES, StreamInput, is_stream_header, run_stream};
 
 use crate::engine::dating::{Dating, wall_ns};
 use crate::engine::{Context, Handles, Host, dating::RecordingStart};
@@ -32,7 +32,7 @@ use std::io::{Read, Seek};
 use std::path::{Path, PathBuf};
 
 /// What the input path names.
-pub enum Input {
+pub(crate) enum Input {
     /// A file-format perf.data (or a `perf record --threads` directory).
     File(Box<PerfInput>),
     /// A stream saved to a regular file (`perf record -o - > FILE`).
@@ -47,7 +47,7 @@ fn is_dash(p: &Path) -> bool {
 
 impl Input {
     /// Classifies `path` (`-` for stdin): the one place that looks at what an input is.
-    pub fn open(path: &Path) -> Result<Input> {
+    pub(crate) fn open(path: &Path) -> Result<Input> {
         if is_dash(path) {
             use std::os::fd::AsFd;
             let fd = std::io::stdin()
@@ -82,7 +82,7 @@ impl Input {
 }
 
 /// True when `a` and `b` name the same file.
-pub fn same_file(a: &Path, b: &Path) -> bool {
+pub(crate) fn same_file(a: &Path, b: &Path) -> bool {
     use std::os::unix::fs::MetadataExt;
     match (std::fs::metadata(a), std::fs::metadata(b)) {
         (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
@@ -129,7 +129,7 @@ pub fn run_staged(
 }
 
 /// [`run`] on a pool the caller owns (a batch runs every input on one pool).
-pub fn run_in(cx: Context<'_>, input: &Path, output: &Path) -> Result<Report> {
+pub(crate) fn run_in(cx: Context<'_>, input: &Path, output: &Path) -> Result<Report> {
     let (report, tmp) = run_uncommitted(cx, input, output)?;
     if let Some(t) = tmp {
         t.commit()?;
@@ -240,7 +240,7 @@ pub fn run_in_place(path: &Path, opts: &Options) -> Result<Report> {
 }
 
 /// [`run_in_place`] on a pool the caller owns (a batch of files rewritten in place).
-pub fn run_in_place_in(cx: Context<'_>, path: &Path) -> Result<Report> {
+pub(crate) fn run_in_place_in(cx: Context<'_>, path: &Path) -> Result<Report> {
     let opts = cx.opts;
     opts.attrs_for.check_in_place()?;
     if opts.callchains == Callchains::Converted {

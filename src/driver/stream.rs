@@ -14,7 +14,11 @@ pub use crate::engine::stream::{BATCH_BYTES, StreamInput, date_saved_stream};
 /// Memory holds one batch, what the round rule carries to the next (at most two
 /// batches) and the model; what it carries and keeps has a budget
 /// ([`crate::limits::StreamKept`], `--stream-memory`).
-pub fn run_stream(cx: Context<'_>, input: StreamInput<'_>, sink: &mut dyn Sink) -> Result<Report> {
+pub(crate) fn run_stream(
+    cx: Context<'_>,
+    input: StreamInput<'_>,
+    sink: &mut dyn Sink,
+) -> Result<Report> {
     crate::engine::stream::process_stream(cx, input, &mut Fed(sink))
 }
 

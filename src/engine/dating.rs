@@ -26,7 +26,7 @@ pub enum Dating {
 
 /// Times the input holds: smallest and largest non-zero record and sample time.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Span {
+pub(crate) struct Span {
     /// Smallest time seen.
     pub min: Option<u64>,
     /// Largest time seen.
@@ -35,7 +35,7 @@ pub struct Span {
 
 impl Span {
     /// Takes `t` into the span (0 means "no time").
-    pub fn note(&mut self, t: u64) {
+    pub(crate) fn note(&mut self, t: u64) {
         if t != 0 {
             self.min = Some(self.min.map_or(t, |m| m.min(t)));
             self.max = Some(self.max.map_or(t, |m| m.max(t)));
@@ -45,7 +45,7 @@ impl Span {
 
 impl Dating {
     /// The start, given the times seen so far and the recording's CLOCK_DATA.
-    pub fn start(&self, span: Span, clock: Option<&ClockData>) -> RecordingStart {
+    pub(crate) fn start(&self, span: Span, clock: Option<&ClockData>) -> RecordingStart {
         if let Dating::Fixed(s) = self {
             return s.clone();
         }

@@ -19,7 +19,7 @@ use std::sync::atomic::AtomicBool;
 /// mapped a window at a time by each stage, and resolved beside the scan from
 /// [`crate::options::DEFAULT_RESOLVE_AHEAD`] on; with the model and the unwind
 /// tables the peak stays under 256 MB.
-pub const KEEP_BYTES: u64 = 192 << 20;
+pub(crate) const KEEP_BYTES: u64 = 192 << 20;
 
 /// Runs a file-format input through the engine into `out`: one batch.
 pub(crate) fn process_file(

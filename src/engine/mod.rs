@@ -111,7 +111,7 @@ pub struct Handles {
 impl Handles {
     /// Opens what `opts` names; a symbol store that cannot be made is a usage error,
     /// as the flag that named it.
-    pub fn open(opts: &Options) -> Result<Handles> {
+    pub(crate) fn open(opts: &Options) -> Result<Handles> {
         let store = match &opts.store {
             Some(d) => Some(
                 SymbolStore::new(d, opts.symfs.clone())
@@ -185,7 +185,7 @@ pub(crate) struct ScanOutput {
 /// A mapping record of the input, outside compressed data: where it is and the DSO
 /// it names (what a sink that rewrites MMAP2 records needs, without a second pass).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct MappingRecord {
+pub(crate) struct MappingRecord {
     /// Index of the data file (0 for a stream, or the header file's data section).
     pub file: usize,
     /// Offset of the record.
@@ -199,7 +199,7 @@ pub struct MappingRecord {
 /// One table entry decided: the DSOs behind one name in one address space, and the
 /// answer for them.
 #[derive(Clone, Debug)]
-pub struct Decision {
+pub(crate) struct Decision {
     /// The group (name, kind, DSOs, hits when decided).
     pub group: Group,
     /// The answer.
@@ -214,7 +214,7 @@ pub struct Decision {
 
 impl Decision {
     /// The ID a table entry must be added for: any ID the input's own table lacks.
-    pub fn id_for_table(&self) -> Option<BuildId> {
+    pub(crate) fn id_for_table(&self) -> Option<BuildId> {
         (!self.outcome.in_input_table())
             .then_some(self.outcome.build_id())
             .flatten()
@@ -222,7 +222,7 @@ impl Decision {
 
     /// The ID a stream record must be added for: one perf is not told by the input
     /// itself (its table, its build-ID MMAP2 records, its HEADER_BUILD_ID records).
-    pub fn id_for_stream(&self) -> Option<BuildId> {
+    pub(crate) fn id_for_stream(&self) -> Option<BuildId> {
         use buildid::Source::{InputTable, Mmap2};
         if matches!(self.outcome.source(), Some(InputTable | Mmap2)) {
             return None;
@@ -231,12 +231,12 @@ impl Decision {
     }
 
     /// The ID came from the input itself (its table or records): not new.
-    pub fn came_from_input(&self) -> bool {
+    pub(crate) fn came_from_input(&self) -> bool {
         self.outcome.in_input_table() || self.outcome.source() == Some(buildid::Source::InputTable)
     }
 
     /// The cpumode of its table entry or record.
-    pub fn cpumode(&self) -> u16 {
+    pub(crate) fn cpumode(&self) -> u16 {
         self.group.kind.build_id_cpumode()
     }
 }

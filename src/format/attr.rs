@@ -7,42 +7,42 @@ use super::header::FileHeader;
 use crate::error::{Error, Result};
 
 /// `sample_type` bits (uapi `enum perf_event_sample_format`).
-pub mod st {
-    pub const IP: u64 = 1 << 0;
-    pub const TID: u64 = 1 << 1;
-    pub const TIME: u64 = 1 << 2;
-    pub const ADDR: u64 = 1 << 3;
-    pub const READ: u64 = 1 << 4;
-    pub const CALLCHAIN: u64 = 1 << 5;
-    pub const ID: u64 = 1 << 6;
-    pub const CPU: u64 = 1 << 7;
-    pub const PERIOD: u64 = 1 << 8;
-    pub const STREAM_ID: u64 = 1 << 9;
-    pub const RAW: u64 = 1 << 10;
-    pub const BRANCH_STACK: u64 = 1 << 11;
-    pub const REGS_USER: u64 = 1 << 12;
-    pub const STACK_USER: u64 = 1 << 13;
-    pub const IDENTIFIER: u64 = 1 << 16;
+pub(crate) mod st {
+    pub(crate) const IP: u64 = 1 << 0;
+    pub(crate) const TID: u64 = 1 << 1;
+    pub(crate) const TIME: u64 = 1 << 2;
+    pub(crate) const ADDR: u64 = 1 << 3;
+    pub(crate) const READ: u64 = 1 << 4;
+    pub(crate) const CALLCHAIN: u64 = 1 << 5;
+    pub(crate) const ID: u64 = 1 << 6;
+    pub(crate) const CPU: u64 = 1 << 7;
+    pub(crate) const PERIOD: u64 = 1 << 8;
+    pub(crate) const STREAM_ID: u64 = 1 << 9;
+    pub(crate) const RAW: u64 = 1 << 10;
+    pub(crate) const BRANCH_STACK: u64 = 1 << 11;
+    pub(crate) const REGS_USER: u64 = 1 << 12;
+    pub(crate) const STACK_USER: u64 = 1 << 13;
+    pub(crate) const IDENTIFIER: u64 = 1 << 16;
 }
 
 /// `read_format` bits.
-pub mod rf {
-    pub const TOTAL_TIME_ENABLED: u64 = 1;
-    pub const TOTAL_TIME_RUNNING: u64 = 2;
-    pub const ID: u64 = 4;
-    pub const GROUP: u64 = 8;
-    pub const LOST: u64 = 16;
+pub(crate) mod rf {
+    pub(crate) const TOTAL_TIME_ENABLED: u64 = 1;
+    pub(crate) const TOTAL_TIME_RUNNING: u64 = 2;
+    pub(crate) const ID: u64 = 4;
+    pub(crate) const GROUP: u64 = 8;
+    pub(crate) const LOST: u64 = 16;
 }
 
 /// `branch_sample_type` bits that change the sample layout or meaning.
-pub mod bst {
-    pub const HW_INDEX: u64 = 1 << 17;
-    pub const COUNTERS: u64 = 1 << 19;
+pub(crate) mod bst {
+    pub(crate) const HW_INDEX: u64 = 1 << 17;
+    pub(crate) const COUNTERS: u64 = 1 << 19;
 }
 
 /// Attr flag bits (normalized to little-endian bit numbering).
-pub mod flag {
-    pub const SAMPLE_ID_ALL: u64 = 1 << 18;
+pub(crate) mod flag {
+    pub(crate) const SAMPLE_ID_ALL: u64 = 1 << 18;
 }
 
 /// The fields of one event's attr that pdinject needs.
@@ -130,25 +130,6 @@ impl Attr {
     /// Whether non-sample kernel records carry a sample-id trailer.
     pub fn sample_id_all(&self) -> bool {
         self.flags & flag::SAMPLE_ID_ALL != 0
-    }
-
-    /// Length of the sample-id trailer of non-sample records (`id_hdr_size`).
-    pub fn id_hdr_size(&self) -> usize {
-        if !self.sample_id_all() {
-            return 0;
-        }
-        let t = self.sample_type;
-        8 * [
-            st::TID,
-            st::TIME,
-            st::ID,
-            st::STREAM_ID,
-            st::CPU,
-            st::IDENTIFIER,
-        ]
-        .iter()
-        .filter(|&&b| t & b != 0)
-        .count()
     }
 }
 

@@ -31,7 +31,7 @@ pub enum AttrsFor {
 
 impl AttrsFor {
     /// The attr size to write at most (`None`: verbatim).
-    pub fn size(self) -> Option<usize> {
+    pub(crate) fn size(self) -> Option<usize> {
         match self {
             AttrsFor::Verbatim => None,
             AttrsFor::Perf6_1 => Some(128),
@@ -55,7 +55,7 @@ impl AttrsFor {
     }
 
     /// The perf version, as the user gave it.
-    pub fn perf(self) -> &'static str {
+    pub(crate) fn perf(self) -> &'static str {
         match self {
             AttrsFor::Verbatim => "",
             AttrsFor::Perf6_1 => "6.1",
@@ -68,7 +68,7 @@ impl AttrsFor {
 const NEWER_FIELDS: &[(usize, &str)] = &[(128, "config3"), (136, "config4")];
 
 /// `perf_event_attr.size` of `attr` as perf reads it (0 means `PERF_ATTR_SIZE_VER0`).
-pub fn own_size(attr: &[u8], e: Endian) -> usize {
+pub(crate) fn own_size(attr: &[u8], e: Endian) -> usize {
     match e.u32(attr, 4) {
         Some(0) | None => 64,
         Some(n) => n as usize,
@@ -78,7 +78,7 @@ pub fn own_size(attr: &[u8], e: Endian) -> usize {
 /// `attr` (the struct only, without ids) cut to `to.size()` bytes with its `size`
 /// field saying so, or `None` when it is not larger (left as it is). Fails when a
 /// byte that would be cut off is not zero; `event` names the event for the message.
-pub fn shrink(
+pub(crate) fn shrink(
     attr: &[u8],
     e: Endian,
     to: AttrsFor,
@@ -118,7 +118,7 @@ pub fn shrink(
 
 /// A stream's HEADER_ATTR record (header, attr of `attr.size` bytes, then ids) with
 /// its attr cut to `to.size()`, or `None` when it stays as it is.
-pub fn shrink_record(
+pub(crate) fn shrink_record(
     rec: &[u8],
     e: Endian,
     to: AttrsFor,
@@ -148,7 +148,7 @@ pub fn shrink_record(
 /// zeros (perf reads only what the header points at), or are cut off when the
 /// section ends the file. Event names come from the output's EVENT_DESC feature.
 /// Returns the attr size it cut from, `None` when the attrs were not larger.
-pub fn rewrite_file(path: &std::path::Path, to: AttrsFor) -> Result<Option<usize>> {
+pub(crate) fn rewrite_file(path: &std::path::Path, to: AttrsFor) -> Result<Option<usize>> {
     use super::header::FileHeader;
     use std::os::unix::fs::FileExt;
     let Some(n) = to.size() else {
@@ -200,7 +200,7 @@ pub fn rewrite_file(path: &std::path::Path, to: AttrsFor) -> Result<Option<usize
 }
 
 /// The summary line of a run that cut attrs.
-pub fn note(from: usize, to: usize, attrs_for: AttrsFor) -> String {
+pub(crate) fn note(from: usize, to: usize, attrs_for: AttrsFor) -> String {
     format!(
         "event attrs cut from {from} to {to} bytes for perf {} (--attrs-for; the bytes cut off were zero)",
         attrs_for.perf()
@@ -208,7 +208,7 @@ pub fn note(from: usize, to: usize, attrs_for: AttrsFor) -> String {
 }
 
 /// Feature bit of EVENT_DESC (the events' names).
-pub const FEAT_EVENT_DESC: u32 = 12;
+pub(crate) const FEAT_EVENT_DESC: u32 = 12;
 
 /// The event names of an output file's EVENT_DESC feature (empty when it has none).
 fn event_names(f: &std::fs::File, h: &super::header::FileHeader, len: u64) -> Vec<String> {
@@ -244,7 +244,7 @@ fn event_names(f: &std::fs::File, h: &super::header::FileHeader, len: u64) -> Ve
 /// Event names from an EVENT_DESC payload: `u32 nr, u32 attr_size`, then per event
 /// the attr, `u32 nr_ids`, a perf string (`u32 len`, `len` bytes NUL-padded) and
 /// the ids. Stops at the first thing that does not fit.
-pub fn parse_event_desc(p: &[u8], e: Endian) -> Vec<String> {
+pub(crate) fn parse_event_desc(p: &[u8], e: Endian) -> Vec<String> {
     let mut out = Vec::new();
     let (Some(nr), Some(sz)) = (e.u32(p, 0), e.u32(p, 4)) else {
         return out;
@@ -280,7 +280,7 @@ pub fn parse_event_desc(p: &[u8], e: Endian) -> Vec<String> {
 
 /// "event I (NAME)": the name from EVENT_DESC, else perf's name of a generic
 /// hardware or software event, else its type and config.
-pub fn describe(i: usize, name: Option<&str>, attr: &[u8], e: Endian) -> String {
+pub(crate) fn describe(i: usize, name: Option<&str>, attr: &[u8], e: Endian) -> String {
     if let Some(n) = name.filter(|n| !n.is_empty()) {
         return format!("event {i} ({})", super::escape(n));
     }

@@ -16,7 +16,7 @@ pub struct BuildId {
 impl BuildId {
     /// Takes the first `len` bytes of `raw`; `None` if `len` is 0 or over 20 or
     /// `raw` is shorter, or if the ID is all zeros (what perf leaves when it has none).
-    pub fn new(raw: &[u8], len: usize) -> Option<BuildId> {
+    pub(crate) fn new(raw: &[u8], len: usize) -> Option<BuildId> {
         if len == 0 || len > 20 || raw.len() < len {
             return None;
         }
@@ -32,7 +32,7 @@ impl BuildId {
     }
 
     /// The ID bytes.
-    pub fn as_bytes(&self) -> &[u8] {
+    pub(crate) fn as_bytes(&self) -> &[u8] {
         &self.bytes[..self.len as usize]
     }
 
@@ -81,7 +81,7 @@ pub struct TableEntry {
 
 impl TableEntry {
     /// Whether the entry names a kernel-space DSO (kernel or module).
-    pub fn is_kernel(&self) -> bool {
+    pub(crate) fn is_kernel(&self) -> bool {
         matches!(self.cpumode, misc::KERNEL | misc::GUEST_KERNEL)
     }
 }
@@ -143,7 +143,7 @@ pub fn parse_build_id_table(payload: &[u8], e: Endian) -> BuildIdTable {
 /// The whole, readable entries of a BUILD_ID payload (modern layout) that `keep`
 /// takes, byte for byte, and how many it left out; a damaged tail is left out too
 /// (see [`BuildIdTable::valid_len`]).
-pub fn retain_entries(
+pub(crate) fn retain_entries(
     payload: &[u8],
     e: Endian,
     keep: &dyn Fn(&TableEntry) -> bool,
@@ -182,7 +182,7 @@ pub fn retain_entries(
 /// (as perf 7.3 writes it), not only the name (perf 6.12's 36 + round_up(len + 1, 8)).
 /// False (nothing written) when perf could not read the name back: perf reads table
 /// names into a PATH_MAX buffer, so a longer name would crash it (limits policy).
-pub fn encode_table_entry(
+pub(crate) fn encode_table_entry(
     out: &mut Vec<u8>,
     e: Endian,
     cpumode: u16,
@@ -214,7 +214,7 @@ pub fn encode_table_entry(
 
 /// A HEADER_BUILD_ID entry (stream record or feature-table entry).
 #[derive(Clone, Debug)]
-pub struct BuildIdEntry<'a> {
+pub(crate) struct BuildIdEntry<'a> {
     /// cpumode from misc.
     pub cpumode: u16,
     /// Machine pid (-1 for the host), read unswapped as perf does.
@@ -226,7 +226,10 @@ pub struct BuildIdEntry<'a> {
 }
 
 /// Parses a HEADER_BUILD_ID entry (`rec` spans exactly `header.size` bytes).
-pub fn parse_build_id_entry<'a>(h: &RecordHeader, rec: &'a [u8]) -> Option<BuildIdEntry<'a>> {
+pub(crate) fn parse_build_id_entry<'a>(
+    h: &RecordHeader,
+    rec: &'a [u8],
+) -> Option<BuildIdEntry<'a>> {
     let pid = i32::from_ne_bytes(rec.get(8..12)?.try_into().ok()?);
     let raw = rec.get(12..32)?;
     let len = if h.misc & misc::BUILD_ID_SIZE != 0 {

@@ -67,7 +67,7 @@ impl InnerStream {
     }
 
     /// True when no frame or record is half-way: a chunk may start at the next record.
-    pub fn is_clean(&self) -> bool {
+    pub(crate) fn is_clean(&self) -> bool {
         self.frame_done && self.carry.is_empty() && self.skip == 0
     }
 

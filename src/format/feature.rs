@@ -5,7 +5,7 @@ use super::Endian;
 
 /// Reads a perf header string (`{u32 len; char s[len]}`), the form of HOSTNAME,
 /// OSRELEASE, ARCH and friends.
-pub fn parse_string(payload: &[u8], e: Endian) -> Option<String> {
+pub(crate) fn parse_string(payload: &[u8], e: Endian) -> Option<String> {
     let len = e.u32(payload, 0)? as usize;
     let s = payload.get(4..4usize.checked_add(len)?)?;
     Some(String::from_utf8_lossy(super::c_str(s)).into_owned())
@@ -14,7 +14,7 @@ pub fn parse_string(payload: &[u8], e: Endian) -> Option<String> {
 /// CLOCK_DATA: a pair of readings of the sampling clock and of wall-clock time taken
 /// together, which turns sample times into wall-clock times.
 #[derive(Clone, Copy, Debug)]
-pub struct ClockData {
+pub(crate) struct ClockData {
     /// Wall-clock time in ns since the epoch.
     pub wall_ns: u64,
     /// The sampling clock's time at the same moment.
@@ -22,7 +22,7 @@ pub struct ClockData {
 }
 
 /// Parses CLOCK_DATA (`u32 version; u32 clockid; u64 wall_clock_ns; u64 clockid_time_ns`).
-pub fn parse_clock_data(payload: &[u8], e: Endian) -> Option<ClockData> {
+pub(crate) fn parse_clock_data(payload: &[u8], e: Endian) -> Option<ClockData> {
     if e.u32(payload, 0)? != 1 {
         return None;
     }
@@ -34,7 +34,7 @@ pub fn parse_clock_data(payload: &[u8], e: Endian) -> Option<ClockData> {
 
 /// One header string as written in a payload: `{u32 len; char s[len]}`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct StringAt {
+pub(crate) struct StringAt {
     /// Offset of its `len` field in the payload.
     pub at: usize,
     /// The `len` field: bytes after it (perf writes strlen + 1 rounded up to 64).
@@ -45,13 +45,13 @@ pub struct StringAt {
 
 impl StringAt {
     /// Bytes it takes in the payload.
-    pub fn size(&self) -> usize {
+    pub(crate) fn size(&self) -> usize {
         4 + self.len
     }
 
     /// Bytes it takes padded to 8 instead: `strlen + 1` rounded up to 8 (what perf
     /// reads is the same, since it reads `len` bytes and uses the string up to its NUL).
-    pub fn tight_size(&self) -> usize {
+    pub(crate) fn tight_size(&self) -> usize {
         4 + (self.text + 1).next_multiple_of(8)
     }
 }
@@ -63,7 +63,7 @@ impl StringAt {
 /// only ever copied as it is. Features that mix strings with other fields (CPU and
 /// NUMA topology, PMU mappings, event and group descriptions) are never split: perf
 /// decides from their sizes which optional parts they hold.
-pub fn header_strings(payload: &[u8], e: Endian, counted: bool) -> Option<Vec<StringAt>> {
+pub(crate) fn header_strings(payload: &[u8], e: Endian, counted: bool) -> Option<Vec<StringAt>> {
     let (n, mut at) = if counted {
         (e.u32(payload, 0)? as usize, 4usize)
     } else {
@@ -85,7 +85,7 @@ pub fn header_strings(payload: &[u8], e: Endian, counted: bool) -> Option<Vec<St
 }
 
 /// Writes string `s` of `payload` padded to 8 bytes (see [`StringAt::tight_size`]).
-pub fn put_tight_string(out: &mut Vec<u8>, payload: &[u8], s: &StringAt, e: Endian) {
+pub(crate) fn put_tight_string(out: &mut Vec<u8>, payload: &[u8], s: &StringAt, e: Endian) {
     let len = s.tight_size() - 4;
     out.extend_from_slice(&e.put_u32(len as u32));
     out.extend_from_slice(&payload[s.at + 4..s.at + 4 + s.text]);

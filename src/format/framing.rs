@@ -11,23 +11,23 @@ use crate::error::{Error, Result};
 /// Record types (kernel: < 64, perf tool: >= 64).
 pub mod rt {
     pub const MMAP: u32 = 1;
-    pub const COMM: u32 = 3;
+    pub(crate) const COMM: u32 = 3;
     pub const EXIT: u32 = 4;
     pub const FORK: u32 = 7;
     pub const SAMPLE: u32 = 9;
     pub const MMAP2: u32 = 10;
-    pub const AUX: u32 = 11;
+    pub(crate) const AUX: u32 = 11;
     /// PERF_RECORD_CALLCHAIN_DEFERRED: the user part of earlier samples' callchains
     /// (see `CallchainDeferred` in the record module).
-    pub const CALLCHAIN_DEFERRED: u32 = 22;
+    pub(crate) const CALLCHAIN_DEFERRED: u32 = 22;
     pub const HEADER_ATTR: u32 = 64;
-    pub const HEADER_EVENT_TYPE: u32 = 65;
-    pub const HEADER_TRACING_DATA: u32 = 66;
-    pub const HEADER_BUILD_ID: u32 = 67;
+    pub(crate) const HEADER_EVENT_TYPE: u32 = 65;
+    pub(crate) const HEADER_TRACING_DATA: u32 = 66;
+    pub(crate) const HEADER_BUILD_ID: u32 = 67;
     pub const FINISHED_ROUND: u32 = 68;
-    pub const AUXTRACE_INFO: u32 = 70;
-    pub const AUXTRACE: u32 = 71;
-    pub const HEADER_FEATURE: u32 = 80;
+    pub(crate) const AUXTRACE_INFO: u32 = 70;
+    pub(crate) const AUXTRACE: u32 = 71;
+    pub(crate) const HEADER_FEATURE: u32 = 80;
     pub const COMPRESSED: u32 = 81;
     pub const COMPRESSED2: u32 = 83;
     /// First perf-tool (user) record type; these carry no sample-id trailer.
@@ -36,19 +36,19 @@ pub mod rt {
 
 /// `header.misc` values and bits.
 pub mod misc {
-    pub const CPUMODE_MASK: u16 = 7;
+    pub(crate) const CPUMODE_MASK: u16 = 7;
     pub const KERNEL: u16 = 1;
     pub const USER: u16 = 2;
-    pub const HYPERVISOR: u16 = 3;
+    pub(crate) const HYPERVISOR: u16 = 3;
     pub const GUEST_KERNEL: u16 = 4;
-    pub const GUEST_USER: u16 = 5;
+    pub(crate) const GUEST_USER: u16 = 5;
     /// COMM: the comm changed because of exec. MMAP*: a non-executable mapping.
-    pub const COMM_EXEC: u16 = 0x2000;
-    pub const MMAP_DATA: u16 = 0x2000;
+    pub(crate) const COMM_EXEC: u16 = 0x2000;
+    pub(crate) const MMAP_DATA: u16 = 0x2000;
     /// MMAP2 carries a build ID instead of device/inode.
-    pub const MMAP_BUILD_ID: u16 = 0x4000;
+    pub(crate) const MMAP_BUILD_ID: u16 = 0x4000;
     /// HEADER_BUILD_ID: byte 32 holds the build-ID length.
-    pub const BUILD_ID_SIZE: u16 = 0x8000;
+    pub(crate) const BUILD_ID_SIZE: u16 = 0x8000;
 }
 
 /// `struct perf_event_header`.
@@ -91,11 +91,11 @@ pub fn out_of_band_len(h: &RecordHeader, body: &[u8], e: Endian) -> Option<u64> 
 
 /// Largest out-of-band payload (AUXTRACE, TRACING_DATA) one record may announce.
 /// perf's AUX buffers are a few MB; a size beyond this is damage, not data.
-pub const MAX_PAYLOAD: u64 = 1 << 30;
+pub(crate) const MAX_PAYLOAD: u64 = 1 << 30;
 
 /// The framing of one record.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Frame {
+pub(crate) struct Frame {
     /// Its header.
     pub header: RecordHeader,
     /// Bytes out of band after the record (AUXTRACE and TRACING_DATA payloads).
@@ -104,12 +104,12 @@ pub struct Frame {
 
 impl Frame {
     /// `header.size`: the bytes of the record proper.
-    pub fn size(&self) -> usize {
+    pub(crate) fn size(&self) -> usize {
         self.header.size as usize
     }
 
     /// The record and its payload: where the next record starts.
-    pub fn total(&self) -> u64 {
+    pub(crate) fn total(&self) -> u64 {
         self.header.size as u64 + self.oob
     }
 }
@@ -119,7 +119,7 @@ impl Frame {
 /// are needed); an error when no valid record can start here: a size smaller than
 /// the header, an unreadable or oversized payload length. The payload itself need
 /// not be in `bytes`.
-pub fn frame(bytes: &[u8], e: Endian, at: u64) -> Result<Option<Frame>> {
+pub(crate) fn frame(bytes: &[u8], e: Endian, at: u64) -> Result<Option<Frame>> {
     let Some(header) = RecordHeader::parse(bytes, e) else {
         return Ok(None);
     };

@@ -4,11 +4,11 @@ use super::Endian;
 use crate::error::{Error, Result};
 
 /// Size of the modern file header.
-pub const FILE_HEADER_SIZE: u64 = 104;
+pub(crate) const FILE_HEADER_SIZE: u64 = 104;
 /// Header size of files written before the feature bitmap existed.
-pub const OLD_FILE_HEADER_SIZE: u64 = 72;
+pub(crate) const OLD_FILE_HEADER_SIZE: u64 = 72;
 /// Header size that marks the pipe format.
-pub const PIPE_HEADER_SIZE: u64 = 16;
+pub(crate) const PIPE_HEADER_SIZE: u64 = 16;
 
 /// `{offset, size}` of a region of the file.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -21,7 +21,7 @@ pub struct Section {
 
 impl Section {
     /// One past the last byte, `None` on overflow.
-    pub fn end(&self) -> Option<u64> {
+    pub(crate) fn end(&self) -> Option<u64> {
         self.offset.checked_add(self.size)
     }
 }
@@ -58,25 +58,25 @@ pub struct FileHeader {
 }
 
 /// Feature bit of the build-ID table.
-pub const FEAT_BUILD_ID: u32 = 2;
+pub(crate) const FEAT_BUILD_ID: u32 = 2;
 /// Feature bit of the recording host's name.
-pub const FEAT_HOSTNAME: u32 = 3;
+pub(crate) const FEAT_HOSTNAME: u32 = 3;
 /// Feature bit of the recording host's kernel release.
-pub const FEAT_OSRELEASE: u32 = 4;
+pub(crate) const FEAT_OSRELEASE: u32 = 4;
 /// Feature bit of perf's version string.
-pub const FEAT_VERSION: u32 = 5;
+pub(crate) const FEAT_VERSION: u32 = 5;
 /// Feature bit of the CPU architecture string.
-pub const FEAT_ARCH: u32 = 6;
+pub(crate) const FEAT_ARCH: u32 = 6;
 /// Feature bit of the CPU description string.
-pub const FEAT_CPUDESC: u32 = 8;
+pub(crate) const FEAT_CPUDESC: u32 = 8;
 /// Feature bit of the CPU identification string.
-pub const FEAT_CPUID: u32 = 9;
+pub(crate) const FEAT_CPUID: u32 = 9;
 /// Feature bit of perf's command line (`u32 nr`, then `nr` strings).
-pub const FEAT_CMDLINE: u32 = 11;
+pub(crate) const FEAT_CMDLINE: u32 = 11;
 /// Feature bit of the directory format marker.
-pub const FEAT_DIR_FORMAT: u32 = 24;
+pub(crate) const FEAT_DIR_FORMAT: u32 = 24;
 /// Feature bit of the clock conversion data.
-pub const FEAT_CLOCK_DATA: u32 = 29;
+pub(crate) const FEAT_CLOCK_DATA: u32 = 29;
 
 impl FileHeader {
     /// Parses the header from the first bytes of a file of length `file_len`.
@@ -141,22 +141,22 @@ impl FileHeader {
     }
 
     /// Whether feature bit `bit` is set.
-    pub fn has_feature(&self, bit: u32) -> bool {
+    pub(crate) fn has_feature(&self, bit: u32) -> bool {
         bit < 256 && self.features[(bit / 64) as usize] & (1 << (bit % 64)) != 0
     }
 
     /// The set feature bits in ascending order (the order of the feature table).
-    pub fn feature_bits(&self) -> impl Iterator<Item = u32> + '_ {
+    pub(crate) fn feature_bits(&self) -> impl Iterator<Item = u32> + '_ {
         (0..256u32).filter(|&b| self.has_feature(b))
     }
 
     /// Where the feature table starts: right after the data section (perf's rule).
-    pub fn feature_table_offset(&self) -> u64 {
+    pub(crate) fn feature_table_offset(&self) -> u64 {
         self.data.offset + self.data.size
     }
 
     /// Encodes a feature bitmap in this file's byte order and word layout.
-    pub fn encode_bitmap(&self, features: &[u64; 4]) -> [u8; 32] {
+    pub(crate) fn encode_bitmap(&self, features: &[u64; 4]) -> [u8; 32] {
         let mut out = [0u8; 32];
         match self.bitmap_words {
             BitmapWords::U64 => {
@@ -273,7 +273,7 @@ pub fn pipe_header(head: &[u8]) -> Option<Endian> {
 }
 
 /// A pipe header in byte order `e`.
-pub fn encode_pipe_header(e: Endian) -> [u8; 16] {
+pub(crate) fn encode_pipe_header(e: Endian) -> [u8; 16] {
     let mut h = [0u8; 16];
     h[..8].copy_from_slice(match e {
         Endian::Little => b"PERFILE2",
@@ -285,7 +285,7 @@ pub fn encode_pipe_header(e: Endian) -> [u8; 16] {
 
 /// Whether two regions may be the very same bytes (exact aliases of one section).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Aliases {
+pub(crate) enum Aliases {
     /// Feature sections: exact aliases are read once and written once.
     Allowed,
     /// Ids sections: every region owns its bytes.
@@ -294,13 +294,13 @@ pub enum Aliases {
 
 /// A region of the file that must not share bytes with another: `(what, section,
 /// offset of the field that points at it)`.
-pub type Region = (String, Section, u64);
+pub(crate) type Region = (String, Section, u64);
 
 /// The section overlap rule: the regions given (ids sections of the attrs, feature
 /// sections) must not share a byte. Identical aliases are allowed with
 /// [`Aliases::Allowed`] (they are read and written once). perf never writes overlapping sections; without
 /// this rule 1,500 attrs whose ids all cover the whole file make 1,500 copies of it.
-pub fn check_disjoint(mut regions: Vec<Region>, aliases: Aliases) -> Result<()> {
+pub(crate) fn check_disjoint(mut regions: Vec<Region>, aliases: Aliases) -> Result<()> {
     // Empty sections own no bytes.
     regions.retain(|(_, s, _)| s.size > 0);
     regions.sort_by_key(|(_, s, _)| (s.offset, s.size));

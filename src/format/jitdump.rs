@@ -14,37 +14,37 @@
 use std::io::Read;
 
 /// `JiTD` as the writer's u32.
-pub const MAGIC: u32 = 0x4A69_5444;
+pub(crate) const MAGIC: u32 = 0x4A69_5444;
 /// [`MAGIC`] byte-swapped: the dump was written in the other byte order.
-pub const MAGIC_SWAPPED: u32 = 0x4454_694A;
+pub(crate) const MAGIC_SWAPPED: u32 = 0x4454_694A;
 /// Flag: timestamps are the architecture's counter (TSC), not CLOCK_MONOTONIC.
-pub const FLAG_ARCH_TIMESTAMP: u64 = 1;
+pub(crate) const FLAG_ARCH_TIMESTAMP: u64 = 1;
 /// Size of the file header perf's version 1 knows.
-pub const HEADER_SIZE: usize = 40;
+pub(crate) const HEADER_SIZE: usize = 40;
 /// Size of a record's prefix.
-pub const PREFIX_SIZE: usize = 16;
+pub(crate) const PREFIX_SIZE: usize = 16;
 /// Largest record read (a single function's code and its tables): a record that
 /// claims more is taken as damage, so a bad size cannot make pdinject allocate
 /// gigabytes. V8's and CPython's largest loads are below 1 MB.
-pub const MAX_RECORD: u32 = 64 << 20;
+pub(crate) const MAX_RECORD: u32 = 64 << 20;
 
 /// Record ids.
-pub mod id {
+pub(crate) mod id {
     /// Code loaded.
-    pub const CODE_LOAD: u32 = 0;
+    pub(crate) const CODE_LOAD: u32 = 0;
     /// Code moved.
-    pub const CODE_MOVE: u32 = 1;
+    pub(crate) const CODE_MOVE: u32 = 1;
     /// Source lines of the next code load.
-    pub const DEBUG_INFO: u32 = 2;
+    pub(crate) const DEBUG_INFO: u32 = 2;
     /// The JIT closed the dump.
-    pub const CLOSE: u32 = 3;
+    pub(crate) const CLOSE: u32 = 3;
     /// Unwinding tables of the next code load.
-    pub const UNWINDING_INFO: u32 = 4;
+    pub(crate) const UNWINDING_INFO: u32 = 4;
 }
 
 /// Why a jitdump cannot be read (any of these makes the dump unusable, or ends it).
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
-pub enum JitdumpError {
+pub(crate) enum JitdumpError {
     /// Not a jitdump (no magic).
     #[error("not a jitdump (no JiTD magic)")]
     NotJitdump,
@@ -186,7 +186,7 @@ pub enum Record<'a> {
 
 /// A record with its prefix.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Entry<'a> {
+pub(crate) struct Entry<'a> {
     /// Offset of the record in the dump.
     pub offset: u64,
     /// Its size, prefix included.
@@ -221,7 +221,7 @@ impl Order {
 }
 
 /// Parses the file header from the dump's first bytes.
-pub fn parse_header(b: &[u8]) -> Result<Header, JitdumpError> {
+pub(crate) fn parse_header(b: &[u8]) -> Result<Header, JitdumpError> {
     let swapped = match Order(false).u32(b, 0) {
         Some(MAGIC) => false,
         Some(MAGIC_SWAPPED) => true,
@@ -282,7 +282,7 @@ const FIRST_READ: usize = 64 << 10;
 
 impl<R: Read> Reader<R> {
     /// Reads the header (and skips what a newer writer added to it).
-    pub fn new(r: R) -> Result<Self, JitdumpError> {
+    pub(crate) fn new(r: R) -> Result<Self, JitdumpError> {
         Self::start(r, None)
     }
 
@@ -377,7 +377,7 @@ impl<R: Read> Reader<R> {
 
     /// The next record; `Ok(None)` at a clean end. A record cut short is
     /// [`JitdumpError::Truncated`]; what came before it stands.
-    pub fn next_entry(&mut self) -> Result<Option<Entry<'_>>, JitdumpError> {
+    pub(crate) fn next_entry(&mut self) -> Result<Option<Entry<'_>>, JitdumpError> {
         let o = Order(self.header.swapped);
         let offset = self.at;
         let cut = |time| JitdumpError::Truncated { offset, time };
@@ -413,7 +413,7 @@ impl<R: Read> Reader<R> {
 
     /// A reader of records alone: `r` holds `len` bytes of records of a dump with
     /// `header` from its offset `at` on (a second read of some of them).
-    pub fn records(r: R, header: Header, at: u64, len: usize) -> Self {
+    pub(crate) fn records(r: R, header: Header, at: u64, len: usize) -> Self {
         Reader {
             r,
             ahead: None,
@@ -428,13 +428,8 @@ impl<R: Read> Reader<R> {
     }
 
     /// Offset of the next record (after the last one handed out).
-    pub fn offset(&self) -> u64 {
+    pub(crate) fn offset(&self) -> u64 {
         self.at
-    }
-
-    /// Whether entries are byte-swapped.
-    pub fn swapped(&self) -> bool {
-        self.header.swapped
     }
 }
 
@@ -513,7 +508,7 @@ impl Reader<std::fs::File> {
     /// time: the copy out of the page cache (40 % of a 51 MB dump's first read)
     /// goes to another core while this one parses. Without a thread (none could be
     /// started), `f` is read as by [`Reader::new`].
-    pub fn read_ahead(f: std::fs::File) -> Result<Self, JitdumpError> {
+    pub(crate) fn read_ahead(f: std::fs::File) -> Result<Self, JitdumpError> {
         // The thread reads through a duplicate, which shares the file's offset:
         // `f` itself is then never read.
         let ahead = f.try_clone().ok().and_then(|c| Ahead::spawn(c).ok());
@@ -630,7 +625,7 @@ pub fn lines(raw: &[u8], count: u64, swapped: bool) -> impl Iterator<Item = Line
 }
 
 /// The pid in a jitdump's file name (`jit-PID.dump`, perf's `jit_detect`), or None.
-pub fn marker_pid(path: &[u8]) -> Option<u32> {
+pub(crate) fn marker_pid(path: &[u8]) -> Option<u32> {
     let base = path.rsplit(|&c| c == b'/').next()?;
     let rest = base.strip_prefix(b"jit-")?;
     let digits = rest.strip_suffix(b".dump")?;

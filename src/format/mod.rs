@@ -4,17 +4,17 @@
 //! be 8-byte aligned (perf 6.1 writes 100-byte HEADER_BUILD_ID records), so every read
 //! is an unaligned, bounds-checked copy of a few bytes in the writer's byte order.
 
-pub mod attr;
-pub mod attr_compat;
-pub mod buildid;
-pub mod compressed;
-pub mod feature;
+pub(crate) mod attr;
+pub(crate) mod attr_compat;
+pub(crate) mod buildid;
+pub(crate) mod compressed;
+pub(crate) mod feature;
 mod framing;
-pub mod header;
-pub mod jitdump;
-pub mod record;
-pub mod sample;
-pub mod walk;
+pub(crate) mod header;
+pub(crate) mod jitdump;
+pub(crate) mod record;
+pub(crate) mod sample;
+pub(crate) mod walk;
 
 /// Byte order of the writer of a perf.data file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -57,7 +57,7 @@ impl Endian {
     }
 
     /// Encodes a `u16` in this byte order.
-    pub fn put_u16(self, v: u16) -> [u8; 2] {
+    pub(crate) fn put_u16(self, v: u16) -> [u8; 2] {
         match self {
             Endian::Little => v.to_le_bytes(),
             Endian::Big => v.to_be_bytes(),
@@ -65,7 +65,7 @@ impl Endian {
     }
 
     /// Encodes a `u32` in this byte order.
-    pub fn put_u32(self, v: u32) -> [u8; 4] {
+    pub(crate) fn put_u32(self, v: u32) -> [u8; 4] {
         match self {
             Endian::Little => v.to_le_bytes(),
             Endian::Big => v.to_be_bytes(),
@@ -73,7 +73,7 @@ impl Endian {
     }
 
     /// Encodes a `u64` in this byte order.
-    pub fn put_u64(self, v: u64) -> [u8; 8] {
+    pub(crate) fn put_u64(self, v: u64) -> [u8; 8] {
         match self {
             Endian::Little => v.to_le_bytes(),
             Endian::Big => v.to_be_bytes(),
@@ -93,7 +93,7 @@ pub fn c_str(data: &[u8]) -> &[u8] {
 /// (a newline would forge summary lines, ESC drives the terminal) become `\n`, `\t`,
 /// `\r`, `\e` or `\xNN`, bidirectional overrides `\u{NNNN}`, and a backslash is
 /// doubled so an escaped name cannot pass for another (as perf and `ls -b` do).
-pub fn escape(s: &str) -> String {
+pub(crate) fn escape(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
         match c {

@@ -52,17 +52,17 @@ pub struct Mmap<'a> {
 
 /// Bytes before an MMAP record's file name: the header, pid, tid, start, len and
 /// pgoff.
-pub const MMAP_FIXED: usize = 40;
+pub(crate) const MMAP_FIXED: usize = 40;
 /// Bytes before an MMAP2 record's file name: an MMAP's, then the identity union
 /// ([`MMAP2_UNION`] bytes: maj, min, ino, generation, or the build ID), prot and
 /// flags.
-pub const MMAP2_FIXED: usize = 72;
+pub(crate) const MMAP2_FIXED: usize = 72;
 /// Bytes an MMAP record grows by when it is written as an MMAP2.
-pub const MMAP_TO_MMAP2: usize = MMAP2_FIXED - MMAP_FIXED;
+pub(crate) const MMAP_TO_MMAP2: usize = MMAP2_FIXED - MMAP_FIXED;
 
 /// The fixed part of a mapping record of `kind` (MMAP, else MMAP2): its file name
 /// follows.
-pub fn mmap_fixed(kind: u32) -> usize {
+pub(crate) fn mmap_fixed(kind: u32) -> usize {
     if kind == rt::MMAP {
         MMAP_FIXED
     } else {
@@ -72,7 +72,7 @@ pub fn mmap_fixed(kind: u32) -> usize {
 
 /// A COMM record's ids (its name follows them).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Comm {
+pub(crate) struct Comm {
     /// Process id.
     pub pid: u32,
     /// Thread id (`None`: the record ends before it).
@@ -81,7 +81,7 @@ pub struct Comm {
 
 impl Comm {
     /// The ids of COMM record `rec` (header included); `None` when it holds no pid.
-    pub fn parse(rec: &[u8], e: Endian) -> Option<Comm> {
+    pub(crate) fn parse(rec: &[u8], e: Endian) -> Option<Comm> {
         Some(Comm {
             pid: e.u32(rec, 8)?,
             tid: e.u32(rec, 12),
@@ -120,7 +120,7 @@ impl Fork {
 /// PERF_CONTEXT_USER_DEFERRED: a sample's callchain ends with this marker and a
 /// cookie when its user part comes later, in a [`CallchainDeferred`] record (perf
 /// 7.x `--call-graph fp,defer`, kernels after 6.18).
-pub const CONTEXT_USER_DEFERRED: u64 = (-640i64) as u64;
+pub(crate) const CONTEXT_USER_DEFERRED: u64 = (-640i64) as u64;
 
 /// A PERF_RECORD_CALLCHAIN_DEFERRED record (type 22): `{header (misc USER), u64
 /// cookie, u64 nr, u64 ips[nr], sample_id}`, written by the kernel when a task whose
@@ -131,7 +131,7 @@ pub const CONTEXT_USER_DEFERRED: u64 = (-640i64) as u64;
 /// (`evlist__deliver_deferred_callchain`); for what a DSO is, the record's own pid
 /// and time name the right address space, whichever samples it joins.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct CallchainDeferred<'a> {
+pub(crate) struct CallchainDeferred<'a> {
     /// The cookie the samples' chains end with.
     pub cookie: u64,
     /// `nr` addresses, 8 bytes each in the record's byte order
@@ -141,11 +141,11 @@ pub struct CallchainDeferred<'a> {
 
 impl<'a> CallchainDeferred<'a> {
     /// Bytes before the addresses: the header, the cookie and `nr`.
-    pub const FIXED: usize = 24;
+    pub(crate) const FIXED: usize = 24;
 
     /// Record `rec` (header included), whose sample-id trailer is `trailer` bytes;
     /// `None` when `nr` addresses do not fit before the trailer.
-    pub fn parse(rec: &'a [u8], e: Endian, trailer: usize) -> Option<CallchainDeferred<'a>> {
+    pub(crate) fn parse(rec: &'a [u8], e: Endian, trailer: usize) -> Option<CallchainDeferred<'a>> {
         let cookie = e.u64(rec, 8)?;
         let nr = usize::try_from(e.u64(rec, 16)?).ok()?;
         let end = Self::FIXED.checked_add(nr.checked_mul(8)?)?;
@@ -161,7 +161,7 @@ impl<'a> CallchainDeferred<'a> {
 
 /// A HEADER_FEATURE record: the feature's bit and its payload.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct FeatureRecord<'a> {
+pub(crate) struct FeatureRecord<'a> {
     /// The feature bit.
     pub id: u64,
     /// Its payload (empty for perf's end-of-features marker).
@@ -170,7 +170,7 @@ pub struct FeatureRecord<'a> {
 
 impl<'a> FeatureRecord<'a> {
     /// HEADER_FEATURE record `rec` (header included); `None` when it holds no id.
-    pub fn parse(rec: &'a [u8], e: Endian) -> Option<FeatureRecord<'a>> {
+    pub(crate) fn parse(rec: &'a [u8], e: Endian) -> Option<FeatureRecord<'a>> {
         Some(FeatureRecord {
             id: e.u64(rec, 8)?,
             payload: rec.get(16..).unwrap_or_default(),
@@ -181,7 +181,7 @@ impl<'a> FeatureRecord<'a> {
 /// PROT_EXEC.
 pub const PROT_EXEC: u32 = 4;
 /// MAP_HUGETLB.
-pub const MAP_HUGETLB: u32 = 0x40000;
+pub(crate) const MAP_HUGETLB: u32 = 0x40000;
 
 /// Parses an MMAP (`kind == MMAP`) or MMAP2 record; `body_end` excludes the trailer.
 pub fn parse_mmap<'a>(
@@ -306,7 +306,7 @@ impl TrailerLayout {
 
 /// Size of the build-ID union of an MMAP2 record (maj/min/ino/generation in the
 /// classic form; size, reserved bytes and 20 ID bytes in the build-ID form).
-pub const MMAP2_UNION: usize = 24;
+pub(crate) const MMAP2_UNION: usize = 24;
 
 /// The build-ID form of the MMAP or MMAP2 record `rec` (the whole record, trailer
 /// included): misc gains `MMAP_BUILD_ID`, bytes 40..64 hold the ID's size, three
@@ -316,7 +316,7 @@ pub const MMAP2_UNION: usize = 24;
 /// unless MMAP_DATA; kernel-space maps 0, as `perf record --buildid-mmap` writes
 /// them). `None` when the record is too short to be a mapping or would outgrow a
 /// record's 64 KiB.
-pub fn encode_build_id_mmap2(
+pub(crate) fn encode_build_id_mmap2(
     rec: &[u8],
     e: Endian,
     id: &BuildId,

@@ -17,7 +17,7 @@ pub struct SampleLayout {
 
 impl SampleLayout {
     /// Layout for `attr`.
-    pub fn new(attr: &Attr) -> Self {
+    pub(crate) fn new(attr: &Attr) -> Self {
         SampleLayout {
             sample_type: attr.sample_type,
             read_format: attr.read_format,
@@ -30,7 +30,7 @@ impl SampleLayout {
 
 /// The located fields of one sample. Arrays stay as raw bytes in the writer's order.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct Sample<'a> {
+pub(crate) struct Sample<'a> {
     /// Sample IP.
     pub ip: Option<u64>,
     /// Process id.
@@ -126,7 +126,7 @@ pub fn sample_time(rec: &[u8], e: Endian, sample_type: u64) -> Option<u64> {
 
 impl SampleLayout {
     /// Locates the fields of the sample record `rec` (header included).
-    pub fn decode<'a>(&self, rec: &'a [u8], e: Endian) -> Result<Sample<'a>, SampleError> {
+    pub(crate) fn decode<'a>(&self, rec: &'a [u8], e: Endian) -> Result<Sample<'a>, SampleError> {
         let t = self.sample_type;
         let mut c = Cur { d: rec, at: 8, e };
         let mut s = Sample::default();
@@ -223,7 +223,7 @@ impl SampleLayout {
 /// Where the fields that `--convert-callchain` rewrites lie in a sample record:
 /// offsets from the record's start (header included), found by the one decode.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Spans {
+pub(crate) struct Spans {
     /// Where the callchain's `nr` is (or, without PERF_SAMPLE_CALLCHAIN, where the
     /// field would go: after READ).
     pub callchain: usize,
@@ -340,7 +340,7 @@ mod tests {
 /// id, which the first event's layout locates, as perf reads it), any other kernel
 /// record's from its sample-id trailer; `None` for perf's own records.
 #[derive(Clone, Debug)]
-pub struct Times {
+pub(crate) struct Times {
     e: Endian,
     types: Vec<u64>,
     ids: std::collections::HashMap<u64, usize>,
@@ -349,7 +349,7 @@ pub struct Times {
 
 impl Times {
     /// The times of records of `attrs`.
-    pub fn new(attrs: &[Attr], e: Endian) -> Self {
+    pub(crate) fn new(attrs: &[Attr], e: Endian) -> Self {
         let mut ids = std::collections::HashMap::new();
         for (i, a) in attrs.iter().enumerate() {
             for &id in &a.ids {
@@ -368,12 +368,12 @@ impl Times {
     }
 
     /// The byte order of the records.
-    pub fn endian(&self) -> Endian {
+    pub(crate) fn endian(&self) -> Endian {
         self.e
     }
 
     /// The time of record `rec` of `kind`.
-    pub fn of(&self, kind: u32, rec: &[u8]) -> Option<u64> {
+    pub(crate) fn of(&self, kind: u32, rec: &[u8]) -> Option<u64> {
         use super::record::rt;
         if kind == rt::SAMPLE {
             let first = *self.types.first()?;
@@ -393,7 +393,7 @@ impl Times {
 
 /// The 8-byte words of a READ field for `read_format`: per value (the value, its id,
 /// its lost count), and the times before them (enabled, running).
-pub fn read_words(rfm: u64) -> (u64, u64) {
+pub(crate) fn read_words(rfm: u64) -> (u64, u64) {
     let per = 1 + u64::from(rfm & rf::ID != 0) + u64::from(rfm & rf::LOST != 0);
     let times =
         u64::from(rfm & rf::TOTAL_TIME_ENABLED != 0) + u64::from(rfm & rf::TOTAL_TIME_RUNNING != 0);

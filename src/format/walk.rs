@@ -4,13 +4,13 @@
 
 use super::Endian;
 use super::compressed::{InnerError, InnerStream, payload};
-pub use super::framing::{Frame, MAX_PAYLOAD, frame};
+pub(crate) use super::framing::frame;
 use super::framing::{RecordHeader, rt};
 use crate::error::{Error, Result};
 use std::ops::{ControlFlow, Deref};
 
 /// Bytes of a record stream readable in windows: a mapped file, a buffer.
-pub trait Windows {
+pub(crate) trait Windows {
     /// A window's bytes.
     type Window: Deref<Target = [u8]>;
     /// `len` bytes at `offset` (the caller keeps the range inside the stream).
@@ -23,7 +23,7 @@ pub trait Windows {
 }
 
 /// Bytes of a stream in memory (a batch), from stream offset `base`, as windows.
-pub struct InMemory<'b> {
+pub(crate) struct InMemory<'b> {
     /// The bytes.
     pub bytes: &'b [u8],
     /// The stream offset of the first.
@@ -46,7 +46,7 @@ impl<'b> Windows for InMemory<'b> {
 
 /// A record handed to a walker callback.
 #[derive(Clone, Copy, Debug)]
-pub struct Rec<'a> {
+pub(crate) struct Rec<'a> {
     /// File offset of the record (for inner records: of the COMPRESSED record).
     pub offset: u64,
     /// True for records decoded from compressed data.
@@ -61,7 +61,7 @@ pub struct Rec<'a> {
 
 /// A contiguous range of one data file that a worker resolves on its own.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Chunk {
+pub(crate) struct Chunk {
     /// Index into the input's data files.
     pub file: usize,
     /// First byte.
@@ -73,7 +73,7 @@ pub struct Chunk {
 }
 
 /// Walks records of a range in windows, decompressing COMPRESSED records.
-pub struct Walker {
+pub(crate) struct Walker {
     e: Endian,
     inner: Option<InnerStream>,
     /// The `seq` the next record gets.
@@ -82,7 +82,7 @@ pub struct Walker {
 
 impl Walker {
     /// A walker whose first record gets `first_seq`.
-    pub fn new(e: Endian, first_seq: u64) -> Self {
+    pub(crate) fn new(e: Endian, first_seq: u64) -> Self {
         Walker {
             e,
             inner: None,
@@ -91,27 +91,27 @@ impl Walker {
     }
 
     /// The byte order of the records walked.
-    pub fn endian(&self) -> Endian {
+    pub(crate) fn endian(&self) -> Endian {
         self.e
     }
 
     /// True when a chunk may begin at the next record (no compressed frame or inner
     /// record is half-way).
-    pub fn is_clean(&self) -> bool {
+    pub(crate) fn is_clean(&self) -> bool {
         self.inner.as_ref().is_none_or(|i| i.is_clean())
     }
 
     /// Goes on in another data file of a directory: each is compressed by a zstd
     /// stream of its own (one per recording thread), so what was open is dropped;
     /// the records' numbers go on.
-    pub fn begin_file(&mut self) {
+    pub(crate) fn begin_file(&mut self) {
         self.inner = None;
     }
 
     /// Calls `f` for every record (outer and inner) of `src[start..end)`, reading
     /// `window` bytes at a time; `after` is called after each outer record with the
     /// offset following it.
-    pub fn walk<W: Windows + ?Sized>(
+    pub(crate) fn walk<W: Windows + ?Sized>(
         &mut self,
         src: &W,
         start: u64,
@@ -129,7 +129,7 @@ impl Walker {
     /// [`Walker::walk`] whose `after` may end the walk early, after a record, with
     /// [`ControlFlow::Break`] (a pause the caller goes on from, not an error), whose
     /// value the walk returns.
-    pub fn walk_until<W: Windows + ?Sized, B>(
+    pub(crate) fn walk_until<W: Windows + ?Sized, B>(
         &mut self,
         src: &W,
         start: u64,
@@ -265,7 +265,7 @@ impl Walker {
 /// Offset of the first record in `bytes` that may hold a sample (a SAMPLE, a
 /// deferred user callchain, or compressed data), or `bytes.len()`: records a sample
 /// needs go before it.
-pub fn first_sampleish(bytes: &[u8], e: Endian) -> usize {
+pub(crate) fn first_sampleish(bytes: &[u8], e: Endian) -> usize {
     let mut at = 0usize;
     while let Ok(Some(fr)) = frame(&bytes[at..], e, at as u64) {
         if matches!(
@@ -288,6 +288,7 @@ pub fn first_sampleish(bytes: &[u8], e: Endian) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::format::framing::MAX_PAYLOAD;
 
     fn rec(kind: u32, size: u16) -> Vec<u8> {
         let mut v = Vec::new();

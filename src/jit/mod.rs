@@ -120,7 +120,7 @@ pub(crate) struct Stage {
 
 /// The records the sink splices into the data, and those it drops.
 #[derive(Debug, Default)]
-pub struct Splices {
+pub(crate) struct Splices {
     /// Records to insert, by time (then dump, then list order): each waits for the
     /// marker of its dump (record number `marker`) and goes before the first record
     /// after it whose time is not earlier.
@@ -137,7 +137,7 @@ pub struct Splices {
 
 /// One record to insert.
 #[derive(Debug)]
-pub struct Insert {
+pub(crate) struct Insert {
     /// Its time.
     pub time: u64,
     /// The record number of its dump's marker.

@@ -38,10 +38,10 @@
 //!   it found it changed or found another ID.
 
 mod procfs;
-pub mod stream;
+pub(crate) mod stream;
 mod worker;
 
-pub use stream::LiveStream;
+pub(crate) use stream::LiveStream;
 
 use crate::buildid::cache::BuildIdCache;
 use crate::buildid::elf::Segment;
@@ -72,31 +72,31 @@ pub enum LiveChoice {
 }
 
 /// Captured bytes a run may copy into the cache and the store (`--live-budget`).
-pub const DEFAULT_BUDGET: u64 = 1 << 30;
+pub(crate) const DEFAULT_BUDGET: u64 = 1 << 30;
 /// The command line's spelling of [`DEFAULT_BUDGET`].
 pub const DEFAULT_BUDGET_ARG: &str = "1G";
 /// Mapping records waiting for the worker at most; more are dropped and counted.
-pub const QUEUE: usize = 4096;
+pub(crate) const QUEUE: usize = 4096;
 /// Files waiting for the cache at most (each holds a descriptor; at most a quarter
 /// of the open-file limit).
-pub const FILL_QUEUE: usize = 1024;
+pub(crate) const FILL_QUEUE: usize = 1024;
 /// Files the capture keeps open to stat them again when more of their mappings
 /// arrive (later mappings of a file whose processes are gone are then still
 /// covered).
-pub const FILES_KEPT: usize = 128;
+pub(crate) const FILES_KEPT: usize = 128;
 /// Distinct files (identities) the capture tracks; mappings of more are not
 /// captured (counted).
-pub const MAX_FILES: usize = 65536;
+pub(crate) const MAX_FILES: usize = 65536;
 /// What the capture keeps of the files it tracks, in estimated bytes (each file's
 /// entry [`ENTRY_COST`], each distinct name three times its length): past it,
 /// mappings of new files are not captured (counted with those past [`MAX_FILES`]).
-pub const MEMORY: u64 = 32 << 20;
+pub(crate) const MEMORY: u64 = 32 << 20;
 /// Estimated bytes of one tracked file's entry (its segments, mappings, times).
-pub const ENTRY_COST: u64 = 512;
+pub(crate) const ENTRY_COST: u64 = 512;
 /// Loadable segments a captured file may have (ELF files have a few).
-pub const MAX_LOADS: usize = 64;
+pub(crate) const MAX_LOADS: usize = 64;
 /// How long identify waits for the worker to catch up with the records arrived.
-pub const SETTLE: Duration = Duration::from_secs(2);
+pub(crate) const SETTLE: Duration = Duration::from_secs(2);
 
 /// What a capture may write and hold.
 #[derive(Clone, Debug)]
@@ -356,7 +356,7 @@ pub(crate) struct Clock {
 }
 
 /// How often the clock offset is measured again.
-pub const RECALIBRATE: Duration = Duration::from_secs(10);
+pub(crate) const RECALIBRATE: Duration = Duration::from_secs(10);
 
 impl Default for Clock {
     fn default() -> Self {
@@ -681,7 +681,7 @@ impl Capture {
 
     /// A captured file whose note carries `id`, while it is kept open (for the
     /// build-ID cache of an ID the recording itself gives).
-    pub fn file_with(&self, id: &BuildId) -> Option<Arc<File>> {
+    pub(crate) fn file_with(&self, id: &BuildId) -> Option<Arc<File>> {
         let key = *self.shared.by_id.lock().ok()?.get(id)?;
         let entries = self.shared.entries.lock().ok()?;
         let e = entries.get(&key)?;
@@ -692,7 +692,7 @@ impl Capture {
 
     /// Whether this capture added `id` to the build-ID cache (`store`: to the
     /// symbol store): the run's own entry, though the cache stage finds it present.
-    pub fn added(&self, id: &BuildId, store: bool) -> bool {
+    pub(crate) fn added(&self, id: &BuildId, store: bool) -> bool {
         self.shared
             .added
             .lock()
@@ -1048,7 +1048,7 @@ fn summarize(sh: &Shared) -> LiveSummary {
 
 impl LiveSummary {
     /// The summary's line.
-    pub fn line(&self) -> String {
+    pub(crate) fn line(&self) -> String {
         let mut s = format!(
             "live capture (through {}): {} of {} executable mappings read ({} more checked by a stat), {} files",
             if self.via == "root" {

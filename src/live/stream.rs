@@ -41,7 +41,7 @@ enum State {
 }
 
 /// One stream's live capture.
-pub struct LiveStream {
+pub(crate) struct LiveStream {
     choice: LiveChoice,
     cfg: LiveConfig,
     e: Endian,
@@ -66,7 +66,7 @@ impl std::fmt::Debug for LiveStream {
 
 impl LiveStream {
     /// A live capture of a stream in byte order `e`; `None` for `--live off`.
-    pub fn new(choice: LiveChoice, e: Endian, cfg: LiveConfig) -> Option<LiveStream> {
+    pub(crate) fn new(choice: LiveChoice, e: Endian, cfg: LiveConfig) -> Option<LiveStream> {
         (choice != LiveChoice::Off).then(|| LiveStream {
             choice,
             cfg,
@@ -83,7 +83,7 @@ impl LiveStream {
 
     /// One whole record of the stream (header included, out-of-band payload not),
     /// as it is read. Cheap for every record but mapping records of user space.
-    pub fn record(&mut self, rec: &[u8]) {
+    pub(crate) fn record(&mut self, rec: &[u8]) {
         if matches!(self.state, State::Off(_)) {
             return;
         }
@@ -256,7 +256,7 @@ impl LiveStream {
     }
 
     /// The capture, while capturing.
-    pub fn capture(&self) -> Option<&Capture> {
+    pub(crate) fn capture(&self) -> Option<&Capture> {
         match &self.state {
             State::Live(c) => Some(c),
             _ => None,
@@ -265,7 +265,7 @@ impl LiveStream {
 
     /// Ends the capture (the cache gets what is queued) and returns its summary and
     /// the lines the run's summary prints.
-    pub fn finish(self) -> (Option<LiveSummary>, Vec<String>) {
+    pub(crate) fn finish(self) -> (Option<LiveSummary>, Vec<String>) {
         let mut notes = self.notes;
         match self.state {
             State::Live(c) => {

@@ -13,7 +13,7 @@ pub enum Space {
 }
 
 /// Markers are the top 4095 values of u64.
-pub const CONTEXT_MAX: u64 = (-4095i64) as u64;
+pub(crate) const CONTEXT_MAX: u64 = (-4095i64) as u64;
 const HV: u64 = (-32i64) as u64;
 const KERNEL: u64 = (-128i64) as u64;
 const USER: u64 = (-512i64) as u64;

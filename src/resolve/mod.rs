@@ -3,9 +3,9 @@
 //! DSO hits against the model at the sample's time. Results merge in chunk order, so
 //! output never depends on the number of threads.
 
-pub mod callchain;
+pub(crate) mod callchain;
 mod cfi;
-pub mod unwind;
+pub(crate) mod unwind;
 
 use crate::error::{Error, Result};
 use crate::format::Endian;
@@ -24,7 +24,7 @@ use unwind::{Frame, Outcome, SampleStack, UnwindConfig, UnwindMode, UnwindTables
 /// A rewrite of the records the resolve walks (`--convert-callchain`): each chunk's
 /// records are handed to it in order, each sample with what the resolve decoded and
 /// unwound, so that a record is decoded and a stack unwound once for both.
-pub trait Rewrite: Sync {
+pub(crate) trait Rewrite: Sync {
     /// Whether user stacks are unwound with each frame's address for the rewrite
     /// (the resolve alone needs only the DSOs).
     fn wants_frames(&self) -> bool;
@@ -33,7 +33,7 @@ pub trait Rewrite: Sync {
 }
 
 /// [`Rewrite`]'s pass over one chunk.
-pub trait ChunkRewrite {
+pub(crate) trait ChunkRewrite {
     /// Takes record `r`, with its sample as the resolve decoded it when it is a
     /// sample of a known event (`None` for every other record).
     fn record(&mut self, r: &Rec<'_>, s: Option<&Decoded<'_, '_>>) -> Result<()>;
@@ -42,7 +42,7 @@ pub trait ChunkRewrite {
 }
 
 /// A sample as the resolve decoded it, for a [`Rewrite`].
-pub struct Decoded<'s, 'r> {
+pub(crate) struct Decoded<'s, 'r> {
     /// Its event's index among the attrs.
     pub attr: usize,
     /// Its fields.
@@ -55,7 +55,7 @@ pub struct Decoded<'s, 'r> {
 }
 
 /// What the workers need besides the chunk.
-pub struct Resolver<'a> {
+pub(crate) struct Resolver<'a> {
     model: &'a Model,
     layouts: Vec<SampleLayout>,
     regs_masks: Vec<u64>,
@@ -73,7 +73,7 @@ pub struct Resolver<'a> {
 
 /// Per-chunk (and, merged, per-run) counts.
 #[derive(Clone, Debug, Default)]
-pub struct Hits {
+pub(crate) struct Hits {
     /// Samples touching each DSO, indexed by [`DsoId`].
     pub per_dso: Vec<u64>,
     /// Samples decoded.
@@ -110,7 +110,7 @@ impl Hits {
     }
 
     /// Adds `o` (a later chunk or batch) to these counts.
-    pub fn merge(&mut self, o: Hits) {
+    pub(crate) fn merge(&mut self, o: Hits) {
         if self.per_dso.len() < o.per_dso.len() {
             self.per_dso.resize(o.per_dso.len(), 0);
         }
@@ -250,7 +250,7 @@ impl<'m> Scratch<'m> {
 
 impl<'a> Resolver<'a> {
     /// Prepares sample layouts and the id → event table.
-    pub fn new(model: &'a Model, attrs: &[Attr], time_mode: bool, e: Endian) -> Self {
+    pub(crate) fn new(model: &'a Model, attrs: &[Attr], time_mode: bool, e: Endian) -> Self {
         let mut id_to_attr = HashMap::new();
         for (i, a) in attrs.iter().enumerate() {
             for &id in &a.ids {
@@ -273,7 +273,7 @@ impl<'a> Resolver<'a> {
 
     /// Also say where samples' addresses lie in `dsos` (JIT images, whose records
     /// are kept for the loads samples touch).
-    pub fn with_offsets(mut self, dsos: &[DsoId]) -> Self {
+    pub(crate) fn with_offsets(mut self, dsos: &[DsoId]) -> Self {
         for &d in dsos {
             if self.want.len() <= d as usize {
                 self.want.resize(d as usize + 1, false);
@@ -284,7 +284,7 @@ impl<'a> Resolver<'a> {
     }
 
     /// Also unwind user stacks of samples that carry them.
-    pub fn with_unwinding(mut self, cfg: UnwindConfig, tables: &'a UnwindTables) -> Self {
+    pub(crate) fn with_unwinding(mut self, cfg: UnwindConfig, tables: &'a UnwindTables) -> Self {
         if cfg.mode != UnwindMode::None {
             self.unwind = Some((cfg, tables));
         }
@@ -294,7 +294,7 @@ impl<'a> Resolver<'a> {
     /// Resolves every chunk on the current rayon pool and merges in chunk order;
     /// chunks not begun when `stop` turns true end the run with [`Error::Stopped`].
     /// With a `rewrite`, each chunk's records go through it too (see [`Rewrite`]).
-    pub fn run(
+    pub(crate) fn run(
         &self,
         files: &[DataFile],
         chunks: &[Chunk],
@@ -326,7 +326,7 @@ impl<'a> Resolver<'a> {
     }
 
     /// Resolves one chunk (its records handed to `rewrite` too, when there is one).
-    pub fn chunk(
+    pub(crate) fn chunk(
         &self,
         files: &[DataFile],
         c: &Chunk,

@@ -40,7 +40,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
 /// How the input starts.
-pub enum Begin<'a> {
+pub(crate) enum Begin<'a> {
     /// A file-format input (the sink reads what it copies from the file itself).
     File(&'a PerfInput),
     /// A stream, whose pipe header is given.
@@ -53,7 +53,7 @@ pub enum Begin<'a> {
 }
 
 /// Bytes the engine is done with, and the decisions they need first.
-pub enum Batch<'a> {
+pub(crate) enum Batch<'a> {
     /// A file-format input, resolved whole (one batch).
     File {
         /// The input.
@@ -74,7 +74,7 @@ pub enum Batch<'a> {
 
 /// What the engine has read and decided, as a sink needs it: built by the driver
 /// for each batch and for the end, borrowed from the engine for that call only.
-pub struct Facts<'a> {
+pub(crate) struct Facts<'a> {
     /// The input's name in messages.
     pub name: &'a Path,
     /// The input's byte order.
@@ -118,7 +118,7 @@ pub struct Facts<'a> {
 /// What the stages beside the identify made of the records, each there when its mode
 /// is on.
 #[derive(Clone, Copy)]
-pub struct Staged<'a> {
+pub(crate) struct Staged<'a> {
     /// `--convert-callchain`: the records as the resolve converted them.
     pub spill: Option<&'a crate::convert::Spill>,
     /// `--jit`: the records spliced into the data and those dropped from it.
@@ -133,22 +133,22 @@ pub struct Staged<'a> {
 
 impl<'a> Facts<'a> {
     /// Every decision so far, in table order.
-    pub fn decisions(&self) -> impl Iterator<Item = &'a Decision> + use<'a> {
+    pub(crate) fn decisions(&self) -> impl Iterator<Item = &'a Decision> + use<'a> {
         self.decided.values()
     }
 
     /// See [`Facts::passes_on`](field@Facts::passes_on).
-    pub fn passes_on(&self, e: &TableEntry) -> bool {
+    pub(crate) fn passes_on(&self, e: &TableEntry) -> bool {
         (self.passes_on)(e)
     }
 
     /// See [`Facts::output_kept`](field@Facts::output_kept).
-    pub fn check_output_kept(&self, bytes: u64, offset: u64) -> Result<()> {
+    pub(crate) fn check_output_kept(&self, bytes: u64, offset: u64) -> Result<()> {
         (self.output_kept)(bytes, offset)
     }
 
     /// Offsets in `[from, to)` of [`Facts::user_records`](field@Facts::user_records).
-    pub fn user_records_in(&self, from: u64, to: u64) -> &'a [u64] {
+    pub(crate) fn user_records_in(&self, from: u64, to: u64) -> &'a [u64] {
         let a = self.user_records.partition_point(|&o| o < from);
         let b = self.user_records.partition_point(|&o| o < to);
         &self.user_records[a..b]
@@ -156,7 +156,7 @@ impl<'a> Facts<'a> {
 }
 
 /// An output form.
-pub trait Sink {
+pub(crate) trait Sink {
     /// Before the first batch. A sink may start work beside the stages (the copy of a
     /// file's data); when that work fails it sets `stop`, which ends the stages at
     /// their next chunk.

@@ -14,7 +14,7 @@ const FICLONE: libc::c_ulong = 0x4004_9409;
 /// Makes `dst` a reflink of `src` cut to `len` bytes. False (and `dst` untouched or
 /// emptied) when the filesystem cannot: different filesystems, ext4, tmpfs, or a
 /// kernel without the ioctl; the caller copies instead.
-pub fn reflink(src: &File, dst: &File, len: u64) -> bool {
+pub(crate) fn reflink(src: &File, dst: &File, len: u64) -> bool {
     // SAFETY: FICLONE takes the source descriptor as its argument; both are open.
     let r = unsafe { libc::ioctl(dst.as_raw_fd(), FICLONE as _, src.as_raw_fd()) };
     if r != 0 {
@@ -31,7 +31,7 @@ pub fn reflink(src: &File, dst: &File, len: u64) -> bool {
 
 /// One part of an output range: bytes of the source file, or bytes in memory.
 #[derive(Clone, Copy, Debug)]
-pub enum Piece<'a> {
+pub(crate) enum Piece<'a> {
     /// `len` bytes of the source at `at`.
     Src {
         /// Offset in the source.
@@ -89,7 +89,7 @@ fn fill(
 /// source, so the output's pages are not copied into the page cache a second time
 /// (the direct copy of [`super::copy_prefix`], for bytes that moved); the unaligned
 /// ends, and everything where O_DIRECT is refused (tmpfs), are ordinary writes.
-pub fn write_pieces(
+pub(crate) fn write_pieces(
     src: (&File, &std::path::Path),
     dst: &std::path::Path,
     at: u64,

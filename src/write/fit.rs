@@ -36,18 +36,19 @@ const ONE_STRING: [u32; 6] = [
 
 /// The new tail, exactly as long as the old one.
 #[derive(Debug)]
-pub struct Fit {
+pub(crate) struct Fit {
     /// The bytes from the end of the data section to the end of the file.
     pub tail: Vec<u8>,
     /// Strings re-padded from perf's 64 bytes to 8.
     pub repadded: usize,
-    /// Zero bytes after the last section.
+    /// Zero bytes after the last section (the unit tests check the arithmetic by it).
+    #[cfg_attr(not(test), allow(dead_code))]
     pub gap: u64,
 }
 
 /// Why the table cannot be written over the old tail.
 #[derive(Debug, PartialEq, Eq)]
-pub enum NoFit {
+pub(crate) enum NoFit {
     /// The tail holds more than features, or is too large to rewrite.
     Layout(String),
     /// The new tail needs `need` bytes even with every string re-padded; the old
@@ -116,7 +117,10 @@ impl Payload {
 /// feature table when the file has none), or why there is none. Only features may
 /// lie after the data section (perf 6.12's pipe-to-file output puts attrs and ids
 /// there: not rewritten here).
-pub fn fit_tail(input: &PerfInput, build_id: &[u8]) -> Result<std::result::Result<Fit, NoFit>> {
+pub(crate) fn fit_tail(
+    input: &PerfInput,
+    build_id: &[u8],
+) -> Result<std::result::Result<Fit, NoFit>> {
     let h = &input.header;
     let e = h.endian;
     let data_end = h.feature_table_offset();

@@ -48,7 +48,7 @@ const MAGIC: &[u8; 8] = b"PDIJRNL1";
 
 /// One change to the file.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Change {
+pub(crate) struct Change {
     /// Where.
     pub offset: u64,
     /// The new bytes.
@@ -57,7 +57,7 @@ pub struct Change {
 
 /// What an in-place run writes, in the order it is written.
 #[derive(Clone, Debug, Default)]
-pub struct Plan {
+pub(crate) struct Plan {
     /// Bytes at or past the old end of the file.
     pub appends: Vec<Change>,
     /// Overwrites that each leave a file perf reads (whole mapping records).
@@ -68,7 +68,7 @@ pub struct Plan {
 
 impl Plan {
     /// Nothing to write.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.appends.is_empty() && self.records.is_empty() && self.switch.is_empty()
     }
 }
@@ -105,7 +105,7 @@ fn step() {
 }
 
 /// The journal beside `target`.
-pub fn journal_path(target: &Path) -> PathBuf {
+pub(crate) fn journal_path(target: &Path) -> PathBuf {
     let dir = parent(target);
     let name = target
         .file_name()
@@ -233,7 +233,7 @@ fn set_times(f: &File, path: &Path, atime: (i64, i64), mtime: (i64, i64)) -> Res
 /// A journal cut short (the run died writing it, before the file changed) is
 /// removed. A journal of another file, or a file shorter than the journal says it
 /// was, is an error: something else has changed the file since.
-pub fn recover(target: &Path) -> Result<bool> {
+pub(crate) fn recover(target: &Path) -> Result<bool> {
     let jp = journal_path(target);
     let raw = match std::fs::read(&jp) {
         Ok(r) => r,
@@ -279,12 +279,12 @@ pub fn recover(target: &Path) -> Result<bool> {
 }
 
 /// True when `target` has an interrupted in-place run's journal beside it.
-pub fn has_journal(target: &Path) -> bool {
+pub(crate) fn has_journal(target: &Path) -> bool {
     std::fs::symlink_metadata(journal_path(target)).is_ok()
 }
 
 /// Applies `plan` to `target` (see the module documentation for the order).
-pub fn apply(target: &Path, plan: &Plan) -> Result<()> {
+pub(crate) fn apply(target: &Path, plan: &Plan) -> Result<()> {
     if plan.is_empty() {
         return Ok(());
     }

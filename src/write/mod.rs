@@ -4,12 +4,12 @@
 //! copied byte for byte. Output goes to a temp file renamed over the target on
 //! success, so an error never leaves a partial output.
 
-pub mod clone;
-pub mod fit;
-pub mod inplace;
+pub(crate) mod clone;
+pub(crate) mod fit;
+pub(crate) mod inplace;
 
 use crate::error::{Error, Result};
-use crate::format::header::{FEAT_BUILD_ID, FEAT_DIR_FORMAT, FileHeader};
+use crate::format::header::{FEAT_BUILD_ID, FileHeader};
 use crate::input::PerfInput;
 use std::fs::File;
 use std::io::{Seek, SeekFrom, Write};
@@ -31,7 +31,7 @@ pub struct TempOutput {
 
 /// Mode of new output files: perf writes its data files 0600 (they hold paths,
 /// command lines and stacks).
-pub const NEW_FILE_MODE: u32 = 0o600;
+pub(crate) const NEW_FILE_MODE: u32 = 0o600;
 
 /// The name of a temp output beside its target: `.pdi-PID-N.tmp` (short whatever the
 /// target's name).
@@ -40,7 +40,7 @@ pub fn temp_name(pid: u32, n: u32) -> String {
 }
 
 /// The PID in a [`temp_name`], if `name` is one.
-pub fn temp_name_pid(name: &str) -> Option<u32> {
+pub(crate) fn temp_name_pid(name: &str) -> Option<u32> {
     let rest = name.strip_prefix(".pdi-")?.strip_suffix(".tmp")?;
     let (pid, n) = rest.split_once('-')?;
     n.parse::<u32>().ok()?;
@@ -49,7 +49,7 @@ pub fn temp_name_pid(name: &str) -> Option<u32> {
 
 impl TempOutput {
     /// Creates the temp file (or directory) for `target`, mode 0600 (0700).
-    pub fn create(target: &Path, is_dir: bool) -> Result<TempOutput> {
+    pub(crate) fn create(target: &Path, is_dir: bool) -> Result<TempOutput> {
         Self::create_with_mode(target, is_dir, None)
     }
 
@@ -59,7 +59,11 @@ impl TempOutput {
     /// Refuses a target that exists and is not a regular file (or, for a directory
     /// output, a directory): a character device or a FIFO is never replaced, so
     /// `pdinject in.data /dev/null` cannot replace /dev/null even as root.
-    pub fn create_with_mode(target: &Path, is_dir: bool, mode: Option<u32>) -> Result<TempOutput> {
+    pub(crate) fn create_with_mode(
+        target: &Path,
+        is_dir: bool,
+        mode: Option<u32>,
+    ) -> Result<TempOutput> {
         use std::os::unix::fs::{DirBuilderExt, FileTypeExt, OpenOptionsExt};
         if let Ok(m) = std::fs::metadata(target) {
             let ft = m.file_type();
@@ -137,7 +141,7 @@ impl TempOutput {
     }
 
     /// The file to write the header file into.
-    pub fn header_file_path(&self) -> PathBuf {
+    pub(crate) fn header_file_path(&self) -> PathBuf {
         if self.is_dir {
             self.path.join("data")
         } else {
@@ -247,7 +251,7 @@ pub(crate) fn is_tmpfs(f: &File) -> bool {
 /// Copies `len` bytes from the start of `src` to the start of `dst` inside the kernel
 /// (direct I/O for large copies, else copy_file_range, else sendfile, else
 /// read/write), in steps so a cancelled run stops early.
-pub fn copy_prefix(src: &Path, dst: &Path, len: u64, cancel: &AtomicBool) -> Result<()> {
+pub(crate) fn copy_prefix(src: &Path, dst: &Path, len: u64, cancel: &AtomicBool) -> Result<()> {
     use std::os::fd::AsRawFd;
     let i = File::open(src).map_err(|e| Error::io(src, e))?;
     crate::signals::hooks::before_part(dst);
@@ -332,7 +336,7 @@ pub fn copy_prefix(src: &Path, dst: &Path, len: u64, cancel: &AtomicBool) -> Res
 /// Writes the feature table and payloads after the copied data, relocating any attrs
 /// or ids that lived there, and patches the header. `build_id_payload` replaces the
 /// BUILD_ID section (which is then set in the bitmap).
-pub fn write_tail(
+pub(crate) fn write_tail(
     input: &PerfInput,
     out_path: &Path,
     build_id_payload: Option<&[u8]>,
@@ -348,7 +352,7 @@ pub fn write_tail(
 /// [`write_tail`] after data that ends at `out_end` in the output (a conversion
 /// shrinks the data section); sections of the input are judged by where its own
 /// data ends.
-pub fn write_tail_at(
+pub(crate) fn write_tail_at(
     input: &PerfInput,
     out_path: &Path,
     build_id_payload: Option<&[u8]>,
@@ -365,12 +369,9 @@ pub fn write_tail_at(
 
 /// Which of the input's feature sections a tail carries.
 #[derive(Clone, Copy, Debug)]
-pub enum TailShape {
+pub(crate) enum TailShape {
     /// All of them.
     AsInput,
-    /// All but DIR_FORMAT: a directory's records written as one file (perf would
-    /// otherwise take the file for a directory's header file).
-    OneFile,
     /// Each as the function gives it back (`--aslr`: the recorded machine's addresses
     /// go); `None` leaves the section out.
     Edited(fn(u32, Vec<u8>) -> Option<Vec<u8>>),
@@ -387,9 +388,6 @@ fn shaped(
     let mut edited = Vec::new();
     match shape {
         TailShape::AsInput => {}
-        TailShape::OneFile => {
-            features[(FEAT_DIR_FORMAT / 64) as usize] &= !(1 << (FEAT_DIR_FORMAT % 64));
-        }
         TailShape::Edited(edit) => {
             for (bit, s) in &input.features {
                 if *bit == FEAT_BUILD_ID && new_table {
@@ -406,7 +404,7 @@ fn shaped(
 }
 
 /// [`write_tail_at`] with the feature sections `shape` keeps.
-pub fn write_tail_shaped(
+pub(crate) fn write_tail_shaped(
     input: &PerfInput,
     out_path: &Path,
     build_id_payload: Option<&[u8]>,

@@ -44,7 +44,8 @@ fn push_records(e: Endian, data: &[u8], out: &mut Vec<Vec<u8>>, attrs: &mut Vec<
         let size = h.size as usize;
         assert!(size >= 8 && at + size <= data.len(), "bad record at {at}");
         let rec = &data[at..at + size];
-        let oob = pdinject::testing::format::record::out_of_band_len(&h, rec, e).unwrap_or(0) as usize;
+        let oob =
+            pdinject::testing::format::record::out_of_band_len(&h, rec, e).unwrap_or(0) as usize;
         match h.kind {
             rt::COMPRESSED | rt::COMPRESSED2 => {
                 let p = payload(&h, rec, e).unwrap();

@@ -14,8 +14,9 @@ fn fixture(name: &str) -> PathBuf {
 /// report's DSO lines.
 fn stream(bytes: &[u8], batch: usize) -> (Vec<u8>, Vec<String>, u64) {
     let mut out = Vec::new();
-    let r = pdinject::testing::driver::stream(&mut &bytes[..], &mut out, &Options::default(), batch)
-        .unwrap_or_else(|e| panic!("batch {batch}: {e}"));
+    let r =
+        pdinject::testing::driver::stream(&mut &bytes[..], &mut out, &Options::default(), batch)
+            .unwrap_or_else(|e| panic!("batch {batch}: {e}"));
     let dsos = r
         .dsos
         .iter()

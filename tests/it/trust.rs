@@ -650,7 +650,10 @@ fn a_claim_contradicted_in_a_later_batch_is_decided_again() -> Outcome {
     let (d1, d2) = (dso(&p1), dso(&p2));
     assert_eq!(
         (d1.build_id.as_deref(), d1.reason),
-        (None, Some(pdinject::testing::buildid::Reason::ConflictingClaim)),
+        (
+            None,
+            Some(pdinject::testing::buildid::Reason::ConflictingClaim)
+        ),
         "plug1.so, decided from its record before plug2.so's arrived, is not decided again: {d1:?}"
     );
     assert!(d1.detail.as_deref().unwrap_or("").contains(&p2), "{d1:?}");

@@ -22,7 +22,7 @@ pub enum Arch {
 
 impl Arch {
     /// Maps perf's ARCH string (`uname -m`).
-    pub fn from_perf(s: &str) -> Option<Arch> {
+    pub(crate) fn from_perf(s: &str) -> Option<Arch> {
         match s {
             "x86_64" => Some(Arch::X86_64),
             "aarch64" | "arm64" => Some(Arch::Aarch64),

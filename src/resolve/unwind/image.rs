@@ -57,7 +57,7 @@ pub(super) const MAX_PROCESS_VERSIONS: usize = 4096;
 /// What the unwinding workers of one resolve run share: the executable file
 /// mappings of each process version met (see [`ToImage`]), listed once for all.
 #[derive(Default)]
-pub struct Shared {
+pub(crate) struct Shared {
     pub(super) exec_maps: Mutex<ExecMaps>,
 }
 
@@ -77,13 +77,15 @@ pub(super) fn exec_only(maps: Vec<MapEntry>) -> Arc<[MapEntry]> {
 }
 
 impl Worker {
-    /// Fresh state for `arch`.
-    pub fn new(arch: Arch) -> Self {
+    /// Fresh state for `arch` (the unit tests'; a run's workers share one
+    /// [`Worker::sharing`]).
+    #[cfg(test)]
+    pub(crate) fn new(arch: Arch) -> Self {
         Worker::sharing(arch, Arc::default())
     }
 
     /// Fresh state for `arch`, sharing `shared` with the run's other workers.
-    pub fn sharing(arch: Arch, shared: Arc<Shared>) -> Self {
+    pub(crate) fn sharing(arch: Arch, shared: Arc<Shared>) -> Self {
         let arch = match arch {
             Arch::X86_64 => {
                 ArchState::X86(ImageUnwinders::new(UnwinderX86_64::new, CacheX86_64::new))

@@ -30,10 +30,13 @@ mod types;
 mod walk;
 
 pub use arch::Arch;
-pub use image::{Shared, Worker};
-pub use tables::{UnwindTables, WorkerSlots};
-pub use types::{Bytes, DsoUnwind, Frame, SampleStack};
-pub use walk::{Outcome, unwind, unwind_at};
+pub use image::Worker;
+pub use tables::UnwindTables;
+pub(crate) use tables::WorkerSlots;
+pub use types::SampleStack;
+pub(crate) use types::{Bytes, Frame};
+pub use walk::unwind;
+pub(crate) use walk::{Outcome, unwind_at};
 
 use std::time::Duration;
 

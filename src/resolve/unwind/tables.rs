@@ -64,7 +64,7 @@ impl Default for UnwindTables {
 impl UnwindTables {
     /// No tables yet, proving files through `memo` (the run's, if it keeps one) by
     /// the rules the IDs obey, `vouchers` included.
-    pub fn new(memo: Option<Arc<Memo>>, vouchers: Vouchers) -> Self {
+    pub(crate) fn new(memo: Option<Arc<Memo>>, vouchers: Vouchers) -> Self {
         UnwindTables {
             memo,
             vouchers,
@@ -74,7 +74,7 @@ impl UnwindTables {
 
     /// A worker for `arch` for a run sharing `shared`: one parked by an earlier run
     /// over these tables, or a new one.
-    pub fn worker(&self, arch: Arch, shared: &Arc<Shared>) -> Worker {
+    pub(crate) fn worker(&self, arch: Arch, shared: &Arc<Shared>) -> Worker {
         let parked = self.idle.lock().ok().and_then(|mut v| {
             let i = v.iter().position(|w| w.arch() == arch)?;
             Some(v.swap_remove(i))
@@ -89,7 +89,7 @@ impl UnwindTables {
     }
 
     /// Parks `w` for the next run over these tables.
-    pub fn park(&self, w: Worker) {
+    pub(crate) fn park(&self, w: Worker) {
         if let Ok(mut v) = self.idle.lock() {
             v.push(w);
         }
@@ -97,7 +97,7 @@ impl UnwindTables {
 
     /// Makes room for DSOs a growing model (pipe mode) added since; tables already
     /// loaded are kept.
-    pub fn grow(&mut self, model: &Model) {
+    pub(crate) fn grow(&mut self, model: &Model) {
         let n = model.dsos.len();
         if self.per_dso.len() < n {
             self.per_dso.resize_with(n, OnceLock::new);
@@ -107,13 +107,16 @@ impl UnwindTables {
     /// Sets the proof for the DSOs loaded from now on: whether local files may be
     /// read at all, and the recording's start (an unknown start loads nothing, as it
     /// gives no ID). Tables loaded before keep the proof they were loaded under.
-    pub fn set_proof(&mut self, local: LocalFiles, start: RecordingStart) {
+    pub(crate) fn set_proof(&mut self, local: LocalFiles, start: RecordingStart) {
         self.local = local;
         self.start = start;
     }
 
     /// Sets the IDs the input gives user DSO names ([`crate::buildid::claimed_user_ids`]).
-    pub fn set_claimed(&mut self, claimed: Arc<HashMap<String, crate::format::buildid::BuildId>>) {
+    pub(crate) fn set_claimed(
+        &mut self,
+        claimed: Arc<HashMap<String, crate::format::buildid::BuildId>>,
+    ) {
         self.claimed = claimed;
     }
 
@@ -122,7 +125,7 @@ impl UnwindTables {
     /// scanned were proven against the recording's start as far as the scan had seen
     /// it (later than the real one, never earlier) and the offsets mapped so far. The
     /// rules are those of [`prove_and_read`], on what it read.
-    pub fn still_proven(&self, dsos: &[Dso], start: &RecordingStart) -> bool {
+    pub(crate) fn still_proven(&self, dsos: &[Dso], start: &RecordingStart) -> bool {
         let RecordingStart::Known(start) = *start else {
             return self
                 .per_dso
@@ -254,14 +257,14 @@ impl Worker {
 /// One unwinding worker per pool thread, kept for a whole pass and parked in the
 /// tables after it: its caches warm up once (rayon's map_init would start one per
 /// split of the work).
-pub struct WorkerSlots {
+pub(crate) struct WorkerSlots {
     shared: Arc<Shared>,
     slots: Vec<std::sync::Mutex<Option<Worker>>>,
 }
 
 impl WorkerSlots {
     /// Slots for a pool of `threads` threads.
-    pub fn new(threads: usize) -> Self {
+    pub(crate) fn new(threads: usize) -> Self {
         WorkerSlots {
             shared: Arc::new(Shared::default()),
             slots: (0..threads).map(|_| std::sync::Mutex::new(None)).collect(),
@@ -272,7 +275,7 @@ impl WorkerSlots {
     /// when there is no unwinding). try_lock: a thread that steals work while inside
     /// a chunk (nothing in a chunk waits on the pool today) gets a worker of its
     /// own, parked in the tables after.
-    pub fn with<R>(
+    pub(crate) fn with<R>(
         &self,
         unwind: Option<(Arch, &UnwindTables)>,
         f: impl FnOnce(Option<&mut Worker>) -> R,
@@ -295,7 +298,7 @@ impl WorkerSlots {
     }
 
     /// Parks every thread's worker in `tables` at the end of the pass.
-    pub fn park_all(self, tables: &UnwindTables) {
+    pub(crate) fn park_all(self, tables: &UnwindTables) {
         for w in self
             .slots
             .into_iter()

@@ -13,7 +13,7 @@ use std::sync::{Arc, OnceLock};
 
 /// Section data shared between modules: a range of a reference-counted buffer.
 #[derive(Clone, Default)]
-pub struct Bytes(Arc<Vec<u8>>, Range<usize>);
+pub(crate) struct Bytes(Arc<Vec<u8>>, Range<usize>);
 
 impl Bytes {
     /// All of `data`, shared.
@@ -31,7 +31,7 @@ impl Deref for Bytes {
 }
 
 /// The unwind sections of one DSO file and the segments that place them in memory.
-pub struct DsoUnwind {
+pub(crate) struct DsoUnwind {
     /// `(p_offset, p_vaddr)` of each PT_LOAD segment.
     pub(super) segments: Vec<(u64, u64)>,
     pub(super) info: ExplicitModuleSectionInfo<Bytes>,

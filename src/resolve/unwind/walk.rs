@@ -53,7 +53,7 @@ pub fn unwind(
 /// [`unwind`], each frame with its address in the process (the IP; a return address
 /// minus one), as `--convert-callchain` writes it: the image address the unwinder
 /// worked in moved back by the shift of the mapping it came from.
-pub fn unwind_at(
+pub(crate) fn unwind_at(
     cfg: &UnwindConfig,
     model: &Model,
     tables: &UnwindTables,
