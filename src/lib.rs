@@ -44,79 +44,58 @@ pub(crate) mod signals;
 pub(crate) mod sink;
 pub mod write;
 
-/// What the command line needs besides the API: its flags' defaults and checks, and
-/// the build-ID cache it opens for `--archive` and `buildid`-style output.
+/// What the command line needs besides the API: its flags' defaults and checks, the
+/// build-ID cache it names for `--archive`, debuginfod's settings, the signal handlers.
 pub mod cli_support {
-    pub use crate::buildid::archive::write as write_archive;
-    pub use crate::buildid::cache::BuildIdCache;
-    pub use crate::buildid::debuginfod;
-    pub use crate::buildid::store::PRINTED_NOT_STORED;
-    pub use crate::buildid::vouch::{DPKG_ADMINDIR, Vouchers};
-    pub use crate::limits::{
-        DEFAULT_STREAM_MEMORY_ARG, check_jobs, check_stream_memory, parse_size,
+    pub use crate::{
+        buildid::archive::write as write_archive,
+        buildid::cache::BuildIdCache,
+        buildid::debuginfod,
+        buildid::store::PRINTED_NOT_STORED,
+        buildid::vouch::{DPKG_ADMINDIR, Vouchers},
+        limits::{DEFAULT_STREAM_MEMORY_ARG, check_jobs, check_stream_memory, parse_size},
+        live::{DEFAULT_BUDGET_ARG, LiveChoice},
+        report::{check_report_path, stage_json},
+        signals::install as install_signal_handlers,
     };
-    pub use crate::live::{DEFAULT_BUDGET_ARG, LiveChoice};
-    pub use crate::report::{check_report_path, stage_json};
-    pub use crate::signals::install as install_signal_handlers;
 }
 
 /// The rooms' parts the tests, benches and fuzzers drive directly (their entry points
-/// and the views they check), by the room's own path; not part of the API.
+/// and the views they check), one namespace a room; not part of the API.
 #[doc(hidden)]
 pub mod testing {
     pub mod aslr {
-        pub mod layout {
-            pub use crate::aslr::layout::{
-                Config, Event, Inherit, Layout, LayoutBuilder, MapClass,
-            };
-        }
-        pub mod remap {
-            pub use crate::aslr::remap::{
-                SampleCtx, Verdict, callchain_deferred, kind, ksymbol, mmap, record, sample,
-            };
-        }
+        pub use crate::aslr::{
+            layout::{Config, Event, Inherit, Layout, LayoutBuilder, MapClass},
+            remap::{SampleCtx, Verdict, callchain_deferred, kind, ksymbol, mmap, record, sample},
+        };
     }
     pub mod buildid {
-        pub use crate::buildid::{LocalFiles, Reason, RecordingStart};
-        pub mod cache {
-            pub use crate::buildid::cache::BuildIdCache;
-        }
-        pub mod debuginfod {
-            pub use crate::buildid::debuginfod::fetch;
-        }
-        pub mod elf {
-            pub use crate::buildid::elf::{build_id_from_notes, build_id_of_image};
-        }
+        pub use crate::buildid::{
+            LocalFiles, Reason, RecordingStart,
+            cache::BuildIdCache,
+            debuginfod::fetch,
+            elf::{build_id_from_notes, build_id_of_image},
+        };
     }
     pub mod driver {
         pub use crate::driver::{analyse, run_in_place, stream, validate, validate_bytes};
     }
     pub mod format {
-        pub use crate::format::{Endian, c_str};
-        pub mod attr {
-            pub use crate::format::attr::{Attr, read_attrs};
-        }
-        pub mod buildid {
-            pub use crate::format::buildid::{BuildId, parse_build_id_table};
-        }
-        pub mod compressed {
-            pub use crate::format::compressed::{InnerStream, payload};
-        }
-        pub mod header {
-            pub use crate::format::header::{FileHeader, pipe_header};
-        }
-        pub mod jitdump {
-            pub use crate::format::jitdump::{Reader, Record, lines};
-        }
-        pub mod record {
-            pub use crate::format::record::{
+        pub use crate::format::{
+            Endian,
+            attr::{Attr, read_attrs},
+            buildid::{BuildId, parse_build_id_table},
+            c_str,
+            compressed::{InnerStream, payload},
+            header::{FileHeader, pipe_header},
+            jitdump::{Reader, Record, lines},
+            record::{
                 FileIdent, Fork, Mmap, PROT_EXEC, RecordHeader, TrailerLayout, misc,
                 out_of_band_len, parse_mmap, rt,
-            };
-        }
-        pub mod sample {
-            pub use crate::format::sample::{SampleLayout, sample_id, sample_time, u64s};
-        }
+            },
+            sample::{SampleLayout, sample_id, sample_time, u64s},
+        };
     }
     pub mod limits {
         pub use crate::limits::{
@@ -131,14 +110,10 @@ pub mod testing {
         pub use crate::model::{Key, Model, ModelBuilder};
     }
     pub mod resolve {
-        pub mod callchain {
-            pub use crate::resolve::callchain::{Space, walk};
-        }
-        pub mod unwind {
-            pub use crate::resolve::unwind::{
-                Arch, SampleStack, UnwindConfig, UnwindMode, UnwindTables, Worker, unwind,
-            };
-        }
+        pub use crate::resolve::{
+            callchain::{Space, walk},
+            unwind::{Arch, SampleStack, UnwindConfig, UnwindMode, UnwindTables, Worker, unwind},
+        };
     }
     pub mod write {
         pub use crate::write::temp_name;

@@ -725,7 +725,7 @@ pub(crate) fn classify(name: &[u8], cpumode: u16, flags: u32) -> Option<(DsoKind
 
 impl ModelBuilder {
     /// A new, empty builder.
-    pub(crate) fn new() -> Self {
+    pub fn new() -> Self {
         Self::default()
     }
 
@@ -950,7 +950,7 @@ impl ModelBuilder {
 
     /// Freezes the model: sorts every process's events by key and indexes each
     /// process's own mappings (a fork or exec starts a new layer).
-    pub(crate) fn build(mut self) -> Model {
+    pub fn build(mut self) -> Model {
         self.events.sort_by_key(|&(pid, ev)| (pid, ev.key));
         build_sorted(&self.events, self.dsos, self.kernel_ref, &mut self.indexed)
     }

@@ -4,7 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use pdinject::testing::format::jitdump::{Reader, Record, lines};
+use pdinject::testing::format::{Reader, Record, lines};
 
 fuzz_target!(|data: &[u8]| {
     let Ok(mut r) = Reader::new(data) else {

@@ -2,9 +2,9 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use pdinject::testing::buildid::elf::{build_id_from_notes, build_id_of_image};
+use pdinject::testing::buildid::{build_id_from_notes, build_id_of_image};
 use pdinject::testing::format::Endian;
-use pdinject::testing::format::buildid::parse_build_id_table;
+use pdinject::testing::format::parse_build_id_table;
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(id) = build_id_of_image(data) {

@@ -3,10 +3,10 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
+use pdinject::testing::format::Attr;
 use pdinject::testing::format::Endian;
-use pdinject::testing::format::attr::Attr;
-use pdinject::testing::format::sample::{SampleLayout, u64s};
-use pdinject::testing::resolve::callchain;
+use pdinject::testing::format::{SampleLayout, u64s};
+use pdinject::testing::resolve as callchain;
 
 fn word(d: &[u8], i: usize) -> u64 {
     let mut b = [0u8; 8];
@@ -35,7 +35,7 @@ fuzz_target!(|data: &[u8]| {
     };
     let layout = SampleLayout::new(&attr);
     for e in [Endian::Little, Endian::Big] {
-        let _ = pdinject::testing::format::sample::sample_id(rec, e, attr.sample_type);
+        let _ = pdinject::testing::format::sample_id(rec, e, attr.sample_type);
         if let Ok(s) = layout.decode(rec, e) {
             let mut n = 0u64;
             callchain::walk(u64s(s.callchain, e), |_, ip| n = n.wrapping_add(ip));

@@ -7,9 +7,9 @@
 use libfuzzer_sys::fuzz_target;
 use pdinject::testing::buildid::{LocalFiles, RecordingStart};
 use pdinject::testing::format::Endian;
-use pdinject::testing::format::record::{FileIdent, Mmap, misc};
+use pdinject::testing::format::{FileIdent, Mmap, misc};
 use pdinject::testing::model::{Key, Model, ModelBuilder};
-use pdinject::testing::resolve::unwind::{
+use pdinject::testing::resolve::{
     Arch, SampleStack, UnwindConfig, UnwindMode, UnwindTables, Worker, unwind,
 };
 use std::sync::{Mutex, OnceLock};

@@ -22,7 +22,11 @@ pub(crate) enum Generate {
 }
 
 /// Writes `what` for the command line `cmd` (the binary's parser) to `out`.
-pub(crate) fn write(what: Generate, cmd: clap::Command, out: &mut dyn Write) -> std::io::Result<()> {
+pub(crate) fn write(
+    what: Generate,
+    cmd: clap::Command,
+    out: &mut dyn Write,
+) -> std::io::Result<()> {
     use clap_complete::Shell;
     let shell = match what {
         Generate::Man => return man(cmd, out),

@@ -32,7 +32,7 @@ impl BuildId {
     }
 
     /// The ID bytes.
-    pub(crate) fn as_bytes(&self) -> &[u8] {
+    pub fn as_bytes(&self) -> &[u8] {
         &self.bytes[..self.len as usize]
     }
 

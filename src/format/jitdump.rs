@@ -44,7 +44,7 @@ pub(crate) mod id {
 
 /// Why a jitdump cannot be read (any of these makes the dump unusable, or ends it).
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
-pub(crate) enum JitdumpError {
+pub enum JitdumpError {
     /// Not a jitdump (no magic).
     #[error("not a jitdump (no JiTD magic)")]
     NotJitdump,
@@ -186,7 +186,7 @@ pub enum Record<'a> {
 
 /// A record with its prefix.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct Entry<'a> {
+pub struct Entry<'a> {
     /// Offset of the record in the dump.
     pub offset: u64,
     /// Its size, prefix included.
@@ -282,7 +282,7 @@ const FIRST_READ: usize = 64 << 10;
 
 impl<R: Read> Reader<R> {
     /// Reads the header (and skips what a newer writer added to it).
-    pub(crate) fn new(r: R) -> Result<Self, JitdumpError> {
+    pub fn new(r: R) -> Result<Self, JitdumpError> {
         Self::start(r, None)
     }
 
@@ -376,8 +376,13 @@ impl<R: Read> Reader<R> {
     }
 
     /// The next record; `Ok(None)` at a clean end. A record cut short is
+    /// Whether entries are byte-swapped (the fuzzer skips what the reader refuses).
+    pub fn swapped(&self) -> bool {
+        self.header.swapped
+    }
+
     /// [`JitdumpError::Truncated`]; what came before it stands.
-    pub(crate) fn next_entry(&mut self) -> Result<Option<Entry<'_>>, JitdumpError> {
+    pub fn next_entry(&mut self) -> Result<Option<Entry<'_>>, JitdumpError> {
         let o = Order(self.header.swapped);
         let offset = self.at;
         let cut = |time| JitdumpError::Truncated { offset, time };

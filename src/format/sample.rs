@@ -17,7 +17,7 @@ pub struct SampleLayout {
 
 impl SampleLayout {
     /// Layout for `attr`.
-    pub(crate) fn new(attr: &Attr) -> Self {
+    pub fn new(attr: &Attr) -> Self {
         SampleLayout {
             sample_type: attr.sample_type,
             read_format: attr.read_format,
@@ -30,7 +30,7 @@ impl SampleLayout {
 
 /// The located fields of one sample. Arrays stay as raw bytes in the writer's order.
 #[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct Sample<'a> {
+pub struct Sample<'a> {
     /// Sample IP.
     pub ip: Option<u64>,
     /// Process id.
@@ -126,7 +126,7 @@ pub fn sample_time(rec: &[u8], e: Endian, sample_type: u64) -> Option<u64> {
 
 impl SampleLayout {
     /// Locates the fields of the sample record `rec` (header included).
-    pub(crate) fn decode<'a>(&self, rec: &'a [u8], e: Endian) -> Result<Sample<'a>, SampleError> {
+    pub fn decode<'a>(&self, rec: &'a [u8], e: Endian) -> Result<Sample<'a>, SampleError> {
         let t = self.sample_type;
         let mut c = Cur { d: rec, at: 8, e };
         let mut s = Sample::default();
@@ -223,7 +223,7 @@ impl SampleLayout {
 /// Where the fields that `--convert-callchain` rewrites lie in a sample record:
 /// offsets from the record's start (header included), found by the one decode.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Spans {
+pub struct Spans {
     /// Where the callchain's `nr` is (or, without PERF_SAMPLE_CALLCHAIN, where the
     /// field would go: after READ).
     pub callchain: usize,

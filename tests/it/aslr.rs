@@ -10,16 +10,16 @@
 //!   They run `pdinject --aslr` itself.
 
 use super::common::*;
-use pdinject::testing::aslr::layout::{Config, Event, Inherit, Layout, LayoutBuilder, MapClass};
-use pdinject::testing::aslr::remap::{self, SampleCtx, Verdict};
+use pdinject::testing::aslr::{self as remap, SampleCtx, Verdict};
+use pdinject::testing::aslr::{Config, Event, Inherit, Layout, LayoutBuilder, MapClass};
+use pdinject::testing::format::Attr;
 use pdinject::testing::format::Endian;
-use pdinject::testing::format::attr::Attr;
-use pdinject::testing::format::compressed::{InnerStream, payload};
-use pdinject::testing::format::header::FileHeader;
-use pdinject::testing::format::record::{RecordHeader, TrailerLayout, misc, parse_mmap, rt};
-use pdinject::testing::format::sample::{sample_id, sample_time};
+use pdinject::testing::format::FileHeader;
+use pdinject::testing::format::{InnerStream, payload};
+use pdinject::testing::format::{RecordHeader, TrailerLayout, misc, parse_mmap, rt};
+use pdinject::testing::format::{sample_id, sample_time};
 use pdinject::testing::model::Key;
-use pdinject::testing::resolve::callchain::Space;
+use pdinject::testing::resolve::Space;
 use std::collections::{BTreeMap, HashMap};
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -44,8 +44,7 @@ fn push_records(e: Endian, data: &[u8], out: &mut Vec<Vec<u8>>, attrs: &mut Vec<
         let size = h.size as usize;
         assert!(size >= 8 && at + size <= data.len(), "bad record at {at}");
         let rec = &data[at..at + size];
-        let oob =
-            pdinject::testing::format::record::out_of_band_len(&h, rec, e).unwrap_or(0) as usize;
+        let oob = pdinject::testing::format::out_of_band_len(&h, rec, e).unwrap_or(0) as usize;
         match h.kind {
             rt::COMPRESSED | rt::COMPRESSED2 => {
                 let p = payload(&h, rec, e).unwrap();
@@ -75,7 +74,7 @@ fn push_records(e: Endian, data: &[u8], out: &mut Vec<Vec<u8>>, attrs: &mut Vec<
 fn read_recording(path: &Path) -> Recording {
     let buf = fs::read(path).unwrap();
     let mut records = Vec::new();
-    if let Some(e) = pdinject::testing::format::header::pipe_header(&buf) {
+    if let Some(e) = pdinject::testing::format::pipe_header(&buf) {
         let mut attrs = Vec::new();
         push_records(e, &buf[16..], &mut records, &mut attrs);
         return Recording { e, attrs, records };
@@ -83,7 +82,7 @@ fn read_recording(path: &Path) -> Recording {
     let h = FileHeader::parse(&buf, buf.len() as u64).unwrap();
     let e = h.endian;
     let sec = &buf[h.attrs.offset as usize..(h.attrs.offset + h.attrs.size) as usize];
-    let attrs = pdinject::testing::format::attr::read_attrs(&h, sec, |o, s| {
+    let attrs = pdinject::testing::format::read_attrs(&h, sec, |o, s| {
         Ok(buf[o as usize..(o + s) as usize].to_vec())
     })
     .unwrap();
@@ -185,7 +184,7 @@ fn layout_of(r: &Recording, keys: &[Key], inherit: Inherit) -> Layout {
             rt::MMAP | rt::MMAP2 => {
                 let m = parse_mmap(&h, rec, rec.len() - tl.size, e).unwrap();
                 let kernel = matches!(h.cpumode(), misc::KERNEL | misc::GUEST_KERNEL);
-                let exec = m.prot & pdinject::testing::format::record::PROT_EXEC != 0;
+                let exec = m.prot & pdinject::testing::format::PROT_EXEC != 0;
                 b.push(
                     key,
                     Event::Map {
@@ -200,13 +199,13 @@ fn layout_of(r: &Recording, keys: &[Key], inherit: Inherit) -> Layout {
                 );
             }
             rt::EXIT => {
-                let f = pdinject::testing::format::record::Fork::parse(rec, e).unwrap();
+                let f = pdinject::testing::format::Fork::parse(rec, e).unwrap();
                 if f.tid == Some(f.pid) {
                     b.push(key, Event::Exit { pid: f.pid });
                 }
             }
             rt::FORK => {
-                let f = pdinject::testing::format::record::Fork::parse(rec, e).unwrap();
+                let f = pdinject::testing::format::Fork::parse(rec, e).unwrap();
                 if f.pid != f.ppid {
                     b.push(
                         key,

@@ -514,7 +514,7 @@ fn jit_minijit_address_reuse_lines_streams_and_reruns() -> common::Outcome {
 /// COMPRESSED and COMPRESSED2 records in the data of a file or a stream
 /// (little-endian), counted by walking its record headers.
 fn compressed_records(f: &Path) -> usize {
-    use pdinject::testing::format::record::rt;
+    use pdinject::testing::format::rt;
     let b = fs::read(f).unwrap();
     let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().unwrap());
     let (mut at, end) = if u64_at(8) == 16 {

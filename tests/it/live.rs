@@ -7,8 +7,8 @@
 //! close to it; the capture ties the two by bounds, see src/live/mod.rs).
 
 use super::common::*;
-use pdinject::testing::buildid::cache::BuildIdCache;
-use pdinject::testing::format::record::{FileIdent, misc};
+use pdinject::testing::buildid::BuildIdCache;
+use pdinject::testing::format::{FileIdent, misc};
 use pdinject::testing::live::{Capture, LiveAnswer, LiveConfig, MapArrival, Offered, PerfClock};
 use std::io::BufRead;
 use std::path::{Path, PathBuf};

@@ -327,7 +327,7 @@ fn small_batches_match_one_batch() -> Outcome {
             // The library fills no cache by default; this test's own (empty) one,
             // where perf script (same HOME) finds the vdso.
             let opts = pdinject::Options {
-                cache: Some(pdinject::testing::buildid::cache::BuildIdCache {
+                cache: Some(pdinject::testing::buildid::BuildIdCache {
                     dir: test_home().join(".debug"),
                     ..Default::default()
                 }),

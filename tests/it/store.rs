@@ -493,8 +493,8 @@ fn fleet_store_served_by_debuginfod_symbolises_elsewhere() -> Outcome {
     // Polled without debuginfod-find, whose client cache would remember a miss.
     let ready = (0..300).any(|_| {
         let ok = in_store.iter().all(|id| {
-            let id = pdinject::testing::format::buildid::BuildId::from_hex(id).unwrap();
-            pdinject::testing::buildid::debuginfod::fetch(std::slice::from_ref(&url), &id).is_ok()
+            let id = pdinject::testing::format::BuildId::from_hex(id).unwrap();
+            pdinject::testing::buildid::fetch(std::slice::from_ref(&url), &id).is_ok()
         });
         if !ok {
             std::thread::sleep(Duration::from_millis(100));

@@ -77,10 +77,9 @@ pub(super) fn exec_only(maps: Vec<MapEntry>) -> Arc<[MapEntry]> {
 }
 
 impl Worker {
-    /// Fresh state for `arch` (the unit tests'; a run's workers share one
-    /// [`Worker::sharing`]).
-    #[cfg(test)]
-    pub(crate) fn new(arch: Arch) -> Self {
+    /// Fresh state for `arch` (the unit tests' and the unwind fuzzer's; a run's
+    /// workers share one [`Worker::sharing`]).
+    pub fn new(arch: Arch) -> Self {
         Worker::sharing(arch, Arc::default())
     }
 

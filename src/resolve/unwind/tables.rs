@@ -97,7 +97,7 @@ impl UnwindTables {
 
     /// Makes room for DSOs a growing model (pipe mode) added since; tables already
     /// loaded are kept.
-    pub(crate) fn grow(&mut self, model: &Model) {
+    pub fn grow(&mut self, model: &Model) {
         let n = model.dsos.len();
         if self.per_dso.len() < n {
             self.per_dso.resize_with(n, OnceLock::new);
@@ -107,7 +107,7 @@ impl UnwindTables {
     /// Sets the proof for the DSOs loaded from now on: whether local files may be
     /// read at all, and the recording's start (an unknown start loads nothing, as it
     /// gives no ID). Tables loaded before keep the proof they were loaded under.
-    pub(crate) fn set_proof(&mut self, local: LocalFiles, start: RecordingStart) {
+    pub fn set_proof(&mut self, local: LocalFiles, start: RecordingStart) {
         self.local = local;
         self.start = start;
     }

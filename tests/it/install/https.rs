@@ -275,10 +275,10 @@ fn debuginfod_over_https_behind_a_tls_front() -> Outcome {
     };
     let _debuginfod = Service(child);
     let http = format!("http://127.0.0.1:{http_port}");
-    let id = pdinject::testing::format::buildid::BuildId::from_hex(PROG_ID).unwrap();
+    let id = pdinject::testing::format::BuildId::from_hex(PROG_ID).unwrap();
     let mut ready = false;
     for _ in 0..300 {
-        if pdinject::testing::buildid::debuginfod::fetch(std::slice::from_ref(&http), &id).is_ok() {
+        if pdinject::testing::buildid::fetch(std::slice::from_ref(&http), &id).is_ok() {
             ready = true;
             break;
         }
