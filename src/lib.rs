@@ -53,6 +53,7 @@ pub mod cli_support {
         buildid::debuginfod,
         buildid::store::PRINTED_NOT_STORED,
         buildid::vouch::{DPKG_ADMINDIR, Vouchers},
+        engine::check_handles,
         limits::{DEFAULT_STREAM_MEMORY_ARG, check_jobs, check_stream_memory, parse_size},
         live::{DEFAULT_BUDGET_ARG, LiveChoice},
         report::{check_report_path, stage_json},

@@ -78,6 +78,9 @@ pub(crate) fn execute(args: &BatchArgs) -> Result<Exit> {
     // The cache is filled as by single runs: one entry per DSO file, the later inputs
     // finding it present.
     let engine = args.run.engine.options(None)?;
+    // The run opens what the options name (the symbol store); a batch checks it as a
+    // usage error before any input, as a single run does before its input.
+    pdinject::cli_support::check_handles(&engine)?;
     let dest = destination(args)?;
     args.run.check_jobs()?;
     let shard = shard(args)?;

@@ -108,6 +108,12 @@ pub struct Handles {
     pub store: Option<SymbolStore>,
 }
 
+/// Whether a run could open what `opts` names (a symbol store that cannot be made is
+/// a usage error): what `batch` checks before any input.
+pub fn check_handles(opts: &Options) -> Result<()> {
+    Handles::open(opts).map(|_| ())
+}
+
 impl Handles {
     /// Opens what `opts` names; a symbol store that cannot be made is a usage error,
     /// as the flag that named it.
