@@ -23,6 +23,6 @@ pub(crate) fn run_stream(
 }
 
 /// Whether `head` (the first bytes of an input) is a pipe-format header.
-pub fn is_stream_header(head: &[u8]) -> bool {
+pub(crate) fn is_stream_header(head: &[u8]) -> bool {
     pipe_header(head).is_some()
 }
