@@ -52,7 +52,7 @@ pub mod cli_support {
         buildid::cache::BuildIdCache,
         buildid::debuginfod,
         buildid::store::PRINTED_NOT_STORED,
-        buildid::vouch::{DPKG_ADMINDIR, Vouchers},
+        buildid::vouch::{DPKG_ADMINDIR, Remember, Vouchers},
         engine::check_handles,
         limits::{DEFAULT_STREAM_MEMORY_ARG, check_jobs, check_stream_memory, parse_size},
         live::{DEFAULT_BUDGET_ARG, LiveChoice},

@@ -275,6 +275,12 @@ impl Options {
         if v.cache.is_none() {
             v.cache = self.cache.as_ref().map(|c| c.dir.clone());
         }
+        // A run that writes the cache (not -N) notes there what dpkg vouched for.
+        if let Some(c) = &self.cache
+            && v.cache.as_ref() == Some(&c.dir)
+        {
+            v.remember = crate::buildid::vouch::Remember::InLinkRecord;
+        }
         v
     }
 

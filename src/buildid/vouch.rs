@@ -55,6 +55,20 @@ pub struct Vouchers {
     /// its segments is taken as unchanged whatever its ctime (a same-layout rebuild
     /// written over it with its times set back passes too).
     pub same_layout: bool,
+    /// Whether a file dpkg vouched for is noted in the link record, so that a later
+    /// run takes it from there while its ctime stays, without reading it again.
+    pub remember: Remember,
+}
+
+/// Whether what dpkg vouched for is noted in the cache's link record.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Remember {
+    /// Nothing is written (`-N`: the run writes nothing into the cache).
+    #[default]
+    Nothing,
+    /// A line per file dpkg vouched for (its MD5 is the cost: 90 MB of libraries
+    /// hashed is 450 M instructions, where a run is 40 M).
+    InLinkRecord,
 }
 
 impl Default for Vouchers {
@@ -63,6 +77,7 @@ impl Default for Vouchers {
             dpkg: Some(PathBuf::from(DPKG_ADMINDIR)),
             cache: None,
             same_layout: false,
+            remember: Remember::Nothing,
         }
     }
 }
@@ -74,6 +89,7 @@ impl Vouchers {
             dpkg: None,
             cache: None,
             same_layout: false,
+            remember: Remember::Nothing,
         }
     }
 }
@@ -132,10 +148,23 @@ impl Vouchers {
             (Some(dir), Some(id)) => LinkLog::for_cache(dir).voucher(meta, id),
             _ => None,
         };
+        // A line noting dpkg's word gives dpkg's time already: the file is not read
+        // again (its MD5 is what the line saves).
+        let linked = match linked {
+            Some((v, DpkgNoted::Yes)) => return Some(v),
+            other => other.map(|(v, _)| v),
+        };
         let packaged = || {
-            self.dpkg
+            let v = self
+                .dpkg
                 .as_deref()
-                .and_then(|admin| dpkg_voucher(admin, file, meta, path))
+                .filter(|admin| dpkg_may_list(admin, path))
+                .and_then(|admin| dpkg_voucher(admin, file, meta, path))?;
+            if let (Remember::InLinkRecord, Some(dir), Some(id)) = (self.remember, &self.cache, id)
+            {
+                LinkLog::for_cache(dir).note_checked(meta, id, v.since);
+            }
+            Some(v)
         };
         // The earlier of the two proves the most recordings.
         match (linked, packaged()) {
@@ -208,19 +237,29 @@ fn read_md5sums(path: &Path) -> Option<Vec<u8>> {
     std::fs::read(path).ok()
 }
 
-/// The lines of an `.md5sums`: `(md5, path relative to /)`.
-fn md5sums_lines(text: &[u8]) -> impl Iterator<Item = ([u8; 16], &[u8])> {
-    text.split(|&b| b == b'\n').filter_map(|line| {
+/// The lines of an `.md5sums`: `(md5 in hex, path relative to /)`. The hex is decoded
+/// only for a line whose name is asked for: decoding every line while indexing was
+/// 290 M of the 366 M instructions of `--buildid-all` on fp-med (768 packages).
+fn md5sums_lines(text: &[u8]) -> impl Iterator<Item = (&[u8], &[u8])> {
+    let mut at = 0;
+    let lines = memchr::memchr_iter(b'\n', text)
+        .chain(std::iter::once(text.len()))
+        .map(move |end| {
+            let line = text.get(at..end).unwrap_or_default();
+            at = end + 1;
+            line
+        });
+    lines.filter_map(|line| {
         // "d41d8cd98f00b204e9800998ecf8427e  usr/lib/x/libfoo.so.1"
         let (hex, rest) = line.split_at_checked(32)?;
-        let md5 = unhex16(hex)?;
         let rel = rest.trim_ascii_start();
-        Some((md5, rel.strip_prefix(b"/").unwrap_or(rel)))
+        Some((hex, rel.strip_prefix(b"/").unwrap_or(rel)))
     })
 }
 
 fn base_name(rel: &[u8]) -> Option<&[u8]> {
-    rel.rsplit(|&b| b == b'/').next().filter(|b| !b.is_empty())
+    let name = memchr::memrchr(b'/', rel).map_or(rel, |i| &rel[i + 1..]);
+    (!name.is_empty()).then_some(name)
 }
 
 fn read_dpkg(admindir: &Path) -> DpkgIndex {
@@ -261,11 +300,31 @@ fn read_dpkg(admindir: &Path) -> DpkgIndex {
     ix
 }
 
+/// Whether the system's dpkg may list `path`: Debian's packages install under
+/// these directories only (policy 9.1: never /home, /root, /tmp, /usr/local, /srv),
+/// so a ctime-moved file elsewhere (a user's own build, a pyenv library) does not cost
+/// the database's read (20 ms a run). Another admindir (a chroot's, a test's) is
+/// always asked.
+fn dpkg_may_list(admindir: &Path, path: &Path) -> bool {
+    // /opt: packages from outside Debian install there, and dpkg lists them.
+    const SYSTEM: [&str; 11] = [
+        "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/opt", "/etc", "/boot",
+        "/var",
+    ];
+    let system = |p: &Path| SYSTEM.iter().any(|d| p.starts_with(d)) && !p.starts_with("/usr/local");
+    admindir != Path::new(DPKG_ADMINDIR)
+        || system(path)
+        || std::fs::canonicalize(path).is_ok_and(|c| system(&c))
+}
+
 fn unhex16(hex: &[u8]) -> Option<[u8; 16]> {
+    let nibble = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
     let mut out = [0u8; 16];
-    for (i, pair) in hex.chunks_exact(2).enumerate() {
-        let s = std::str::from_utf8(pair).ok()?;
-        *out.get_mut(i)? = u8::from_str_radix(s, 16).ok()?;
+    if hex.len() != 2 * out.len() {
+        return None;
+    }
+    for (o, pair) in out.iter_mut().zip(hex.chunks_exact(2)) {
+        *o = (nibble(pair[0])? << 4) | nibble(pair[1])?;
     }
     Some(out)
 }
@@ -333,10 +392,13 @@ fn dpkg_voucher(
             let Some(text) = read_md5sums(&sums) else {
                 continue;
             };
-            for (listed, rel) in md5sums_lines(&text) {
+            for (hex, rel) in md5sums_lines(&text) {
                 if base_name(rel) != Some(n.as_slice()) {
                     continue;
                 }
+                let Some(listed) = unhex16(hex) else {
+                    continue;
+                };
                 let path = Path::new("/").join(std::ffi::OsStr::from_bytes(rel));
                 let same = std::fs::metadata(&path)
                     .is_ok_and(|m| (m.dev(), m.ino()) == (meta.dev(), meta.ino()));
@@ -373,12 +435,32 @@ fn dpkg_voucher(
 /// One line of a cache's link record.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct LinkRecord {
+    /// What the line says happened between the two ctimes.
+    kind: LinkKind,
     id: BuildId,
     /// The file's ctime before pdinject's link.
     before: i128,
     /// The ctime pdinject's link (and the renames and removals of its temporary
     /// names) left.
     after: i128,
+}
+
+/// What a line of the link record stands for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum LinkKind {
+    /// `v1`: pdinject's link into the cache, the only change between the two ctimes.
+    Link,
+    /// `d1`: the file's MD5 was dpkg's when its ctime was the second one, and dpkg
+    /// unpacked it by the first (the time of its package's list): a later run whose
+    /// file still has that ctime takes it without reading it again.
+    Dpkg,
+}
+
+/// Whether a line of the link record gives dpkg's word for a file state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum DpkgNoted {
+    Yes,
+    No,
 }
 
 /// A link record's lines by `(st_dev, st_ino)`.
@@ -424,22 +506,31 @@ impl LinkLog {
         g
     }
 
-    fn voucher(&self, meta: &std::fs::Metadata, id: BuildId) -> Option<Voucher> {
+    /// The voucher of the lines that speak for this very ctime, and whether dpkg's
+    /// word is among them (then dpkg has nothing earlier to give).
+    fn voucher(&self, meta: &std::fs::Metadata, id: BuildId) -> Option<(Voucher, DpkgNoted)> {
         let mut g = self.lines();
         let ctime = ctime_of(meta);
         let key = (meta.dev(), meta.ino());
         let find = |links: &Links| {
-            // The earliest "before" of the links that left this very ctime.
-            links
-                .get(&key)?
-                .iter()
-                .filter(|r| r.after == ctime && r.id == id)
-                .min_by_key(|r| r.before)
-                .copied()
+            let lines = || {
+                links
+                    .get(&key)
+                    .into_iter()
+                    .flatten()
+                    .filter(|r| r.after == ctime && r.id == id)
+            };
+            // The earliest "before" of the lines that left this very ctime.
+            let r = lines().min_by_key(|r| r.before).copied()?;
+            let dpkg = match lines().any(|r| r.kind == LinkKind::Dpkg) {
+                true => DpkgNoted::Yes,
+                false => DpkgNoted::No,
+            };
+            Some((r, dpkg))
         };
         let (links, read) = g.as_mut()?;
-        let r = match find(links) {
-            Some(r) => r,
+        let (r, dpkg) = match find(links) {
+            Some(found) => found,
             None => {
                 // Another process (a batch's other shard, a concurrent run) may have
                 // linked it since the record was read: read what it appended.
@@ -451,14 +542,59 @@ impl LinkLog {
                 find(links)?
             }
         };
-        Some(Voucher {
-            since: r.before,
-            what: format!(
+        let what = match r.kind {
+            LinkKind::Link => format!(
                 "pdinject's link of it into the build-ID cache ({}) found it unchanged since {} s",
                 self.path.display(),
                 secs(r.before)
             ),
-        })
+            LinkKind::Dpkg => format!(
+                "an earlier run found these bytes listed by dpkg, unpacked by {} s, and the ctime unchanged since ({})",
+                secs(r.before),
+                self.path.display()
+            ),
+        };
+        Some((
+            Voucher {
+                since: r.before,
+                what,
+            },
+            dpkg,
+        ))
+    }
+
+    /// Notes that the file `meta` describes (its note giving `id`) had dpkg's bytes
+    /// with this ctime, unpacked by `since`; appended under the record's lock in one
+    /// write, as [`record_link`] does. A record that cannot be written only costs the
+    /// next run a digest.
+    fn note_checked(&self, meta: &std::fs::Metadata, id: BuildId, since: i128) {
+        let rec = LinkRecord {
+            kind: LinkKind::Dpkg,
+            id,
+            before: since,
+            after: ctime_of(meta),
+        };
+        if rec.after <= rec.before {
+            return;
+        }
+        let key = (meta.dev(), meta.ino());
+        let mut g = self.lines();
+        if let Some((m, _)) = g.as_mut() {
+            if m.get(&key).is_some_and(|v| v.contains(&rec)) {
+                return;
+            }
+            m.entry(key).or_default().push(rec);
+        }
+        let Ok(f) = std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .mode(0o644)
+            .open(&self.path)
+        else {
+            return;
+        };
+        let _exclusive = Flock::new(&f, libc::LOCK_EX);
+        let _ = (&f).write_all(format_link(key.0, key.1, &rec).as_bytes());
     }
 }
 
@@ -498,13 +634,16 @@ fn read_links(path: &Path, from: u64) -> (Links, u64) {
 }
 
 /// `v1 DEV INO ID BEFORE AFTER` (decimal device and inode numbers, the ID in hex,
-/// both ctimes in ns since the epoch).
+/// both times in ns since the epoch); `d1` for [`LinkKind::Dpkg`] (pdinject before
+/// it skips those lines).
 fn parse_link(line: &[u8]) -> Option<((u64, u64), LinkRecord)> {
     let s = std::str::from_utf8(line).ok()?;
     let mut w = s.split_ascii_whitespace();
-    if w.next()? != "v1" {
-        return None;
-    }
+    let kind = match w.next()? {
+        "v1" => LinkKind::Link,
+        "d1" => LinkKind::Dpkg,
+        _ => return None,
+    };
     let dev = w.next()?.parse().ok()?;
     let ino = w.next()?.parse().ok()?;
     let id = BuildId::from_hex(w.next()?)?;
@@ -513,11 +652,23 @@ fn parse_link(line: &[u8]) -> Option<((u64, u64), LinkRecord)> {
     if w.next().is_some() || after <= before {
         return None;
     }
-    Some(((dev, ino), LinkRecord { id, before, after }))
+    Some((
+        (dev, ino),
+        LinkRecord {
+            kind,
+            id,
+            before,
+            after,
+        },
+    ))
 }
 
 fn format_link(dev: u64, ino: u64, r: &LinkRecord) -> String {
-    format!("v1 {dev} {ino} {} {} {}\n", r.id, r.before, r.after)
+    let tag = match r.kind {
+        LinkKind::Link => "v1",
+        LinkKind::Dpkg => "d1",
+    };
+    format!("{tag} {dev} {ino} {} {} {}\n", r.id, r.before, r.after)
 }
 
 /// Runs `link`, which hard-links the open `file` (whose note carries `id`) into the
@@ -561,6 +712,7 @@ pub(crate) fn record_link<T>(
         && ctime_of(&after) > ctime_of(&before);
     if moved && super::elf_read::read_build_id(file).ok() == Some(id) {
         let rec = LinkRecord {
+            kind: LinkKind::Link,
             id,
             before: ctime_of(&before),
             after: ctime_of(&after),
@@ -612,9 +764,39 @@ mod tests {
     use super::*;
 
     #[test]
+    fn md5sums_lines_give_names_and_hex_decodes_only_digests() {
+        let text = b"0123456789abcdef0123456789ABCDEF  usr/lib/libx.so.1\n\
+                     short\n\
+                     0123456789abcdef0123456789abcdeg  /lib/liby.so\n\
+                     0123456789abcdef0123456789abcdef  usr/bin/z";
+        let lines: Vec<_> = md5sums_lines(text).collect();
+        let names: Vec<_> = lines.iter().map(|(_, rel)| base_name(rel)).collect();
+        assert_eq!(
+            names,
+            [
+                Some(&b"libx.so.1"[..]),
+                Some(&b"liby.so"[..]),
+                Some(&b"z"[..])
+            ]
+        );
+        assert_eq!(lines[1].1, b"lib/liby.so");
+        let want = [
+            0x01, 0x23, 0x45, 0x67, 0x89, 0xab, 0xcd, 0xef, 0x01, 0x23, 0x45, 0x67, 0x89, 0xab,
+            0xcd, 0xef,
+        ];
+        assert_eq!(unhex16(lines[0].0), Some(want));
+        assert_eq!(unhex16(lines[2].0), Some(want));
+        // Not a digest: a letter past f, or the wrong length.
+        assert_eq!(unhex16(lines[1].0), None);
+        assert_eq!(unhex16(b"0123"), None);
+        assert_eq!(base_name(b"usr/lib/"), None);
+    }
+
+    #[test]
     fn link_lines_round_trip_and_junk_is_skipped() {
         let id = BuildId::from_hex("11223344556677889900aabbccddeeff").unwrap();
         let r = LinkRecord {
+            kind: LinkKind::Link,
             id,
             before: 1_700_000_000_123_456_789,
             after: 1_700_000_001_000_000_000,
@@ -623,6 +805,16 @@ mod tests {
         assert_eq!(
             parse_link(line.trim_end().as_bytes()),
             Some(((2049, 77), r))
+        );
+        let d = LinkRecord {
+            kind: LinkKind::Dpkg,
+            ..r
+        };
+        let line = format_link(2049, 77, &d);
+        assert!(line.starts_with("d1 2049 77 "), "{line}");
+        assert_eq!(
+            parse_link(line.trim_end().as_bytes()),
+            Some(((2049, 77), d))
         );
         for bad in [
             "",
@@ -664,6 +856,7 @@ mod tests {
             dpkg: None,
             cache: Some(cache.clone()),
             same_layout: false,
+            remember: Remember::Nothing,
         };
         let e = v.evidence(&f, &after, &lib, Some(id));
         assert_eq!(e.voucher.map(|v| v.since), Some(ctime_of(&before)));
@@ -724,5 +917,103 @@ mod tests {
         .unwrap();
         std::fs::write(admin2.join("info/libt1.list"), "").unwrap();
         assert!(dpkg_voucher(&admin2, &f, &meta, &lib).is_none());
+    }
+
+    #[test]
+    fn what_dpkg_vouched_for_is_noted_for_the_next_run_while_the_ctime_stays() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().unwrap();
+        let lib = d.path().join("libn.so.1");
+        std::fs::write(&lib, b"bytes dpkg unpacked").unwrap();
+        let admin = d.path().join("dpkg");
+        std::fs::create_dir_all(admin.join("info")).unwrap();
+        let hex: String = {
+            use md5::Digest;
+            let sum: [u8; 16] = md5::Md5::digest(std::fs::read(&lib).unwrap()).into();
+            sum.iter().map(|b| format!("{b:02x}")).collect()
+        };
+        let rel = lib.strip_prefix("/").unwrap().display().to_string();
+        std::fs::write(admin.join("info/libn.md5sums"), format!("{hex}  {rel}\n")).unwrap();
+        std::fs::write(admin.join("info/libn.list"), format!("/{rel}\n")).unwrap();
+        // The ctime moves after the package's list was written (perf's link into its
+        // cache, a chmod): dpkg's digest is what vouches.
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let chmod = |mode| std::fs::set_permissions(&lib, std::fs::Permissions::from_mode(mode));
+        chmod(0o755).unwrap();
+        let f = File::open(&lib).unwrap();
+        let meta = f.metadata().unwrap();
+        let id = BuildId::from_hex("0badc0de0badc0de0badc0de0badc0de0badc0de").unwrap();
+        let (cache, quiet) = (d.path().join("cache"), d.path().join("quiet"));
+        std::fs::create_dir_all(&cache).unwrap();
+        std::fs::create_dir_all(&quiet).unwrap();
+        let with = |dpkg: Option<&Path>, dir: &Path, remember| Vouchers {
+            dpkg: dpkg.map(Path::to_path_buf),
+            cache: Some(dir.to_path_buf()),
+            same_layout: false,
+            remember,
+        };
+        // -N: vouched for, nothing written.
+        let v = with(Some(&admin), &quiet, Remember::Nothing).evidence(&f, &meta, &lib, Some(id));
+        assert!(v.voucher.is_some());
+        assert!(!quiet.join(LINK_LOG).exists());
+        // A run that writes the cache notes it, once.
+        let w = with(Some(&admin), &cache, Remember::InLinkRecord);
+        let dpkg = w
+            .evidence(&f, &meta, &lib, Some(id))
+            .voucher
+            .expect("dpkg's voucher");
+        let text = std::fs::read_to_string(cache.join(LINK_LOG)).unwrap();
+        assert!(
+            text.starts_with("d1 ") && text.lines().count() == 1,
+            "{text}"
+        );
+        // The next run, without dpkg's database: the line vouches, since the same time.
+        let (lines, _) = read_links(&cache.join(LINK_LOG), 0);
+        assert_eq!(lines.values().flatten().count(), 1);
+        let next = with(None, &cache, Remember::Nothing);
+        let noted = next
+            .evidence(&f, &meta, &lib, Some(id))
+            .voucher
+            .expect("the line's voucher");
+        assert_eq!(noted.since, dpkg.since);
+        assert!(noted.what.contains("dpkg"), "{}", noted.what);
+        // Another ID, or the ctime moved again: nothing.
+        let other = BuildId::from_hex("abcdef").unwrap();
+        assert!(
+            next.evidence(&f, &meta, &lib, Some(other))
+                .voucher
+                .is_none()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        chmod(0o644).unwrap();
+        let moved = f.metadata().unwrap();
+        assert!(next.evidence(&f, &moved, &lib, Some(id)).voucher.is_none());
+    }
+
+    #[test]
+    fn the_systems_dpkg_is_asked_about_system_paths_only() {
+        let sys = Path::new(DPKG_ADMINDIR);
+        for p in [
+            "/usr/lib/x86_64-linux-gnu/libc.so.6",
+            "/lib64/ld-linux-x86-64.so.2",
+            "/opt/google/chrome/chrome",
+            "/usr/bin/bash",
+        ] {
+            assert!(dpkg_may_list(sys, Path::new(p)), "{p}");
+        }
+        for p in [
+            "/home/u/a.out",
+            "/usr/local/bin/git",
+            "/root/.pyenv/lib/libpython3.11.so",
+            "/tmp/jit-1.so",
+            "/library/x",
+        ] {
+            assert!(!dpkg_may_list(sys, Path::new(p)), "{p}");
+        }
+        // Another database (a chroot's, a test's) is asked about anything.
+        assert!(dpkg_may_list(
+            Path::new("/srv/chroot/var/lib/dpkg"),
+            Path::new("/tmp/x")
+        ));
     }
 }

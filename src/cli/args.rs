@@ -382,6 +382,8 @@ impl FileArgs {
             ),
             cache: Some(cache_dir.clone()),
             same_layout: self.trust_same_layout,
+            // The run notes what dpkg vouched for when it writes the cache (not -N).
+            ..Default::default()
         };
         let cache = if self.no_buildid_cache {
             None

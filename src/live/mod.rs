@@ -817,6 +817,7 @@ pub(crate) fn own_link_evidence(
         dpkg: None,
         cache: Some(cache.dir.clone()),
         same_layout: false,
+        remember: crate::buildid::vouch::Remember::Nothing,
     };
     vouchers.evidence(file, meta, std::path::Path::new(""), Some(id))
 }
