@@ -260,8 +260,11 @@ impl Image {
             .bytes(path)
             .map_err(|e| crate::error::Error::Internal(format!("a JIT image: {e}")))?;
         let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
+        // 0644 less the umask, as perf's images (genelf) and this room before the
+        // temp name: perf run by another user reads them (tempfile's own is 0600).
         let mut tmp = tempfile::Builder::new()
             .prefix(".pdinject-jit-")
+            .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644))
             .tempfile_in(dir.unwrap_or(Path::new(".")))
             .map_err(|e| crate::error::Error::io(path, e))?;
         // Removed on a signal too, as every temporary is (src/signals.rs).

@@ -635,7 +635,7 @@ fn summary(u: &Used) -> String {
             if held == d.count.loads {
                 String::new()
             } else {
-                format!(": the {held} loads samples touch (with --jit-maps all, every one)")
+                format!(": of them the {held} that samples touch (--jit-maps all: every one)")
             }
         ));
     }

@@ -869,6 +869,15 @@ fn jit_node_matches_perf_inject() -> common::Outcome {
     // One image for the process, and the same source lines as perf inject's.
     let mine = images(dir.path(), "jit-");
     assert_eq!(mine.len(), 1, "{mine:?}");
+    // Readable as perf's images are (0644 less the umask), not a temp file's 0600.
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let probe = dir.path().join("umask-probe");
+        fs::write(&probe, b"").unwrap();
+        let want = fs::metadata(&probe).unwrap().permissions().mode() & 0o644;
+        let mode = fs::metadata(&mine[0]).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, want, "the image's mode {mode:o}");
+    }
     let theirs = dir.path().join("perf-jit.data");
     let ours = dir.path().join("ours.data");
     // --jit-maps: the default writes records for the loads samples touch, `all` one
