@@ -711,10 +711,23 @@ pub(crate) fn record_link<T>(
     let moved = (after.dev(), after.ino()) == (before.dev(), before.ino())
         && ctime_of(&after) > ctime_of(&before);
     if moved && super::elf_read::read_build_id(file).ok() == Some(id) {
+        // A line that vouched for the file as it was before the link (dpkg's word a
+        // proof just noted, an earlier link) still does after it: the link moved no
+        // byte. Carried over, the next run finds it for the ctime the link left.
+        let carried = g
+            .as_ref()
+            .and_then(|(m, _)| m.get(&(before.dev(), before.ino())))
+            .and_then(|lines| {
+                lines
+                    .iter()
+                    .filter(|r| r.after == ctime_of(&before) && r.id == id)
+                    .min_by_key(|r| r.before)
+            })
+            .filter(|r| r.before < ctime_of(&before));
         let rec = LinkRecord {
-            kind: LinkKind::Link,
+            kind: carried.map_or(LinkKind::Link, |r| r.kind),
             id,
-            before: ctime_of(&before),
+            before: carried.map_or(ctime_of(&before), |r| r.before),
             after: ctime_of(&after),
         };
         // One short line in one write with O_APPEND: the writes of several processes
@@ -988,6 +1001,41 @@ mod tests {
         chmod(0o644).unwrap();
         let moved = f.metadata().unwrap();
         assert!(next.evidence(&f, &moved, &lib, Some(id)).voucher.is_none());
+    }
+
+    #[test]
+    fn a_link_carries_over_the_line_that_vouched_before_it() {
+        let d = tempfile::tempdir().unwrap();
+        let lib = d.path().join("libc.so.t");
+        std::fs::copy("/proc/self/exe", &lib).unwrap();
+        let f = File::open(&lib).unwrap();
+        // The test binary carries a build ID (rustc's default link on Linux).
+        let id = super::super::elf_read::read_build_id(&f).expect("the test binary's ID");
+        let cache = d.path().join("cache");
+        std::fs::create_dir_all(&cache).unwrap();
+        let meta = f.metadata().unwrap();
+        let since = ctime_of(&meta) - 1_000_000_000_000;
+        LinkLog::for_cache(&cache).note_checked(&meta, id, since);
+        record_link(&cache, &f, id, || {
+            std::fs::hard_link(&lib, cache.join("linked")).map_err(|e| e.to_string())
+        })
+        .unwrap();
+        let after = f.metadata().unwrap();
+        assert!(ctime_of(&after) > ctime_of(&meta));
+        let text = std::fs::read_to_string(cache.join(LINK_LOG)).unwrap();
+        let last = text.lines().last().unwrap();
+        assert!(
+            last.starts_with("d1 ") && last.contains(&format!(" {since} ")),
+            "{text}"
+        );
+        let v = Vouchers {
+            dpkg: None,
+            cache: Some(cache.clone()),
+            same_layout: false,
+            remember: Remember::Nothing,
+        };
+        let e = v.evidence(&f, &after, &lib, Some(id));
+        assert_eq!(e.voucher.map(|v| v.since), Some(since));
     }
 
     #[test]
