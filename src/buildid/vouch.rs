@@ -143,9 +143,12 @@ impl Vouchers {
         path: &Path,
         id: Option<BuildId>,
     ) -> Option<Voucher> {
+        // The database asked about this path, if any: only its own notes stand for it.
+        let admin = self.dpkg.as_deref().filter(|a| dpkg_may_list(a, path));
+        let db = admin.map(db_tag);
         // The cheaper first: a line of the link record needs no reading of the file.
         let linked = match (&self.cache, id) {
-            (Some(dir), Some(id)) => LinkLog::for_cache(dir).voucher(meta, id),
+            (Some(dir), Some(id)) => LinkLog::for_cache(dir).voucher(meta, id, db),
             _ => None,
         };
         // A line noting dpkg's word gives dpkg's time already: the file is not read
@@ -155,14 +158,11 @@ impl Vouchers {
             other => other.map(|(v, _)| v),
         };
         let packaged = || {
-            let v = self
-                .dpkg
-                .as_deref()
-                .filter(|admin| dpkg_may_list(admin, path))
-                .and_then(|admin| dpkg_voucher(admin, file, meta, path))?;
+            let admin = admin?;
+            let v = dpkg_voucher(admin, file, meta, path)?;
             if let (Remember::InLinkRecord, Some(dir), Some(id)) = (self.remember, &self.cache, id)
             {
-                LinkLog::for_cache(dir).note_checked(meta, id, v.since);
+                LinkLog::for_cache(dir).note_checked(meta, id, v.since, db_tag(admin));
             }
             Some(v)
         };
@@ -450,10 +450,19 @@ struct LinkRecord {
 enum LinkKind {
     /// `v1`: pdinject's link into the cache, the only change between the two ctimes.
     Link,
-    /// `d1`: the file's MD5 was dpkg's when its ctime was the second one, and dpkg
-    /// unpacked it by the first (the time of its package's list): a later run whose
-    /// file still has that ctime takes it without reading it again.
-    Dpkg,
+    /// `d1`: the file's MD5 was the one dpkg database `db` ([`db_tag`]) lists when its
+    /// ctime was the second one (or pdinject's link of it since left that ctime), and
+    /// that database says it was unpacked by the first (its package list's time): a
+    /// later run that asks the same database, whose file still has that ctime, takes
+    /// it without reading it again. No other run takes it.
+    Dpkg { db: u64 },
+}
+
+/// Names a dpkg database in the link record: FNV-1a of its canonical path (a
+/// collision would only let another database's note stand, both vouching by digest).
+fn db_tag(admindir: &Path) -> u64 {
+    let p = std::fs::canonicalize(admindir).unwrap_or_else(|_| admindir.to_path_buf());
+    name_hash(p.as_os_str().as_bytes())
 }
 
 /// Whether a line of the link record gives dpkg's word for a file state.
@@ -506,9 +515,15 @@ impl LinkLog {
         g
     }
 
-    /// The voucher of the lines that speak for this very ctime, and whether dpkg's
-    /// word is among them (then dpkg has nothing earlier to give).
-    fn voucher(&self, meta: &std::fs::Metadata, id: BuildId) -> Option<(Voucher, DpkgNoted)> {
+    /// The voucher of the lines that speak for this very ctime, and whether the word
+    /// of dpkg database `db` (the one this run asks, if any) is among them: then dpkg
+    /// has nothing earlier to give. Another database's lines are not taken.
+    fn voucher(
+        &self,
+        meta: &std::fs::Metadata,
+        id: BuildId,
+        db: Option<u64>,
+    ) -> Option<(Voucher, DpkgNoted)> {
         let mut g = self.lines();
         let ctime = ctime_of(meta);
         let key = (meta.dev(), meta.ino());
@@ -519,10 +534,14 @@ impl LinkLog {
                     .into_iter()
                     .flatten()
                     .filter(|r| r.after == ctime && r.id == id)
+                    .filter(|r| match r.kind {
+                        LinkKind::Link => true,
+                        LinkKind::Dpkg { db: of } => Some(of) == db,
+                    })
             };
             // The earliest "before" of the lines that left this very ctime.
             let r = lines().min_by_key(|r| r.before).copied()?;
-            let dpkg = match lines().any(|r| r.kind == LinkKind::Dpkg) {
+            let dpkg = match lines().any(|r| r.kind != LinkKind::Link) {
                 true => DpkgNoted::Yes,
                 false => DpkgNoted::No,
             };
@@ -548,8 +567,8 @@ impl LinkLog {
                 self.path.display(),
                 secs(r.before)
             ),
-            LinkKind::Dpkg => format!(
-                "an earlier run found these bytes listed by dpkg, unpacked by {} s, and the ctime unchanged since ({})",
+            LinkKind::Dpkg { .. } => format!(
+                "an earlier run found these bytes to be dpkg's (the package unpacked by {} s), and the file's ctime has not moved since but by pdinject's links ({})",
                 secs(r.before),
                 self.path.display()
             ),
@@ -567,9 +586,9 @@ impl LinkLog {
     /// with this ctime, unpacked by `since`; appended under the record's lock in one
     /// write, as [`record_link`] does. A record that cannot be written only costs the
     /// next run a digest.
-    fn note_checked(&self, meta: &std::fs::Metadata, id: BuildId, since: i128) {
+    fn note_checked(&self, meta: &std::fs::Metadata, id: BuildId, since: i128, db: u64) {
         let rec = LinkRecord {
-            kind: LinkKind::Dpkg,
+            kind: LinkKind::Dpkg { db },
             id,
             before: since,
             after: ctime_of(meta),
@@ -634,14 +653,14 @@ fn read_links(path: &Path, from: u64) -> (Links, u64) {
 }
 
 /// `v1 DEV INO ID BEFORE AFTER` (decimal device and inode numbers, the ID in hex,
-/// both times in ns since the epoch); `d1` for [`LinkKind::Dpkg`] (pdinject before
-/// it skips those lines).
+/// both times in ns since the epoch); `d1 ... DB` for [`LinkKind::Dpkg`] (DB in hex;
+/// pdinject before it skips those lines).
 fn parse_link(line: &[u8]) -> Option<((u64, u64), LinkRecord)> {
     let s = std::str::from_utf8(line).ok()?;
     let mut w = s.split_ascii_whitespace();
-    let kind = match w.next()? {
-        "v1" => LinkKind::Link,
-        "d1" => LinkKind::Dpkg,
+    let dpkg = match w.next()? {
+        "v1" => false,
+        "d1" => true,
         _ => return None,
     };
     let dev = w.next()?.parse().ok()?;
@@ -649,6 +668,12 @@ fn parse_link(line: &[u8]) -> Option<((u64, u64), LinkRecord)> {
     let id = BuildId::from_hex(w.next()?)?;
     let before = w.next()?.parse().ok()?;
     let after = w.next()?.parse().ok()?;
+    let kind = match dpkg {
+        false => LinkKind::Link,
+        true => LinkKind::Dpkg {
+            db: u64::from_str_radix(w.next()?, 16).ok()?,
+        },
+    };
     if w.next().is_some() || after <= before {
         return None;
     }
@@ -664,11 +689,11 @@ fn parse_link(line: &[u8]) -> Option<((u64, u64), LinkRecord)> {
 }
 
 fn format_link(dev: u64, ino: u64, r: &LinkRecord) -> String {
-    let tag = match r.kind {
-        LinkKind::Link => "v1",
-        LinkKind::Dpkg => "d1",
-    };
-    format!("{tag} {dev} {ino} {} {} {}\n", r.id, r.before, r.after)
+    let (id, before, after) = (r.id, r.before, r.after);
+    match r.kind {
+        LinkKind::Link => format!("v1 {dev} {ino} {id} {before} {after}\n"),
+        LinkKind::Dpkg { db } => format!("d1 {dev} {ino} {id} {before} {after} {db:016x}\n"),
+    }
 }
 
 /// Runs `link`, which hard-links the open `file` (whose note carries `id`) into the
@@ -711,34 +736,49 @@ pub(crate) fn record_link<T>(
     let moved = (after.dev(), after.ino()) == (before.dev(), before.ino())
         && ctime_of(&after) > ctime_of(&before);
     if moved && super::elf_read::read_build_id(file).ok() == Some(id) {
-        // A line that vouched for the file as it was before the link (dpkg's word a
-        // proof just noted, an earlier link) still does after it: the link moved no
-        // byte. Carried over, the next run finds it for the ctime the link left.
-        let carried = g
+        // The lines that vouched for the file as it was before the link (an earlier
+        // link's, dpkg's word a proof just noted) still do after it: the link moved no
+        // byte. Carried over, the next run finds them for the ctime the link left.
+        let pre = ctime_of(&before);
+        let mut vouched: Vec<LinkRecord> = g
             .as_ref()
             .and_then(|(m, _)| m.get(&(before.dev(), before.ino())))
-            .and_then(|lines| {
+            .map(|lines| {
                 lines
                     .iter()
-                    .filter(|r| r.after == ctime_of(&before) && r.id == id)
-                    .min_by_key(|r| r.before)
+                    .filter(|r| r.after == pre && r.id == id && r.before < pre)
+                    .copied()
+                    .collect()
             })
-            .filter(|r| r.before < ctime_of(&before));
-        let rec = LinkRecord {
-            kind: carried.map_or(LinkKind::Link, |r| r.kind),
+            .unwrap_or_default();
+        vouched.sort_by_key(|r| r.before);
+        let after = ctime_of(&after);
+        // This link's own line, from the earliest an earlier link vouched (every
+        // reader takes it, older pdinject too); then each database's word, once.
+        let mut recs = vec![LinkRecord {
+            kind: LinkKind::Link,
             id,
-            before: carried.map_or(ctime_of(&before), |r| r.before),
-            after: ctime_of(&after),
-        };
-        // One short line in one write with O_APPEND: the writes of several processes
+            before: vouched
+                .iter()
+                .find(|r| r.kind == LinkKind::Link)
+                .map_or(pre, |r| r.before),
+            after,
+        }];
+        for r in vouched {
+            if !recs.iter().any(|x| x.kind == r.kind) {
+                recs.push(LinkRecord { after, ..r });
+            }
+        }
+        // Short lines in one write with O_APPEND: the writes of several processes
         // never interleave. A record that cannot be written only makes a later proof
         // stricter.
-        let line = format_link(after.dev(), after.ino(), &rec);
+        let key = (before.dev(), before.ino());
+        let text: String = recs.iter().map(|r| format_link(key.0, key.1, r)).collect();
         if let Some(mut f) = rec_file.as_ref() {
-            let _ = f.write_all(line.as_bytes());
+            let _ = f.write_all(text.as_bytes());
         }
         if let Some((m, _)) = g.as_mut() {
-            m.entry((after.dev(), after.ino())).or_default().push(rec);
+            m.entry(key).or_default().extend(recs);
         }
     }
     Ok(r)
@@ -820,11 +860,14 @@ mod tests {
             Some(((2049, 77), r))
         );
         let d = LinkRecord {
-            kind: LinkKind::Dpkg,
+            kind: LinkKind::Dpkg { db: 0xabc },
             ..r
         };
         let line = format_link(2049, 77, &d);
-        assert!(line.starts_with("d1 2049 77 "), "{line}");
+        assert!(
+            line.starts_with("d1 2049 77 ") && line.ends_with(" 0000000000000abc\n"),
+            "{line}"
+        );
         assert_eq!(
             parse_link(line.trim_end().as_bytes()),
             Some(((2049, 77), d))
@@ -980,16 +1023,27 @@ mod tests {
             text.starts_with("d1 ") && text.lines().count() == 1,
             "{text}"
         );
-        // The next run, without dpkg's database: the line vouches, since the same time.
+        // The next run that asks the same database: the line vouches, since the same
+        // time, without the digests (gone now).
         let (lines, _) = read_links(&cache.join(LINK_LOG), 0);
         assert_eq!(lines.values().flatten().count(), 1);
-        let next = with(None, &cache, Remember::Nothing);
+        std::fs::remove_file(admin.join("info/libn.md5sums")).unwrap();
+        let next = with(Some(&admin), &cache, Remember::Nothing);
         let noted = next
             .evidence(&f, &meta, &lib, Some(id))
             .voucher
             .expect("the line's voucher");
         assert_eq!(noted.since, dpkg.since);
         assert!(noted.what.contains("dpkg"), "{}", noted.what);
+        // A run that asks no database, or another one (a chroot's, the system's), does
+        // not take that database's word.
+        let other_db = d.path().join("dpkg2");
+        for v in [
+            with(None, &cache, Remember::Nothing),
+            with(Some(&other_db), &cache, Remember::Nothing),
+        ] {
+            assert!(v.evidence(&f, &meta, &lib, Some(id)).voucher.is_none());
+        }
         // Another ID, or the ctime moved again: nothing.
         let other = BuildId::from_hex("abcdef").unwrap();
         assert!(
@@ -1015,27 +1069,41 @@ mod tests {
         std::fs::create_dir_all(&cache).unwrap();
         let meta = f.metadata().unwrap();
         let since = ctime_of(&meta) - 1_000_000_000_000;
-        LinkLog::for_cache(&cache).note_checked(&meta, id, since);
+        let admin = d.path().join("dpkg");
+        LinkLog::for_cache(&cache).note_checked(&meta, id, since, db_tag(&admin));
         record_link(&cache, &f, id, || {
             std::fs::hard_link(&lib, cache.join("linked")).map_err(|e| e.to_string())
         })
         .unwrap();
         let after = f.metadata().unwrap();
         assert!(ctime_of(&after) > ctime_of(&meta));
+        // The link's own line (from the ctime before it), and dpkg's word carried.
         let text = std::fs::read_to_string(cache.join(LINK_LOG)).unwrap();
-        let last = text.lines().last().unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        let pre = ctime_of(&meta);
+        assert_eq!(lines.len(), 3, "{text}");
         assert!(
-            last.starts_with("d1 ") && last.contains(&format!(" {since} ")),
+            lines[1].starts_with("v1 ") && lines[1].contains(&format!(" {pre} ")),
             "{text}"
         );
-        let v = Vouchers {
-            dpkg: None,
-            cache: Some(cache.clone()),
-            same_layout: false,
-            remember: Remember::Nothing,
+        assert!(
+            lines[2].starts_with("d1 ") && lines[2].contains(&format!(" {since} ")),
+            "{text}"
+        );
+        let asking = |dpkg: Option<&Path>| {
+            let v = Vouchers {
+                dpkg: dpkg.map(Path::to_path_buf),
+                cache: Some(cache.clone()),
+                same_layout: false,
+                remember: Remember::Nothing,
+            };
+            v.evidence(&f, &after, &lib, Some(id))
+                .voucher
+                .map(|v| v.since)
         };
-        let e = v.evidence(&f, &after, &lib, Some(id));
-        assert_eq!(e.voucher.map(|v| v.since), Some(since));
+        assert_eq!(asking(Some(&admin)), Some(since));
+        // Without that database: the link's own line.
+        assert_eq!(asking(None), Some(pre));
     }
 
     #[test]
