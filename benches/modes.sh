@@ -19,6 +19,7 @@
 #
 # Usage: bash benches/modes.sh OLD_BINARY NEW_BINARY CORPUS
 # Environment: RUNS (counted pairs, default 10), WARMUP (default 2), CACHE (user|none),
+#   MODES (a list of the mode names printed, to time those alone),
 #   OUT (scratch directory; default a new dir on /dev/shm).
 set -euo pipefail
 shopt -s inherit_errexit
@@ -76,6 +77,8 @@ run() {
 modes=(def-fp-med def-dwarf-med def-multi def-z def-sys buildid-all mmap2-buildids
     mmap2-buildid-all convert stdin stdout in-place)
 [ -e jit/node.data ] && modes+=(jit)
+# MODES="in-place jit" times those alone.
+[ -n "${MODES:-}" ] && read -r -a modes <<<"$MODES"
 printf '%-18s %-17s %-17s %s\n' mode "old med (best)" "new med (best)" "new/old (median of pairs)"
 for m in "${modes[@]}"; do
     for _ in $(seq "$warmup"); do run old "$m" >/dev/null; run new "$m" >/dev/null; done
