@@ -213,21 +213,18 @@ fn is_guest(e: &TableEntry) -> bool {
     matches!(e.cpumode, misc::GUEST_KERNEL | misc::GUEST_USER)
 }
 
-/// The user-space IDs the input's table and `--known-build-ids` give DSO names (a name
+/// The user-space IDs the input's table (and a stream's records) and
+/// `--known-build-ids` give DSO names (a name
 /// given two IDs gets none). A file whose own note carries the ID given for its name
 /// is that build, whatever its inode's times: what lets the unwinder read the CFI of
 /// a library whose ctime moved because `perf record` linked it into `~/.debug` (the
 /// ID itself is the input's, written as it is; see `resolve::unwind::UnwindTables`).
-pub(crate) fn claimed_user_ids(
-    table: &BuildIdTable,
+pub(crate) fn claimed_user_ids<'e>(
+    entries: impl Iterator<Item = &'e TableEntry>,
     known: &[(BuildId, String)],
 ) -> std::sync::Arc<HashMap<String, BuildId>> {
     let mut m: HashMap<String, Option<BuildId>> = HashMap::new();
-    for e in table
-        .entries
-        .iter()
-        .filter(|e| !is_guest(e) && !e.is_kernel())
-    {
+    for e in entries.filter(|e| !is_guest(e) && !e.is_kernel()) {
         m.entry(e.filename.clone())
             .and_modify(|v| {
                 if *v != Some(e.build_id) {

@@ -135,7 +135,7 @@ impl<'f> Beside<'f> {
             .head
             .meta
             .as_ref()
-            .map(|m| crate::buildid::claimed_user_ids(&m.table, &engine.opts().known))
+            .map(|m| crate::buildid::claimed_user_ids(m.table.entries.iter(), &engine.opts().known))
             .unwrap_or_default();
         let Some(ahead) = engine.ahead() else {
             return;

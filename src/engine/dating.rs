@@ -60,7 +60,18 @@ impl Dating {
                     (Some(a), Some(b)) => b.saturating_sub(a) as i128,
                     _ => 0,
                 };
-                RecordingStart::Known(mtime_ns - len)
+                // A copy's mtime is when it was copied, and the start it gives is late:
+                // late accepts files changed between the recording and the copy.
+                // perf's default clock is this boot's monotonic one, which dates a
+                // recording of this boot exactly; one of an earlier boot (or across a
+                // suspend, or on another clock) reads later than it was. So the earlier
+                // of the two is never later than what the mtime says, and a copy made
+                // on this boot is dated right.
+                let by_mtime = mtime_ns - len;
+                let by_clock = span
+                    .min
+                    .map(|min| wall_ns() - (monotonic_ns() - min as i128));
+                RecordingStart::Known(by_clock.map_or(by_mtime, |c| c.min(by_mtime)))
             }
             Dating::Live { began_ns } => {
                 let (Some(min), Some(max)) = (span.min, span.max) else {
@@ -113,7 +124,12 @@ mod tests {
         let d = Dating::Ended {
             mtime_ns: 1_000_000,
         };
-        assert_eq!(d.start(s, None), RecordingStart::Known(1_000_000 - 3_000));
+        // Times far past this boot's clock (another boot's): the mtime dates it.
+        let mut far = Span::default();
+        let later = monotonic_ns() as u64 + 3_600_000_000_000;
+        far.note(later);
+        far.note(later + 5_000);
+        assert_eq!(d.start(far, None), RecordingStart::Known(1_000_000 - 5_000));
         let cd = ClockData {
             clock_ns: 1_000,
             wall_ns: 9_000_000,
@@ -121,6 +137,26 @@ mod tests {
         assert_eq!(
             d.start(s, Some(&cd)),
             RecordingStart::Known(9_000_000 + 1_000)
+        );
+    }
+
+    #[test]
+    fn a_copy_of_a_recording_of_this_boot_is_dated_by_the_clock_not_its_mtime() {
+        // Recorded 10 s ago by this boot's clock, copied (mtime: now) a moment ago.
+        let mut s = Span::default();
+        let ten_s_ago = monotonic_ns() as u64 - 10_000_000_000;
+        s.note(ten_s_ago);
+        s.note(ten_s_ago + 1_000_000_000);
+        let d = Dating::Ended {
+            mtime_ns: wall_ns(),
+        };
+        let RecordingStart::Known(start) = d.start(s, None) else {
+            panic!("dated");
+        };
+        let ago = wall_ns() - start;
+        assert!(
+            (9_900_000_000..=10_500_000_000).contains(&ago),
+            "started {ago} ns ago"
         );
     }
 

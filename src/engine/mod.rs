@@ -1265,8 +1265,14 @@ impl<'a> Engine<'a> {
             buildid::LocalFiles::of(&batch.trust.local),
             batch.start.clone(),
         );
+        // A stream's HEADER_BUILD_ID records claim as a file's table does.
         tables.set_claimed(buildid::claimed_user_ids(
-            &batch.meta.table,
+            batch
+                .meta
+                .table
+                .entries
+                .iter()
+                .chain(&self.scan.stream_build_ids),
             &self.cx.opts.known,
         ));
         let mut resolver = Resolver::new(model, &self.head.attrs, time_mode, self.e);
