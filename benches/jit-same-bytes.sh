@@ -86,29 +86,10 @@ take_images() {
     return 0
 }
 
-cat >"$out/w.js" <<'EOF'
-
-const n = parseInt(process.argv[2]);
-let fs = [];
-for (let i = 0; i < n; i++) fs.push(new Function("x", `let s=0; for (let k=0;k<x;k++){ s = (s + k*${i+1}) % 1000003; } return s;`));
-let t = 0;
-const end = Date.now() + parseInt(process.argv[3]);
-while (Date.now() < end) { for (const f of fs) t += f(200); }
-console.log(t);
-EOF
-cat >"$out/w.py" <<'EOF'
-import sys, time
-def make(i):
-    ns = {}
-    exec(f"def f{i}(x):\n    s = 0\n    for k in range(x):\n        s = (s + k * {i+1}) % 1000003\n    return s\n", ns)
-    return ns[f"f{i}"]
-fs = [make(i) for i in range(100)]
-end = time.time() + 0.6
-t = 0
-while time.time() < end:
-    for f in fs: t += f(50)
-print(t)
-EOF
+# The workloads of tests/it/jit.rs, from the fixtures both read.
+fixtures="$(cd "$(dirname "$0")/.." && pwd)/testdata/fixtures/jit"
+cp "$fixtures/node-work.js" "$out/w.js"
+cp "$fixtures/python-work.py" "$out/w.py"
 
 fail=0
 printf '%-8s %-12s %s\n' workload form result

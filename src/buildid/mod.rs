@@ -214,8 +214,8 @@ fn is_guest(e: &TableEntry) -> bool {
 }
 
 /// The user-space IDs the input's table (and a stream's records) and
-/// `--known-build-ids` give DSO names (a name
-/// given two IDs gets none). A file whose own note carries the ID given for its name
+/// `--known-build-ids` give DSO names (a name given two IDs gets none). A file whose
+/// own note carries the ID given for its name
 /// is that build, whatever its inode's times: what lets the unwinder read the CFI of
 /// a library whose ctime moved because `perf record` linked it into `~/.debug` (the
 /// ID itself is the input's, written as it is; see `resolve::unwind::UnwindTables`).

@@ -604,12 +604,7 @@ impl LinkLog {
             }
             m.entry(key).or_default().push(rec);
         }
-        let Ok(f) = std::fs::OpenOptions::new()
-            .append(true)
-            .create(true)
-            .mode(0o644)
-            .open(&self.path)
-        else {
+        let Some(f) = open_to_append(&self.path) else {
             return;
         };
         let _exclusive = Flock::new(&f, libc::LOCK_EX);
@@ -719,12 +714,7 @@ pub(crate) fn record_link<T>(
     // The record itself, locked from before the link until its line is written, so
     // another process that sees the ctime this link leaves reads the line too. A
     // record that cannot be opened only makes a later proof stricter.
-    let rec_file = std::fs::OpenOptions::new()
-        .append(true)
-        .create(true)
-        .mode(0o644)
-        .open(&log.path)
-        .ok();
+    let rec_file = open_to_append(&log.path);
     let _exclusive = rec_file.as_ref().map(|f| Flock::new(f, libc::LOCK_EX));
     let Ok(before) = file.metadata() else {
         return link();
@@ -782,6 +772,16 @@ pub(crate) fn record_link<T>(
         }
     }
     Ok(r)
+}
+
+/// The link record at `path`, opened to append (made if missing).
+fn open_to_append(path: &Path) -> Option<File> {
+    std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o644)
+        .open(path)
+        .ok()
 }
 
 /// An advisory lock (flock) on an open file, released when dropped. Where the
@@ -1055,6 +1055,58 @@ mod tests {
         chmod(0o644).unwrap();
         let moved = f.metadata().unwrap();
         assert!(next.evidence(&f, &moved, &lib, Some(id)).voucher.is_none());
+    }
+
+    /// What neither a note nor dpkg can tell from a chmod is told by the bytes: a
+    /// rewrite in place with the same length and its mtime set back, after dpkg's word
+    /// was noted, gets no voucher from the note (its ctime moved) nor from dpkg (its
+    /// MD5 is not the listed one).
+    #[test]
+    fn a_rewrite_with_its_times_set_back_after_a_note_is_refused() {
+        let d = tempfile::tempdir().unwrap();
+        let lib = d.path().join("libr.so.1");
+        std::fs::write(&lib, b"bytes dpkg unpacked").unwrap();
+        let admin = d.path().join("dpkg");
+        std::fs::create_dir_all(admin.join("info")).unwrap();
+        let hex: String = {
+            use md5::Digest;
+            let sum: [u8; 16] = md5::Md5::digest(std::fs::read(&lib).unwrap()).into();
+            sum.iter().map(|b| format!("{b:02x}")).collect()
+        };
+        let rel = lib.strip_prefix("/").unwrap().display().to_string();
+        std::fs::write(admin.join("info/libr.md5sums"), format!("{hex}  {rel}\n")).unwrap();
+        std::fs::write(admin.join("info/libr.list"), format!("/{rel}\n")).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let f = File::open(&lib).unwrap();
+        let old = f.metadata().unwrap();
+        let cache = d.path().join("cache");
+        std::fs::create_dir_all(&cache).unwrap();
+        let v = Vouchers {
+            dpkg: Some(admin.clone()),
+            cache: Some(cache.clone()),
+            same_layout: false,
+            remember: Remember::InLinkRecord,
+        };
+        let id = BuildId::from_hex("0badc0de0badc0de0badc0de0badc0de0badc0de").unwrap();
+        // Touch the inode (ctime after the list) so dpkg's word is noted.
+        std::fs::set_permissions(&lib, old.permissions()).unwrap();
+        let meta = f.metadata().unwrap();
+        assert!(v.evidence(&f, &meta, &lib, Some(id)).voucher.is_some());
+        assert!(
+            std::fs::read_to_string(cache.join(LINK_LOG))
+                .unwrap()
+                .starts_with("d1 ")
+        );
+        // The same length, other bytes, the old mtime back.
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::fs::write(&lib, b"bytes rebuilt later").unwrap();
+        let w = std::fs::OpenOptions::new().write(true).open(&lib).unwrap();
+        w.set_modified(meta.modified().unwrap()).unwrap();
+        let now = f.metadata().unwrap();
+        assert_eq!(now.len(), meta.len());
+        assert_eq!(now.modified().unwrap(), meta.modified().unwrap());
+        assert!(ctime_of(&now) > ctime_of(&meta));
+        assert!(v.evidence(&f, &now, &lib, Some(id)).voucher.is_none());
     }
 
     #[test]

@@ -1424,12 +1424,16 @@ impl<'a> Engine<'a> {
                 g.dsos.iter().find_map(|&d| j.outcome(d))
             })
             .collect();
-        let asked: Vec<Group> = groups
-            .iter()
-            .zip(&jit)
-            .filter(|(_, j)| j.is_none())
-            .map(|(g, _)| g.clone())
-            .collect();
+        // Copies of the groups only when the JIT stage answered some.
+        let asked: std::borrow::Cow<'_, [Group]> = match jit.iter().all(Option::is_none) {
+            true => groups.into(),
+            false => groups
+                .iter()
+                .zip(&jit)
+                .filter(|(_, j)| j.is_none())
+                .map(|(g, _)| g.clone())
+                .collect(),
+        };
         let mut proven = self
             .cx
             .pool

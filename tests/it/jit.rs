@@ -779,15 +779,7 @@ fn jit_dash_j_with_a_number_says_jobs() {
 }
 
 /// A node workload: `new Function` bodies compiled by V8 (--perf-prof).
-const NODE_JS: &str = r#"
-const n = parseInt(process.argv[2]);
-let fs = [];
-for (let i = 0; i < n; i++) fs.push(new Function("x", `let s=0; for (let k=0;k<x;k++){ s = (s + k*${i+1}) % 1000003; } return s;`));
-let t = 0;
-const end = Date.now() + parseInt(process.argv[3]);
-while (Date.now() < end) { for (const f of fs) t += f(200); }
-console.log(t);
-"#;
+const NODE_JS: &str = include_str!("../../testdata/fixtures/jit/node-work.js");
 
 fn runtime(names: &[&str]) -> Option<PathBuf> {
     for n in names {
@@ -1302,10 +1294,7 @@ fn jit_python_matches_perf_inject() -> common::Outcome {
     let script = dir.path().join("w.py");
     fs::write(
         &script,
-        "import sys, time\n\
-         def make(i):\n    ns = {}\n    exec(f\"def f{i}(x):\\n    s = 0\\n    for k in range(x):\\n        s = (s + k * {i+1}) % 1000003\\n    return s\\n\", ns)\n    return ns[f\"f{i}\"]\n\
-         fs = [make(i) for i in range(100)]\nend = time.time() + 0.6\nt = 0\n\
-         while time.time() < end:\n    for f in fs: t += f(50)\nprint(t)\n",
+        include_str!("../../testdata/fixtures/jit/python-work.py"),
     )
     .unwrap();
     for (mode, cg) in [("fp", "fp"), ("dwarf", "dwarf")] {
