@@ -17,7 +17,7 @@
 // to do, what it says it did, and batch mode. Everything a caller needs is named
 // here; the rooms below are reached only by the command line, the tests, the
 // benches and the fuzzers.
-pub use driver::{run, run_in_place, run_staged, validate};
+pub use driver::{run, run_in_place, run_in_place_staged, run_staged, validate};
 pub use error::{Error, Result};
 pub use options::{AttrsFor, Callchains, Form, JitChoice, Mode, Options, UnwindChoice};
 pub use report::Report;
@@ -42,81 +42,23 @@ pub(crate) mod perfconfig;
 pub(crate) mod resolve;
 pub(crate) mod signals;
 pub(crate) mod sink;
-pub mod write;
+pub(crate) mod write;
 
 /// What the command line needs besides the API: its flags' defaults and checks, the
 /// build-ID cache it names for `--archive`, debuginfod's settings, the signal handlers.
 pub mod cli_support {
     pub use crate::{
-        buildid::archive::write as write_archive,
-        buildid::cache::BuildIdCache,
-        buildid::debuginfod,
+        buildid::debuginfod::servers as debuginfod_servers,
         buildid::store::PRINTED_NOT_STORED,
-        buildid::vouch::{DPKG_ADMINDIR, Remember, Vouchers},
+        buildid::vouch::DPKG_ADMINDIR,
         engine::check_handles,
         limits::{DEFAULT_STREAM_MEMORY_ARG, check_jobs, check_stream_memory, parse_size},
-        live::{DEFAULT_BUDGET_ARG, LiveChoice},
-        report::{check_report_path, stage_json},
+        live::DEFAULT_BUDGET_ARG,
         signals::install as install_signal_handlers,
     };
 }
 
-/// The rooms' parts the tests, benches and fuzzers drive directly (their entry points
-/// and the views they check), one namespace a room; not part of the API.
+/// What the tests, benches and fuzzers reach besides the API: the fuzz targets'
+/// bodies and a few of the rooms' entry points. Not part of the API.
 #[doc(hidden)]
-pub mod testing {
-    pub mod aslr {
-        pub use crate::aslr::{
-            layout::{Config, Event, Inherit, Layout, LayoutBuilder, MapClass},
-            remap::{SampleCtx, Verdict, callchain_deferred, kind, ksymbol, mmap, record, sample},
-        };
-    }
-    pub mod buildid {
-        pub use crate::buildid::{
-            LocalFiles, Reason, RecordingStart,
-            cache::BuildIdCache,
-            debuginfod::fetch,
-            elf::{build_id_from_notes, build_id_of_image},
-        };
-    }
-    pub mod driver {
-        pub use crate::driver::{analyse, run_in_place, stream, validate, validate_bytes};
-    }
-    pub mod format {
-        pub use crate::format::{
-            Endian,
-            attr::{Attr, read_attrs},
-            buildid::{BuildId, parse_build_id_table},
-            c_str,
-            compressed::{InnerStream, payload},
-            header::{FileHeader, pipe_header},
-            jitdump::{Reader, Record, lines},
-            record::{
-                FileIdent, Fork, Mmap, PROT_EXEC, RecordHeader, TrailerLayout, misc,
-                out_of_band_len, parse_mmap, rt,
-            },
-            sample::{SampleLayout, sample_id, sample_time, u64s},
-        };
-    }
-    pub mod limits {
-        pub use crate::limits::{
-            DEFAULT_STREAM_MEMORY, MODEL_DSO_COST, MODEL_EVENT_COST, STREAM_ATTR_COST,
-            STREAM_ID_COST, format_size,
-        };
-    }
-    pub mod live {
-        pub use crate::live::{Capture, LiveAnswer, LiveConfig, MapArrival, Offered, PerfClock};
-    }
-    pub mod model {
-        pub use crate::model::{Key, Model, ModelBuilder};
-    }
-    pub mod resolve {
-        pub use crate::resolve::{
-            callchain::{Space, walk},
-            unwind::{Arch, SampleStack, UnwindConfig, UnwindMode, UnwindTables, Worker, unwind},
-        };
-    }
-    pub mod write {
-        pub use crate::write::temp_name;
-    }
-}
+pub mod testing;

@@ -39,9 +39,9 @@ pub(crate) const MODEL_BYTES_PER_INPUT_BYTE: u64 = 16;
 /// (model.rs `the_index_fits_the_event_cost_estimate`): 83 bytes of index per event
 /// for an address space that grows (a JIT's code loads), 125-132 for one that maps over
 /// its own mappings.
-pub const MODEL_EVENT_COST: u64 = 224;
+pub(crate) const MODEL_EVENT_COST: u64 = 224;
 /// Estimated fixed bytes of one DSO (beyond its name).
-pub const MODEL_DSO_COST: u64 = 128;
+pub(crate) const MODEL_DSO_COST: u64 = 128;
 
 /// Decompressed bytes allowed per compressed byte, past [`DECOMPRESS_FLOOR`]. perf's
 /// zstd records compress 5-50 times; 128 leaves room for idle stacks and still
@@ -85,7 +85,7 @@ pub(crate) const MAX_FIT_TAIL: u64 = 64 << 20;
 /// resolved real memory is up to 4-5 times that (the builder, its snapshot with
 /// checkpoints, the groups): 32 MiB keeps the worst shapes measured at 189-194 MB of
 /// peak RSS beside their batch, within the 256 MB the limits policy aims at.
-pub const DEFAULT_STREAM_MEMORY: u64 = 32 << 20;
+pub(crate) const DEFAULT_STREAM_MEMORY: u64 = 32 << 20;
 /// [`DEFAULT_STREAM_MEMORY`] as `--stream-memory` spells it (its default in `--help`).
 pub const DEFAULT_STREAM_MEMORY_ARG: &str = "32M";
 /// The smallest `--stream-memory` taken: less is surely a unit mistake (a bare
@@ -93,9 +93,9 @@ pub const DEFAULT_STREAM_MEMORY_ARG: &str = "32M";
 pub(crate) const MIN_STREAM_MEMORY: u64 = 1 << 20;
 /// Estimated fixed bytes of one HEADER_BUILD_ID record a stream keeps (its name is
 /// held twice besides: the entry and the set that drops repeats).
-pub const STREAM_ID_COST: u64 = 96;
+pub(crate) const STREAM_ID_COST: u64 = 96;
 /// Estimated fixed bytes of one HEADER_ATTR record (the parsed attr beside its bytes).
-pub const STREAM_ATTR_COST: u64 = 256;
+pub(crate) const STREAM_ATTR_COST: u64 = 256;
 /// Estimated fixed bytes of one decision (its name is held twice besides).
 pub(crate) const STREAM_DECISION_COST: u64 = 256;
 
@@ -196,7 +196,7 @@ impl std::fmt::Display for StreamOver {
 }
 
 /// `bytes` in binary units as perf prints them: "512 KiB", "48 MiB", "60.1 MiB".
-pub fn format_size(bytes: u64) -> String {
+pub(crate) fn format_size(bytes: u64) -> String {
     const UNITS: [&str; 5] = ["bytes", "KiB", "MiB", "GiB", "TiB"];
     let mut unit = 0;
     let mut scale = 1u64;
@@ -255,7 +255,7 @@ pub fn check_stream_memory(bytes: u64) -> Result<()> {
 
 /// A limit that an input went over.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Exceeded {
+pub(crate) struct Exceeded {
     /// What grew too large, in words ("model memory", "decompressed data").
     pub what: &'static str,
     /// How much the input asked for.

@@ -27,7 +27,7 @@ use std::sync::Arc;
 /// times), then position in the file. Named fields (not a tuple) so that the two
 /// numbers cannot be swapped; the derived order is time, then `seq`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Key {
+pub(crate) struct Key {
     /// The record's time (0 when the recording has no times).
     pub time: u64,
     /// The record's number in the file.
@@ -36,7 +36,7 @@ pub struct Key {
 
 impl Key {
     /// The key of a record at `time` numbered `seq`.
-    pub const fn new(time: u64, seq: u64) -> Key {
+    pub(crate) const fn new(time: u64, seq: u64) -> Key {
         Key { time, seq }
     }
 }
@@ -79,7 +79,7 @@ impl DsoKind {
 
 /// One distinct mapped object: a name plus the identity the records gave it.
 #[derive(Clone, Debug)]
-pub struct Dso {
+pub(crate) struct Dso {
     /// Name as perf's build-ID table spells it.
     pub name: String,
     /// Kind.
@@ -94,7 +94,7 @@ pub struct Dso {
 /// length)`: what the proof of a local file compares with the file's loadable
 /// segments (a file whose ctime moved is accepted only if they match exactly).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
-pub struct ExecMaps {
+pub(crate) struct ExecMaps {
     /// Distinct `(pgoff, len)`, at most [`ExecMaps::KEPT`], in the order first seen.
     pub maps: Vec<(u64, u64)>,
     /// More distinct mappings were recorded than kept: `maps` is not all of them, so
@@ -657,7 +657,7 @@ fn overlay_pieces(
 
 /// Collects model events during the scan.
 #[derive(Clone, Debug)]
-pub struct ModelBuilder {
+pub(crate) struct ModelBuilder {
     dsos: Vec<Dso>,
     index: HashMap<(DsoKind, String, FileIdent), DsoId>,
     /// The DSO the last mapping named: a library's segments come one after another,
@@ -725,7 +725,7 @@ pub(crate) fn classify(name: &[u8], cpumode: u16, flags: u32) -> Option<(DsoKind
 
 impl ModelBuilder {
     /// A new, empty builder.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
@@ -758,7 +758,7 @@ impl ModelBuilder {
     /// Records an MMAP or MMAP2 at `key` with the record's cpumode; returns the DSO
     /// the mapping names, if it names one. Err when the model would go over its
     /// memory budget.
-    pub fn mmap(
+    pub(crate) fn mmap(
         &mut self,
         key: Key,
         cpumode: u16,
@@ -950,7 +950,7 @@ impl ModelBuilder {
 
     /// Freezes the model: sorts every process's events by key and indexes each
     /// process's own mappings (a fork or exec starts a new layer).
-    pub fn build(mut self) -> Model {
+    pub(crate) fn build(mut self) -> Model {
         self.events.sort_by_key(|&(pid, ev)| (pid, ev.key));
         build_sorted(&self.events, self.dsos, self.kernel_ref, &mut self.indexed)
     }
@@ -1056,7 +1056,7 @@ pub(crate) fn lay_over(maps: &mut Vec<MapEntry>, m: MapEntry, keep: impl Fn(&Map
 
 /// The frozen model, shared read-only by the resolve workers.
 #[derive(Debug, Default)]
-pub struct Model {
+pub(crate) struct Model {
     procs: HashMap<u32, Arc<Proc>>,
     /// Every distinct DSO.
     pub dsos: Vec<Dso>,

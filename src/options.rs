@@ -5,8 +5,15 @@
 //! vouchers), `live` (its choice) and `limits`.
 
 use crate::error::{Error, Result};
-use crate::format::buildid::BuildId;
 use std::time::Duration;
+
+// The types of the configuration's fields, named here so a caller can fill them in.
+pub use crate::{
+    buildid::cache::BuildIdCache,
+    buildid::vouch::{Remember, Vouchers},
+    format::buildid::BuildId,
+    live::LiveChoice,
+};
 
 /// Which DSOs get build IDs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -103,7 +110,7 @@ pub struct Options {
     pub unwind: Unwinding,
     /// perf's build-ID cache to fill (`None`: `--no-buildid-cache`, and the library
     /// default).
-    pub cache: Option<crate::buildid::cache::BuildIdCache>,
+    pub cache: Option<BuildIdCache>,
     /// `--symbol-store`: the directory of the build-ID symbol store to fill
     /// (docs/store.md), opened (and made) when the run starts.
     pub store: Option<std::path::PathBuf>,
@@ -125,7 +132,7 @@ pub struct Options {
     /// What may excuse a DSO's ctime moved after the recording started: dpkg's
     /// database (`--dpkg-admindir`), pdinject's cache links, `--trust-same-layout`
     /// (docs/guarantees.md).
-    pub vouchers: crate::buildid::vouch::Vouchers,
+    pub vouchers: Vouchers,
     /// `--live`, `--live-budget`: capture mapped files while a live stream is read
     /// (issue 32, `live`; the library's default is off).
     pub live: Live,
@@ -177,7 +184,7 @@ impl Default for Memory {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Live {
     /// Whether mappings are captured while the stream is read.
-    pub choice: crate::live::LiveChoice,
+    pub choice: LiveChoice,
     /// `--live-budget`: bytes the live capture may copy.
     pub budget: u64,
 }

@@ -1,12 +1,19 @@
 //! The run summary: a few lines on stderr and, with `--report FILE`, the same as JSON.
 
-use crate::buildid::{Contradiction, Reason, Source, Verdict};
+use crate::buildid::Contradiction;
 use crate::error::{Error, Result};
-use crate::model::DsoKind;
 use crate::write::TempOutput;
 use serde::Serialize;
 use std::io::Write;
 use std::path::Path;
+
+// The types of the report's fields, named here so a caller can match on them.
+pub use crate::{
+    buildid::cache::CacheState,
+    buildid::proof::{Reason, Source, Verdict},
+    buildid::store::{DebugInfo, StoreState},
+    model::DsoKind,
+};
 
 /// One DSO line of the report.
 #[derive(Clone, Debug, Serialize)]
@@ -26,15 +33,15 @@ pub struct DsoReport {
     /// Words for the user.
     pub detail: Option<String>,
     /// Build-ID cache: what happened to this DSO's entry (no cache: absent).
-    pub cached: Option<crate::buildid::cache::CacheState>,
+    pub cached: Option<CacheState>,
     /// Build-ID cache: the entry's directory, relative to the cache.
     pub cache_entry: Option<String>,
     /// Build-ID cache: why the DSO is not cached.
     pub cache_detail: Option<String>,
     /// Symbol store: what happened to this DSO (no store: absent).
-    pub stored: Option<crate::buildid::store::StoreState>,
+    pub stored: Option<StoreState>,
     /// Symbol store: where its debug info is.
-    pub store_debuginfo: Option<crate::buildid::store::DebugInfo>,
+    pub store_debuginfo: Option<DebugInfo>,
     /// Symbol store: why it is not stored, or where its debug info came from.
     pub store_detail: Option<String>,
     /// The input's claim of an ID for this DSO was contradicted: what became of it.
@@ -250,8 +257,10 @@ pub struct Modes {
 
 impl Report {
     /// Fills in the build-ID cache totals (and the cache directory) from the DSO
-    /// lines, with a note when the cache itself cannot be written.
-    pub fn add_cache_totals(&mut self, dir: &Path) {
+    /// lines, with a note when the cache itself cannot be written; with `archive`
+    /// (`--archive FILE.tar`), the archive of the DSOs' cache entries and a note of
+    /// what went into it.
+    pub fn add_cache(&mut self, dir: &Path, archive: Option<&Path>) -> Result<()> {
         use crate::buildid::cache::{CacheTotals, is_unwritable};
         let t = CacheTotals::of(dir, self.dsos.iter().map(|d| d.cached));
         if let Some(d) = self
@@ -263,12 +272,18 @@ impl Report {
             self.notes.push(format!("build-ID cache: {d}"));
         }
         self.cache = Some(t);
-    }
-
-    /// The build-ID cache entries of its DSOs (directories relative to the cache),
-    /// what `--archive` packs.
-    pub fn cache_entries(&self) -> impl Iterator<Item = &str> {
-        self.dsos.iter().filter_map(|d| d.cache_entry.as_deref())
+        if let Some(a) = archive {
+            let entries = self.dsos.iter().filter_map(|d| d.cache_entry.as_deref());
+            let sum = crate::buildid::archive::write(entries, dir, a)?;
+            self.notes.push(format!(
+                "archive {}: {} cache entries, {} bytes (unpack with: tar xf {} -C ~/.debug)",
+                a.display(),
+                sum.entries,
+                sum.bytes,
+                a.display()
+            ));
+        }
+        Ok(())
     }
 
     /// Writes the short human summary.
@@ -456,7 +471,7 @@ pub(crate) use crate::format::escape;
 
 /// Refuses a `--report` path that is the input or the output (same name, or the same
 /// file by device and inode): the report would overwrite the recording.
-pub fn check_report_path(report: &Path, input: &Path, output: &Path) -> Result<()> {
+pub(crate) fn check_report_path(report: &Path, input: &Path, output: &Path) -> Result<()> {
     for (p, what) in [(input, "input"), (output, "output")] {
         if p.as_os_str() != "-" && same_path(report, p) {
             return Err(Error::Usage(format!(
@@ -490,7 +505,7 @@ fn same_path(a: &Path, b: &Path) -> bool {
 
 /// Writes the report as JSON into a temp file beside `path`, to be committed with
 /// the output (nothing is left if either fails).
-pub fn stage_json(report: &Report, path: &Path) -> Result<TempOutput> {
+pub(crate) fn stage_json(report: &Report, path: &Path) -> Result<TempOutput> {
     let json = serde_json::to_string_pretty(report)
         .map_err(|e| Error::unsupported(format!("report: {e}")))?;
     let tmp = TempOutput::create(path, false)?;

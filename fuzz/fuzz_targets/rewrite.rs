@@ -40,7 +40,7 @@ fuzz_target!(|data: &[u8]| {
             output.display()
         ),
         Ok(_) => {
-            let reopened = pdinject::testing::driver::validate(&output);
+            let reopened = pdinject::validate(&output);
             if let Err(e) = reopened {
                 panic!("run succeeded but its output does not open again: {e}");
             }

@@ -60,7 +60,7 @@ const NO_DSO: u32 = u32::MAX;
 
 /// What a forked child's inherited maps remap to.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Inherit {
+pub(crate) enum Inherit {
     /// As perf 7.3: the child has no shifts of its own for what it inherited (its
     /// samples there are `None`, 0 in perf's output) and its own top starts at the base.
     #[default]
@@ -71,7 +71,7 @@ pub enum Inherit {
 
 /// The constants of a layout.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Config {
+pub(crate) struct Config {
     /// Page size of the machine perf inject ran on (`sysconf(_SC_PAGESIZE)`: 4096 on
     /// x86-64); the gaps and roundings use it.
     pub page: u64,
@@ -98,7 +98,7 @@ impl Default for Config {
 
 /// How perf keys a mapping and what its record's pgoff holds (see [`MapClass::of`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct MapClass {
+pub(crate) struct MapClass {
     /// The invariant is the start (anonymous or no-DSO memory as perf's map names
     /// it), not `start - pgoff`.
     pub keyed_by_start: bool,
@@ -142,7 +142,7 @@ impl MapClass {
     /// `/tmp/perf-PID.map` (a JIT's code), which is then keyed like a file (by
     /// `start - pgoff`, and its pgoff holds its start: every such map of a process
     /// shares the first one's shift), while its record's pgoff is still rewritten.
-    pub fn of(name: &[u8], exec: bool, kernel: bool) -> MapClass {
+    pub(crate) fn of(name: &[u8], exec: bool, kernel: bool) -> MapClass {
         let anon = is_anon(name) || is_no_dso(name);
         MapClass {
             keyed_by_start: anon && (kernel || !exec),
@@ -153,7 +153,7 @@ impl MapClass {
 
 /// One event of the layout, in the recording's terms.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Event {
+pub(crate) enum Event {
     /// An MMAP or MMAP2 record (kernel space when its cpumode is the kernel's, or the
     /// guest kernel's), or a KSYMBOL registration (kernel space, pgoff 0, the symbol's
     /// own DSO).
@@ -203,7 +203,7 @@ pub enum Event {
 
 /// What [`Layout::mapped`] answers for a mapping event.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Placed {
+pub(crate) struct Placed {
     /// The new start (perf's `aslr_tool__findnew_mapping`).
     pub start: u64,
     /// The pgoff to write: the new start when [`MapClass::pgoff_is_addr`], else the
@@ -213,7 +213,7 @@ pub struct Placed {
 
 /// Collects the events of a recording; [`LayoutBuilder::build`] lays them out.
 #[derive(Debug, Default)]
-pub struct LayoutBuilder {
+pub(crate) struct LayoutBuilder {
     cfg: Config,
     events: Vec<(Key, Event)>,
 }
@@ -422,7 +422,7 @@ const GAP_SCAN: usize = 64;
 
 impl LayoutBuilder {
     /// An empty builder.
-    pub fn new(cfg: Config) -> Self {
+    pub(crate) fn new(cfg: Config) -> Self {
         LayoutBuilder {
             cfg,
             events: Vec::new(),
@@ -430,12 +430,12 @@ impl LayoutBuilder {
     }
 
     /// Adds an event at `key` (time, then file order). Two events must not share a key.
-    pub fn push(&mut self, key: Key, ev: Event) {
+    pub(crate) fn push(&mut self, key: Key, ev: Event) {
         self.events.push((key, ev));
     }
 
     /// Lays every event out in key order.
-    pub fn build(mut self) -> Layout {
+    pub(crate) fn build(mut self) -> Layout {
         self.events.sort_by_key(|&(k, _)| k);
         let mut l = Layout {
             cfg: self.cfg,
@@ -585,7 +585,7 @@ impl Layout {
 
 /// A recording's layout: the new place of each mapping event and of any address.
 #[derive(Debug)]
-pub struct Layout {
+pub(crate) struct Layout {
     cfg: Config,
     keys: Vec<Key>,
     placed: Vec<Option<Placed>>,
@@ -600,7 +600,7 @@ impl Layout {
 
     /// The new start and pgoff of the mapping event pushed at `key` (`None` for a key
     /// that was no mapping event).
-    pub fn mapped(&self, key: Key) -> Option<Placed> {
+    pub(crate) fn mapped(&self, key: Key) -> Option<Placed> {
         let i = self.keys.binary_search(&key).ok()?;
         self.placed[i]
     }
@@ -618,7 +618,7 @@ impl Layout {
     /// `addr` remapped as perf does a sample's address of cpumode `space`: looked up
     /// there, then (when no map there holds it) in the other space, "to be robust
     /// against a bad cpumode".
-    pub fn remap(&self, pid: u32, space: Space, addr: u64, key: Key) -> Option<u64> {
+    pub(crate) fn remap(&self, pid: u32, space: Space, addr: u64, key: Key) -> Option<u64> {
         let other = match space {
             Space::Kernel => Space::User,
             Space::User => Space::Kernel,

@@ -15,8 +15,8 @@ use crate::format::sample::SampleError;
 use crate::resolve::callchain::{CONTEXT_MAX, Space};
 
 /// Record types this module names beyond `format::record::rt`.
-pub mod kind {
-    pub const KSYMBOL: u32 = 17;
+pub(crate) mod kind {
+    pub(crate) const KSYMBOL: u32 = 17;
     #[cfg(test)]
     pub(crate) const BPF_EVENT: u32 = 18;
     pub(crate) const TEXT_POKE: u32 = 20;
@@ -122,7 +122,7 @@ impl DropReason {
 
 /// What became of a record.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Verdict {
+pub(crate) enum Verdict {
     /// Unchanged: copy it as it is.
     Keep,
     /// The rewritten record is in the output buffer (it may have another size).
@@ -137,7 +137,7 @@ pub enum Verdict {
 
 /// What a sample rewrite needs to know of its event.
 #[derive(Clone, Debug)]
-pub struct SampleCtx {
+pub(crate) struct SampleCtx {
     /// The event's `sample_type` as recorded.
     pub sample_type: u64,
     /// Its `read_format`.
@@ -157,7 +157,7 @@ pub struct SampleCtx {
 impl SampleCtx {
     /// The context of `attr`; `name` is the event's name (from the header's
     /// EVENT_DESC), which tells perf's off-CPU event.
-    pub fn new(attr: &Attr, name: &str) -> SampleCtx {
+    pub(crate) fn new(attr: &Attr, name: &str) -> SampleCtx {
         SampleCtx {
             sample_type: attr.sample_type,
             read_format: attr.read_format,
@@ -257,7 +257,7 @@ impl Walk<'_, '_> {
 /// REGS_INTR cut out; every other field copied. Samples with RAW, STACK_USER,
 /// PHYS_ADDR or AUX, off-CPU samples and samples whose callchain has an unknown
 /// marker are dropped. The output's attr must carry [`out_sample_type`].
-pub fn sample(
+pub(crate) fn sample(
     rec: &[u8],
     e: Endian,
     ctx: &SampleCtx,
@@ -498,7 +498,7 @@ pub(crate) fn strip_attr(attr: &mut [u8], e: Endian, probe_pmu: bool) {
 
 /// An MMAP or MMAP2 record with its new start and pgoff (same size; the name, the
 /// identity union, prot, flags and the trailer are kept).
-pub fn mmap(rec: &[u8], e: Endian, placed: Placed, out: &mut Vec<u8>) -> Verdict {
+pub(crate) fn mmap(rec: &[u8], e: Endian, placed: Placed, out: &mut Vec<u8>) -> Verdict {
     out.clear();
     if rec.len() < 40 {
         return Verdict::Keep;
@@ -510,7 +510,7 @@ pub fn mmap(rec: &[u8], e: Endian, placed: Placed, out: &mut Vec<u8>) -> Verdict
 }
 
 /// A KSYMBOL record with its new address (the layout's place for it).
-pub fn ksymbol(rec: &[u8], e: Endian, placed: Placed, out: &mut Vec<u8>) -> Verdict {
+pub(crate) fn ksymbol(rec: &[u8], e: Endian, placed: Placed, out: &mut Vec<u8>) -> Verdict {
     out.clear();
     if rec.len() < 16 {
         return Verdict::Keep;
@@ -524,7 +524,7 @@ pub fn ksymbol(rec: &[u8], e: Endian, placed: Placed, out: &mut Vec<u8>) -> Verd
 /// ips[nr]}` then the sample-id trailer) with its ips remapped in the user space of the
 /// trailer's pid. perf 7.3's `--aslr` does not rewrite it (pdinject does: its ips are
 /// user addresses).
-pub fn callchain_deferred(
+pub(crate) fn callchain_deferred(
     rec: &[u8],
     e: Endian,
     trailer: &TrailerLayout,
@@ -567,7 +567,7 @@ pub fn callchain_deferred(
 /// SWITCH*, NAMESPACES (device and inode numbers), BPF_EVENT (program id and tag),
 /// CGROUP, AUX_OUTPUT_HW_ID and perf's own records (attrs are rewritten by
 /// [`strip_attr`]; TRACING_DATA: see docs/aslr.md).
-pub fn record(h: &RecordHeader, rec: &[u8], e: Endian) -> Verdict {
+pub(crate) fn record(h: &RecordHeader, rec: &[u8], e: Endian) -> Verdict {
     const FEATURE_BPF_PROG_INFO: u64 = 25;
     match h.kind {
         rt::SAMPLE

@@ -17,7 +17,7 @@ pub enum Dest {
 }
 
 /// The output path of `input`.
-pub fn output_path(dest: &Dest, input: &Input) -> PathBuf {
+pub(crate) fn output_path(dest: &Dest, input: &Input) -> PathBuf {
     match dest {
         Dest::OutDir(d) => d.join(&input.rel),
         Dest::InPlace => input.path.clone(),

@@ -102,7 +102,7 @@ fn has_perf_magic(path: &Path) -> bool {
 
 /// A `perf record --threads` recording: a directory with a perf.data `data` file and
 /// `data.N` streams.
-pub fn is_perf_dir(dir: &Path) -> bool {
+pub(crate) fn is_perf_dir(dir: &Path) -> bool {
     let data = dir.join("data");
     if !std::fs::metadata(&data).is_ok_and(|m| m.is_file()) || !has_perf_magic(&data) {
         return false;

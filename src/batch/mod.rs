@@ -23,9 +23,9 @@ mod report;
 mod result;
 mod shard;
 
-pub use dest::{Dest, output_path};
-pub use discover::{Input, Listing, WalkSkip, collect, is_perf_dir, read_list};
+pub use dest::Dest;
+pub use discover::{Input, Listing, WalkSkip, collect, read_list};
 pub use exec::{BatchOptions, CONCURRENT_BELOW, run};
 pub use report::LineReport;
 pub use result::{FileResult, Status, Summary};
-pub use shard::{SHARD_COUNT_ENV, Shard, fmix64, fnv1a64, shard_hash};
+pub use shard::{SHARD_COUNT_ENV, Shard};

@@ -5,7 +5,7 @@ use crate::error::{Error, Result};
 use std::path::Path;
 
 /// 64-bit FNV-1a: the shard hash (fixed, documented, the same on every machine).
-pub fn fnv1a64(bytes: &[u8]) -> u64 {
+pub(crate) fn fnv1a64(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
         (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3)
     })
@@ -14,7 +14,7 @@ pub fn fnv1a64(bytes: &[u8]) -> u64 {
 /// MurmurHash3's 64-bit finalizer. FNV-1a alone is a poor shard hash: its low bits
 /// depend only on the low bits of each byte (`host-a` and `host-e` would always share
 /// a shard of 4); the finalizer mixes every bit into every other.
-pub fn fmix64(mut h: u64) -> u64 {
+pub(crate) fn fmix64(mut h: u64) -> u64 {
     h ^= h >> 33;
     h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
     h ^= h >> 33;
@@ -24,7 +24,7 @@ pub fn fmix64(mut h: u64) -> u64 {
 
 /// The shard hash of a relative path: `fmix64(fnv1a64(bytes))`, the same on every
 /// machine and with every Rust version.
-pub fn shard_hash(rel: &Path) -> u64 {
+pub(crate) fn shard_hash(rel: &Path) -> u64 {
     use std::os::unix::ffi::OsStrExt;
     fmix64(fnv1a64(rel.as_os_str().as_bytes()))
 }

@@ -11,7 +11,7 @@ use std::path::Path;
 
 /// What went into the archive.
 #[derive(Clone, Debug, Default)]
-pub struct ArchiveSummary {
+pub(crate) struct ArchiveSummary {
     /// Entries (DSOs) archived.
     pub entries: usize,
     /// Bytes of file content.
@@ -20,7 +20,7 @@ pub struct ArchiveSummary {
 
 /// Writes the archive of the cache `entries` (directories relative to `cache_dir`,
 /// as the report lists them) to `out` (temp file and rename).
-pub fn write<'a>(
+pub(crate) fn write<'a>(
     entries: impl IntoIterator<Item = &'a str>,
     cache_dir: &Path,
     out: &Path,

@@ -37,7 +37,7 @@ pub(crate) const MAX_REDIRECTS: u32 = 8;
 
 /// The client's settings, from elfutils' variables.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Settings {
+pub(crate) struct Settings {
     /// `DEBUGINFOD_TIMEOUT`: the span within which a server must send its headers and
     /// 100 KiB (or the whole file), and the longest wait for any one read. `None`
     /// (the value 0 or less): no timeout.
@@ -63,7 +63,7 @@ impl Default for Settings {
 /// A client variable that holds no whole number.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{var}={value:?} is not a whole number of {unit} (see debuginfod-client-config(7))")]
-pub struct SettingsError {
+pub(crate) struct SettingsError {
     /// The variable.
     pub var: &'static str,
     /// Its value.
@@ -74,7 +74,7 @@ pub struct SettingsError {
 
 impl Settings {
     /// The settings of this process's environment.
-    pub fn from_env() -> Result<Settings, SettingsError> {
+    pub(crate) fn from_env() -> Result<Settings, SettingsError> {
         Settings::from_vars(|k| std::env::var_os(k))
     }
 
@@ -122,10 +122,22 @@ fn env_settings() -> Result<Settings, SettingsError> {
     S.get_or_init(Settings::from_env).clone()
 }
 
+/// The servers a run fetches from (see [`urls`]). With any, elfutils' client
+/// variables are read now, so that a DEBUGINFOD_TIMEOUT that is no number is a usage
+/// error before the run, not a failed fetch in the middle of it.
+pub fn servers(flag: Option<&str>) -> crate::error::Result<Vec<String>> {
+    use crate::error::Error;
+    let servers = urls(flag).map_err(|e| Error::Usage(e.to_string()))?;
+    if !servers.is_empty() {
+        Settings::from_env().map_err(|e| Error::Usage(e.to_string()))?;
+    }
+    Ok(servers)
+}
+
 /// A word of the server list that is not a server.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("--debuginfod: '{0}' is not an http:// or https:// URL")]
-pub struct NotAUrl(pub String);
+pub(crate) struct NotAUrl(pub String);
 
 /// The server list, as perf chooses it: `--debuginfod URLS`; `--debuginfod` alone
 /// (or the value `system`) means `DEBUGINFOD_URLS`; without the flag, the
@@ -136,7 +148,7 @@ pub struct NotAUrl(pub String);
 /// `ima:enforcing` (up to an `ima:ignore`) are left out, since pdinject checks no IMA
 /// signature and such a server's files are to be taken only signed. Any other word
 /// that is no http(s) URL is a usage error.
-pub fn urls(flag: Option<&str>) -> Result<Vec<String>, NotAUrl> {
+pub(crate) fn urls(flag: Option<&str>) -> Result<Vec<String>, NotAUrl> {
     let chosen = match flag {
         Some(v) => Some(v.to_string()),
         None => crate::perfconfig::value("buildid-cache", "debuginfod"),
@@ -163,7 +175,7 @@ pub fn urls(flag: Option<&str>) -> Result<Vec<String>, NotAUrl> {
 /// Why no server gave the file: each server's reason, in the order they were asked.
 #[derive(Debug, thiserror::Error)]
 #[error("{}", describe(.0))]
-pub struct FetchError(pub Vec<(String, ServerError)>);
+pub(crate) struct FetchError(pub Vec<(String, ServerError)>);
 
 fn describe(tried: &[(String, ServerError)]) -> String {
     if tried.is_empty() {
@@ -179,7 +191,7 @@ fn describe(tried: &[(String, ServerError)]) -> String {
 /// Why one server did not give the file.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum ServerError {
+pub(crate) enum ServerError {
     /// A client variable is not a number.
     #[error(transparent)]
     Settings(#[from] SettingsError),
@@ -299,7 +311,7 @@ fn tls(e: &rustls::Error) -> ServerError {
 
 /// Fetches the executable with this ID from the first server that has it, checked
 /// to carry exactly this ID.
-pub fn fetch(servers: &[String], id: &BuildId) -> Result<Vec<u8>, FetchError> {
+pub(crate) fn fetch(servers: &[String], id: &BuildId) -> Result<Vec<u8>, FetchError> {
     fetch_kind(servers, id, "executable")
 }
 

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 pub(crate) use super::elf_read::pread_new;
 pub(crate) use super::elf_read::{Elf, Segment, open_regular, read_build_id, reader};
-pub use super::elf_read::{build_id_from_notes, build_id_of_image};
+pub(crate) use super::elf_read::{build_id_from_notes, build_id_of_image};
 pub(crate) use super::proof::{
     CtimeEvidence, FileTimes, Place, Proven, Reason, RecordingStart, Refusal,
 };

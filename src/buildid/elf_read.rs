@@ -10,7 +10,7 @@ use std::path::Path;
 
 /// The GNU build ID of an ELF image in memory (a vdso, a download, a decompressed
 /// module), by the same rules as [`read_build_id`].
-pub fn build_id_of_image(data: &[u8]) -> Result<BuildId, Refusal> {
+pub(crate) fn build_id_of_image(data: &[u8]) -> Result<BuildId, Refusal> {
     id_of(&parse(data)?)
 }
 
@@ -223,7 +223,7 @@ pub(super) fn id_of<'d, R: object::ReadRef<'d>>(elf: &Elf<'d, R>) -> Result<Buil
 
 /// Finds the NT_GNU_BUILD_ID note in a raw note stream (`/sys/kernel/notes`,
 /// `/sys/module/*/notes/.note.gnu.build-id`), written in the host's byte order.
-pub fn build_id_from_notes(data: &[u8]) -> Option<BuildId> {
+pub(crate) fn build_id_from_notes(data: &[u8]) -> Option<BuildId> {
     let mut off = 0usize;
     let rd = |o: usize| -> Option<u32> {
         Some(u32::from_ne_bytes(data.get(o..o + 4)?.try_into().ok()?))

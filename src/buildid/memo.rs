@@ -57,7 +57,7 @@ type Answer = Result<(BuildId, CtimeEvidence), Refusal>;
 
 /// The memo of one run or batch: the run opens it (`engine::Handles`) and hands it to the proofs.
 #[derive(Default)]
-pub struct Memo {
+pub(crate) struct Memo {
     proofs: Mutex<HashMap<ProofKey, Arc<OnceLock<Option<Answer>>>>>,
     files: Mutex<std::collections::HashSet<FileKey>>,
     files_read: AtomicU64,

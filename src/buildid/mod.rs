@@ -15,7 +15,7 @@
 
 pub(crate) mod archive;
 pub(crate) mod cache;
-pub mod debuginfod;
+pub(crate) mod debuginfod;
 pub(crate) mod elf;
 mod elf_read;
 pub(crate) mod host;
@@ -29,10 +29,10 @@ use crate::format::record::FileIdent;
 use crate::model::{Dso, DsoId, DsoKind, Model};
 use host::HostInfo;
 pub(crate) use proof::{
-    Contradiction, FileTimes, Found, InTable, NAMED_CLAIMANTS, Outcome, Place, Refusal, Refused,
-    Source, Verdict,
+    Contradiction, FileTimes, Found, InTable, LocalFiles, NAMED_CLAIMANTS, Outcome, Place,
+    RecordingStart, Refusal, Refused,
 };
-pub use proof::{LocalFiles, Reason, RecordingStart};
+pub(crate) use proof::{Reason, Source, Verdict};
 use rayon::prelude::*;
 use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
@@ -855,7 +855,6 @@ mod tests {
     fn entry(cpumode: u16, name: &str, id: BuildId) -> TableEntry {
         TableEntry {
             cpumode,
-            pid: -1,
             build_id: id,
             filename: name.into(),
         }

@@ -56,7 +56,7 @@ pub(crate) type Refusal = (Reason, String);
 /// "Unknown" refuses every local file ([`Reason::Undated`]); there is no value that
 /// skips the staleness check.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum RecordingStart {
+pub(crate) enum RecordingStart {
     /// Samples may have been taken from this moment on: files modified after it are stale.
     Known(i128),
     /// Nothing dates the recording (a replayed stream): no local file can be shown
@@ -95,7 +95,7 @@ pub enum Source {
 /// Whether local files may be opened for a proof at all (the recording is of this
 /// host, and dated).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LocalFiles {
+pub(crate) enum LocalFiles {
     /// They may: each is still proven to be the recorded one.
     Trusted,
     /// None is opened.

@@ -367,14 +367,14 @@ impl FileArgs {
         &self,
         debuginfod: Option<&str>,
     ) -> Result<(
-        Option<pdinject::cli_support::BuildIdCache>,
-        pdinject::cli_support::Vouchers,
+        Option<pdinject::options::BuildIdCache>,
+        pdinject::options::Vouchers,
     )> {
         // The cache's link record is read with or without -N: it is evidence about
         // this machine's files, not something this run writes.
-        let cache_dir = pdinject::cli_support::BuildIdCache::locate(self.buildid_dir.as_deref())
+        let cache_dir = pdinject::options::BuildIdCache::locate(self.buildid_dir.as_deref())
             .map_err(Error::Usage)?;
-        let vouchers = pdinject::cli_support::Vouchers {
+        let vouchers = pdinject::options::Vouchers {
             dpkg: Some(
                 self.dpkg_admindir
                     .clone()
@@ -389,10 +389,10 @@ impl FileArgs {
             None
         } else {
             let dir = cache_dir;
-            Some(pdinject::cli_support::BuildIdCache {
+            Some(pdinject::options::BuildIdCache {
                 dir,
                 symfs: self.symfs.clone(),
-                debuginfod: debuginfod_servers(debuginfod)?,
+                debuginfod: pdinject::cli_support::debuginfod_servers(debuginfod)?,
             })
         };
         Ok((cache, vouchers))
@@ -400,11 +400,11 @@ impl FileArgs {
 }
 
 impl CaptureArgs {
-    fn choice(&self) -> pdinject::cli_support::LiveChoice {
+    fn choice(&self) -> pdinject::options::LiveChoice {
         match self.live {
-            LiveArg::Auto => pdinject::cli_support::LiveChoice::Auto,
-            LiveArg::On => pdinject::cli_support::LiveChoice::On,
-            LiveArg::Off => pdinject::cli_support::LiveChoice::Off,
+            LiveArg::Auto => pdinject::options::LiveChoice::Auto,
+            LiveArg::On => pdinject::options::LiveChoice::On,
+            LiveArg::Off => pdinject::options::LiveChoice::Off,
         }
     }
 }
@@ -443,16 +443,4 @@ pub(crate) fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
         return Err(format!("'{s}' is out of range"));
     }
     Ok(Duration::from_nanos(ns as u64))
-}
-
-/// The debuginfod servers `--debuginfod` (or perfconfig) names. With any, elfutils'
-/// client variables are read now, so that a DEBUGINFOD_TIMEOUT that is no number is a
-/// usage error before the run, not a failed fetch in the middle of it.
-fn debuginfod_servers(flag: Option<&str>) -> Result<Vec<String>> {
-    use pdinject::cli_support::debuginfod;
-    let servers = debuginfod::urls(flag).map_err(|e| Error::Usage(e.to_string()))?;
-    if !servers.is_empty() {
-        debuginfod::Settings::from_env().map_err(|e| Error::Usage(e.to_string()))?;
-    }
-    Ok(servers)
 }

@@ -117,38 +117,12 @@ fn run(
     let mut finish = |report: &mut Report| -> Result<()> {
         report.run.verbose_timings = args.run.verbose;
         match &cache_dir {
-            Some(dir) => add_cache(report, dir, args.archive.as_deref()),
+            Some(dir) => report.add_cache(dir, args.archive.as_deref()),
             None => Ok(()),
         }
     };
-    let Some(output) = output else {
-        // In place, the file itself is the output, already in its new state: the
-        // report follows it.
-        if let Some(r) = report_path {
-            pdinject::report::check_report_path(r, input, input)?;
-        }
-        let mut report = pdinject::run_in_place(input, opts)?;
-        finish(&mut report)?;
-        if let Some(r) = report_path {
-            pdinject::report::stage_json(&report, r)?.commit()?;
-        }
-        return Ok(report);
-    };
-    pdinject::run_staged(input, output, opts, report_path, &mut finish)
-}
-
-/// The cache's totals in `report`, and the archive of its entries when asked.
-fn add_cache(report: &mut Report, dir: &Path, archive: Option<&Path>) -> Result<()> {
-    report.add_cache_totals(dir);
-    if let Some(a) = archive {
-        let sum = pdinject::cli_support::write_archive(report.cache_entries(), dir, a)?;
-        report.notes.push(format!(
-            "archive {}: {} cache entries, {} bytes (unpack with: tar xf {} -C ~/.debug)",
-            a.display(),
-            sum.entries,
-            sum.bytes,
-            a.display()
-        ));
+    match output {
+        Some(output) => pdinject::run_staged(input, output, opts, report_path, &mut finish),
+        None => pdinject::run_in_place_staged(input, opts, report_path, &mut finish),
     }
-    Ok(())
 }

@@ -12,7 +12,7 @@
 
 pub(crate) mod file;
 mod output;
-pub mod stream;
+pub(crate) mod stream;
 
 pub(crate) use file::run_file;
 pub(crate) use stream::{BATCH_BYTES, StreamInput, is_stream_header, run_stream};
@@ -225,6 +225,27 @@ fn check_attrs_for(input: &PerfInput, to: AttrsFor) -> Result<()> {
     Ok(())
 }
 
+/// [`run_in_place`], then `finish` on the report and the report written as JSON to
+/// `report_path`. In place the file itself is the output, already in its new state
+/// when the report is written: the report follows it (a report that cannot be written
+/// is an error, the file stays rewritten).
+pub fn run_in_place_staged(
+    path: &Path,
+    opts: &Options,
+    report_path: Option<&Path>,
+    finish: &mut dyn FnMut(&mut Report) -> Result<()>,
+) -> Result<Report> {
+    if let Some(r) = report_path {
+        crate::report::check_report_path(r, path, path)?;
+    }
+    let mut report = run_in_place(path, opts)?;
+    finish(&mut report)?;
+    if let Some(r) = report_path {
+        crate::report::stage_json(&report, r)?.commit()?;
+    }
+    Ok(report)
+}
+
 /// Rewrites `path` itself (`--in-place`): restores it first if an earlier in-place
 /// run was interrupted, then writes only what changes, crash-safe
 /// ([`crate::write::inplace`]).
@@ -403,7 +424,7 @@ pub fn validate_bytes(bytes: &[u8]) -> Result<Report> {
 /// A stream from any reader to any writer, in batches of `batch` bytes, taken as a
 /// live stream (dated by this boot's clock). Tests drive many small batches through
 /// the carry-over from one batch to the next; the stream fuzzer drives this.
-pub fn stream(
+pub fn stream_in_batches(
     r: &mut dyn Read,
     w: &mut dyn std::io::Write,
     opts: &Options,

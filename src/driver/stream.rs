@@ -8,7 +8,7 @@ use crate::format::header::pipe_header;
 use crate::report::Report;
 use crate::sink::Sink;
 
-pub use crate::engine::stream::{BATCH_BYTES, StreamInput, date_saved_stream};
+pub(crate) use crate::engine::stream::{BATCH_BYTES, StreamInput};
 
 /// Runs a stream (`perf record -o -`) through the engine into `sink`, batch by batch.
 /// Memory holds one batch, what the round rule carries to the next (at most two

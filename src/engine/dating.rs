@@ -8,7 +8,7 @@ pub(crate) use crate::buildid::proof::RecordingStart;
 
 /// What the input tells about the end of the recording.
 #[derive(Clone, Debug)]
-pub enum Dating {
+pub(crate) enum Dating {
     /// A finished file: its mtime is the end of the recording.
     Ended {
         /// mtime in ns since the epoch.

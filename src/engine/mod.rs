@@ -72,7 +72,7 @@ pub(crate) const MAX_STREAM_BUILD_IDS: usize = 65536;
 
 /// Whether the engine may look outside the input (host identity, local files).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Host {
+pub(crate) enum Host {
     /// This machine's files, kernel and vdso may speak for the recording once it is
     /// proven to be of this host.
     Consult,
@@ -84,7 +84,7 @@ pub enum Host {
 /// opened, and whether the host may be consulted. Copied into each engine (a batch
 /// of many inputs shares one).
 #[derive(Clone, Copy)]
-pub struct Context<'a> {
+pub(crate) struct Context<'a> {
     /// What the run is asked to do.
     pub opts: &'a Options,
     /// The worker pool.
@@ -99,7 +99,7 @@ pub struct Context<'a> {
 /// and the memo of file proofs. A batch opens them once for all its inputs, so every
 /// input proves through the one memo and the store sweeps its temp files once.
 #[derive(Debug)]
-pub struct Handles {
+pub(crate) struct Handles {
     /// The memo of file proofs: one proof per DSO file, which the unwind tables
     /// and the identify stage both ask for (the memo is exact: keyed by what the file
     /// is now and what the recording says of it).
@@ -949,7 +949,6 @@ impl<'a> Engine<'a> {
         self.budget.kept.build_ids += 2 * name.len() as u64 + crate::limits::STREAM_ID_COST;
         self.scan.stream_build_ids.push(TableEntry {
             cpumode: entry.cpumode,
-            pid: entry.pid,
             build_id: entry.build_id,
             filename: name,
         });

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
 /// Bytes of new records that make a stream batch.
-pub const BATCH_BYTES: usize = 64 << 20;
+pub(crate) const BATCH_BYTES: usize = 64 << 20;
 /// Bytes read from a stream at a time.
 const READ_BLOCK: u64 = 4 << 20;
 
@@ -51,7 +51,7 @@ fn live_config(cx: Context<'_>) -> crate::live::LiveConfig {
 }
 
 /// How a stream is read.
-pub struct StreamInput<'r> {
+pub(crate) struct StreamInput<'r> {
     /// The input's name in messages.
     pub name: PathBuf,
     /// Its bytes.
@@ -370,7 +370,7 @@ fn fill(
 /// The start of a saved stream's recording, from a first pass over a map of the file
 /// (record headers and times only): CLOCK_DATA, else its mtime minus the span of its
 /// times. `first` is where the stream starts in the file (stdin may have been read).
-pub fn date_saved_stream(
+pub(crate) fn date_saved_stream(
     cx: Context<'_>,
     name: &Path,
     file: &std::fs::File,

@@ -47,7 +47,7 @@ pub(crate) mod flag {
 
 /// The fields of one event's attr that pdinject needs.
 #[derive(Clone, Debug)]
-pub struct Attr {
+pub(crate) struct Attr {
     /// PMU type (`attr.type`).
     pub kind: u32,
     /// `attr.size` as written (0 is read as 64, like perf).
@@ -77,7 +77,7 @@ pub struct Attr {
 
 impl Attr {
     /// Parses one `perf_event_attr` (without the trailing ids section).
-    pub fn parse(bytes: &[u8], e: Endian, big_endian_bitfield: bool) -> Option<Attr> {
+    pub(crate) fn parse(bytes: &[u8], e: Endian, big_endian_bitfield: bool) -> Option<Attr> {
         let get64 = |off: usize, size: u32| -> u64 {
             if off + 8 <= size as usize {
                 e.u64(bytes, off).unwrap_or(0)
@@ -128,13 +128,13 @@ impl Attr {
     }
 
     /// Whether non-sample kernel records carry a sample-id trailer.
-    pub fn sample_id_all(&self) -> bool {
+    pub(crate) fn sample_id_all(&self) -> bool {
         self.flags & flag::SAMPLE_ID_ALL != 0
     }
 }
 
 /// Reads every attr and its ids from a file-mode perf.data.
-pub fn read_attrs(
+pub(crate) fn read_attrs(
     header: &FileHeader,
     file: &[u8],
     ids_at: impl Fn(u64, u64) -> Result<Vec<u8>>,

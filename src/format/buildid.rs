@@ -32,7 +32,7 @@ impl BuildId {
     }
 
     /// The ID bytes.
-    pub fn as_bytes(&self) -> &[u8] {
+    pub(crate) fn as_bytes(&self) -> &[u8] {
         &self.bytes[..self.len as usize]
     }
 
@@ -68,11 +68,9 @@ impl fmt::Debug for BuildId {
 
 /// One entry of a build-ID table as read from a file.
 #[derive(Clone, Debug)]
-pub struct TableEntry {
+pub(crate) struct TableEntry {
     /// KERNEL/USER/GUEST_* cpumode from misc.
     pub cpumode: u16,
-    /// Machine pid (-1 host).
-    pub pid: i32,
     /// The ID.
     pub build_id: BuildId,
     /// DSO name as perf looks it up.
@@ -88,7 +86,7 @@ impl TableEntry {
 
 /// The parsed BUILD_ID feature payload.
 #[derive(Clone, Debug, Default)]
-pub struct BuildIdTable {
+pub(crate) struct BuildIdTable {
     /// The entries perf would read.
     pub entries: Vec<TableEntry>,
     /// Set when the table uses the pre-2010 layout without the pid field; pdinject
@@ -105,7 +103,7 @@ pub struct BuildIdTable {
 
 /// Parses a BUILD_ID feature payload. Never fails: a damaged tail stops the walk and
 /// sets `malformed` (the bytes themselves are copied verbatim on output).
-pub fn parse_build_id_table(payload: &[u8], e: Endian) -> BuildIdTable {
+pub(crate) fn parse_build_id_table(payload: &[u8], e: Endian) -> BuildIdTable {
     let mut t = BuildIdTable::default();
     // perf's legacy detection: the first filename, read with the modern layout,
     // looks like "nel.kallsyms]" when the entries lack the pid field.
@@ -129,7 +127,6 @@ pub fn parse_build_id_table(payload: &[u8], e: Endian) -> BuildIdTable {
         if let Some(entry) = parse_build_id_entry(&h, &rest[..size]) {
             t.entries.push(TableEntry {
                 cpumode: entry.cpumode,
-                pid: entry.pid,
                 build_id: entry.build_id,
                 filename: String::from_utf8_lossy(entry.filename).into_owned(),
             });
@@ -162,7 +159,6 @@ pub(crate) fn retain_entries(
         }
         let entry = parse_build_id_entry(&h, &rest[..size]).map(|entry| TableEntry {
             cpumode: entry.cpumode,
-            pid: entry.pid,
             build_id: entry.build_id,
             filename: String::from_utf8_lossy(entry.filename).into_owned(),
         });
@@ -215,10 +211,9 @@ pub(crate) fn encode_table_entry(
 /// A HEADER_BUILD_ID entry (stream record or feature-table entry).
 #[derive(Clone, Debug)]
 pub(crate) struct BuildIdEntry<'a> {
-    /// cpumode from misc.
+    /// cpumode from misc. (The machine pid at 8..12 is not read: a guest's entries
+    /// carry the guest cpumodes, which is what the claims go by.)
     pub cpumode: u16,
-    /// Machine pid (-1 for the host), read unswapped as perf does.
-    pub pid: i32,
     /// The build ID.
     pub build_id: BuildId,
     /// DSO name.
@@ -230,7 +225,6 @@ pub(crate) fn parse_build_id_entry<'a>(
     h: &RecordHeader,
     rec: &'a [u8],
 ) -> Option<BuildIdEntry<'a>> {
-    let pid = i32::from_ne_bytes(rec.get(8..12)?.try_into().ok()?);
     let raw = rec.get(12..32)?;
     let len = if h.misc & misc::BUILD_ID_SIZE != 0 {
         (*rec.get(32)? as usize).min(20)
@@ -239,7 +233,6 @@ pub(crate) fn parse_build_id_entry<'a>(
     };
     Some(BuildIdEntry {
         cpumode: h.cpumode(),
-        pid,
         build_id: BuildId::new(raw, len)?,
         filename: c_str(rec.get(36..)?),
     })

@@ -13,7 +13,7 @@ use zstd::stream::raw::{Decoder, InBuffer, Operation, OutBuffer};
 const OUT_STEP: usize = 1 << 20;
 
 /// The zstd payload of a COMPRESSED or COMPRESSED2 record (`rec` is the whole record).
-pub fn payload<'a>(h: &RecordHeader, rec: &'a [u8], e: Endian) -> Option<&'a [u8]> {
+pub(crate) fn payload<'a>(h: &RecordHeader, rec: &'a [u8], e: Endian) -> Option<&'a [u8]> {
     match h.kind {
         rt::COMPRESSED => rec.get(8..),
         rt::COMPRESSED2 => {
@@ -30,7 +30,7 @@ fn bad_frame(_: crate::error::Error) -> InnerError {
 }
 
 /// Streaming decompressor of the inner record stream.
-pub struct InnerStream {
+pub(crate) struct InnerStream {
     dec: Decoder<'static>,
     carry: Vec<u8>,
     out: Vec<u8>,
@@ -44,7 +44,7 @@ pub struct InnerStream {
 
 /// Problems inside compressed data.
 #[derive(Debug)]
-pub enum InnerError {
+pub(crate) enum InnerError {
     /// zstd refused the bytes.
     Zstd(String),
     /// An inner record header is impossible.
@@ -53,7 +53,7 @@ pub enum InnerError {
 
 impl InnerStream {
     /// A fresh decompressor.
-    pub fn new(e: Endian) -> std::io::Result<Self> {
+    pub(crate) fn new(e: Endian) -> std::io::Result<Self> {
         Ok(InnerStream {
             dec: Decoder::new()?,
             carry: Vec::new(),
@@ -72,7 +72,7 @@ impl InnerStream {
     }
 
     /// Decompresses `payload` and calls `f` with every complete inner record.
-    pub fn feed(
+    pub(crate) fn feed(
         &mut self,
         payload: &[u8],
         mut f: impl FnMut(RecordHeader, &[u8]) -> Result<(), InnerError>,

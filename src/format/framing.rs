@@ -9,38 +9,38 @@ use super::Endian;
 use crate::error::{Error, Result};
 
 /// Record types (kernel: < 64, perf tool: >= 64).
-pub mod rt {
-    pub const MMAP: u32 = 1;
+pub(crate) mod rt {
+    pub(crate) const MMAP: u32 = 1;
     pub(crate) const COMM: u32 = 3;
-    pub const EXIT: u32 = 4;
-    pub const FORK: u32 = 7;
-    pub const SAMPLE: u32 = 9;
-    pub const MMAP2: u32 = 10;
+    pub(crate) const EXIT: u32 = 4;
+    pub(crate) const FORK: u32 = 7;
+    pub(crate) const SAMPLE: u32 = 9;
+    pub(crate) const MMAP2: u32 = 10;
     pub(crate) const AUX: u32 = 11;
     /// PERF_RECORD_CALLCHAIN_DEFERRED: the user part of earlier samples' callchains
     /// (see `CallchainDeferred` in the record module).
     pub(crate) const CALLCHAIN_DEFERRED: u32 = 22;
-    pub const HEADER_ATTR: u32 = 64;
+    pub(crate) const HEADER_ATTR: u32 = 64;
     pub(crate) const HEADER_EVENT_TYPE: u32 = 65;
     pub(crate) const HEADER_TRACING_DATA: u32 = 66;
     pub(crate) const HEADER_BUILD_ID: u32 = 67;
-    pub const FINISHED_ROUND: u32 = 68;
+    pub(crate) const FINISHED_ROUND: u32 = 68;
     pub(crate) const AUXTRACE_INFO: u32 = 70;
     pub(crate) const AUXTRACE: u32 = 71;
     pub(crate) const HEADER_FEATURE: u32 = 80;
-    pub const COMPRESSED: u32 = 81;
-    pub const COMPRESSED2: u32 = 83;
+    pub(crate) const COMPRESSED: u32 = 81;
+    pub(crate) const COMPRESSED2: u32 = 83;
     /// First perf-tool (user) record type; these carry no sample-id trailer.
-    pub const USER_START: u32 = 64;
+    pub(crate) const USER_START: u32 = 64;
 }
 
 /// `header.misc` values and bits.
-pub mod misc {
+pub(crate) mod misc {
     pub(crate) const CPUMODE_MASK: u16 = 7;
-    pub const KERNEL: u16 = 1;
-    pub const USER: u16 = 2;
+    pub(crate) const KERNEL: u16 = 1;
+    pub(crate) const USER: u16 = 2;
     pub(crate) const HYPERVISOR: u16 = 3;
-    pub const GUEST_KERNEL: u16 = 4;
+    pub(crate) const GUEST_KERNEL: u16 = 4;
     pub(crate) const GUEST_USER: u16 = 5;
     /// COMM: the comm changed because of exec. MMAP*: a non-executable mapping.
     pub(crate) const COMM_EXEC: u16 = 0x2000;
@@ -53,7 +53,7 @@ pub mod misc {
 
 /// `struct perf_event_header`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RecordHeader {
+pub(crate) struct RecordHeader {
     /// Record type.
     pub kind: u32,
     /// Misc bits (cpumode, flags).
@@ -65,7 +65,7 @@ pub struct RecordHeader {
 impl RecordHeader {
     /// Parses the 8-byte header at the start of `data`.
     #[inline]
-    pub fn parse(data: &[u8], e: Endian) -> Option<RecordHeader> {
+    pub(crate) fn parse(data: &[u8], e: Endian) -> Option<RecordHeader> {
         Some(RecordHeader {
             kind: e.u32(data, 0)?,
             misc: e.u16(data, 4)?,
@@ -75,13 +75,13 @@ impl RecordHeader {
 
     /// The cpumode value (`misc & 7`).
     #[inline]
-    pub fn cpumode(&self) -> u16 {
+    pub(crate) fn cpumode(&self) -> u16 {
         self.misc & misc::CPUMODE_MASK
     }
 }
 
 /// Bytes that follow a record outside its `header.size` (TRACING_DATA, AUXTRACE).
-pub fn out_of_band_len(h: &RecordHeader, body: &[u8], e: Endian) -> Option<u64> {
+pub(super) fn out_of_band_len(h: &RecordHeader, body: &[u8], e: Endian) -> Option<u64> {
     match h.kind {
         rt::HEADER_TRACING_DATA => Some(e.u32(body, 8)? as u64),
         rt::AUXTRACE => e.u64(body, 8),

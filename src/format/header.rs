@@ -12,7 +12,7 @@ pub(crate) const PIPE_HEADER_SIZE: u64 = 16;
 
 /// `{offset, size}` of a region of the file.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Section {
+pub(crate) struct Section {
     /// Byte offset from the start of the file.
     pub offset: u64,
     /// Length in bytes.
@@ -28,7 +28,7 @@ impl Section {
 
 /// How the 256-bit feature bitmap is stored; needed to write it back the same way.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum BitmapWords {
+pub(crate) enum BitmapWords {
     /// Four u64 words (every little-endian writer and 64-bit big-endian ones).
     U64,
     /// Eight u32 words (32-bit big-endian writers; perf's fallback in `perf_file_header__read`).
@@ -37,7 +37,7 @@ pub enum BitmapWords {
 
 /// The parsed file header.
 #[derive(Clone, Debug)]
-pub struct FileHeader {
+pub(crate) struct FileHeader {
     /// Byte order of every scalar in the file.
     pub endian: Endian,
     /// The `size` field: 104, or 72 for files without a feature bitmap.
@@ -80,7 +80,7 @@ pub(crate) const FEAT_CLOCK_DATA: u32 = 29;
 
 impl FileHeader {
     /// Parses the header from the first bytes of a file of length `file_len`.
-    pub fn parse(buf: &[u8], file_len: u64) -> Result<Self> {
+    pub(crate) fn parse(buf: &[u8], file_len: u64) -> Result<Self> {
         let endian = magic_order(buf)?;
         let e = endian;
         let rd = |off: usize| {
@@ -263,7 +263,7 @@ fn read_bitmap(buf: &[u8], e: Endian) -> Result<([u64; 4], BitmapWords)> {
 
 /// The byte order of a pipe header (`struct perf_pipe_file_header`), or None when
 /// `head` is not one: perf decides by the header's size field being 16.
-pub fn pipe_header(head: &[u8]) -> Option<Endian> {
+pub(crate) fn pipe_header(head: &[u8]) -> Option<Endian> {
     let e = match head.get(..8)? {
         b"PERFILE2" => Endian::Little,
         b"2ELIFREP" => Endian::Big,

@@ -44,7 +44,7 @@ pub(crate) mod id {
 
 /// Why a jitdump cannot be read (any of these makes the dump unusable, or ends it).
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
-pub enum JitdumpError {
+pub(crate) enum JitdumpError {
     /// Not a jitdump (no magic).
     #[error("not a jitdump (no JiTD magic)")]
     NotJitdump,
@@ -81,7 +81,7 @@ pub enum JitdumpError {
 
 /// The file header.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Header {
+pub(crate) struct Header {
     /// Format version.
     pub version: u32,
     /// Header size (records start there).
@@ -100,7 +100,7 @@ pub struct Header {
 
 /// A code load.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CodeLoad<'a> {
+pub(crate) struct CodeLoad<'a> {
     /// Process id.
     pub pid: u32,
     /// Thread id.
@@ -119,7 +119,7 @@ pub struct CodeLoad<'a> {
 
 /// A code move.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct CodeMove {
+pub(crate) struct CodeMove {
     /// Process id.
     pub pid: u32,
     /// Thread id.
@@ -138,7 +138,7 @@ pub struct CodeMove {
 
 /// One source line of a DEBUG_INFO record.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct LineEntry<'a> {
+pub(crate) struct LineEntry<'a> {
     /// Address of the first instruction of the line.
     pub addr: u64,
     /// Line number.
@@ -151,7 +151,7 @@ pub struct LineEntry<'a> {
 
 /// Unwinding tables of the next load: `.eh_frame` then `.eh_frame_hdr`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Unwinding<'a> {
+pub(crate) struct Unwinding<'a> {
     /// Size of `.eh_frame_hdr` (the tail of `data`).
     pub eh_frame_hdr_size: u64,
     /// Bytes of the tables the JIT maps after the code (0: not mapped).
@@ -162,7 +162,7 @@ pub struct Unwinding<'a> {
 
 /// One record.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Record<'a> {
+pub(crate) enum Record<'a> {
     /// CODE_LOAD.
     Load(CodeLoad<'a>),
     /// CODE_MOVE.
@@ -186,7 +186,7 @@ pub enum Record<'a> {
 
 /// A record with its prefix.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Entry<'a> {
+pub(crate) struct Entry<'a> {
     /// Offset of the record in the dump.
     pub offset: u64,
     /// Its size, prefix included.
@@ -257,7 +257,7 @@ pub(crate) fn parse_header(b: &[u8]) -> Result<Header, JitdumpError> {
 }
 
 /// A jitdump read record by record.
-pub struct Reader<R: Read> {
+pub(crate) struct Reader<R: Read> {
     r: R,
     /// Or a thread that reads the file ahead, whose blocks become the buffer.
     ahead: Option<Ahead>,
@@ -282,7 +282,7 @@ const FIRST_READ: usize = 64 << 10;
 
 impl<R: Read> Reader<R> {
     /// Reads the header (and skips what a newer writer added to it).
-    pub fn new(r: R) -> Result<Self, JitdumpError> {
+    pub(crate) fn new(r: R) -> Result<Self, JitdumpError> {
         Self::start(r, None)
     }
 
@@ -377,12 +377,12 @@ impl<R: Read> Reader<R> {
 
     /// The next record; `Ok(None)` at a clean end. A record cut short is
     /// Whether entries are byte-swapped (the fuzzer skips what the reader refuses).
-    pub fn swapped(&self) -> bool {
+    pub(crate) fn swapped(&self) -> bool {
         self.header.swapped
     }
 
     /// [`JitdumpError::Truncated`]; what came before it stands.
-    pub fn next_entry(&mut self) -> Result<Option<Entry<'_>>, JitdumpError> {
+    pub(crate) fn next_entry(&mut self) -> Result<Option<Entry<'_>>, JitdumpError> {
         let o = Order(self.header.swapped);
         let offset = self.at;
         let cut = |time| JitdumpError::Truncated { offset, time };
@@ -603,7 +603,7 @@ impl Ahead {
 
 /// The entries of a DEBUG_INFO record: at most `count`, each 16 bytes and a
 /// NUL-terminated name; stops at the first that does not fit.
-pub fn lines(raw: &[u8], count: u64, swapped: bool) -> impl Iterator<Item = LineEntry<'_>> {
+pub(crate) fn lines(raw: &[u8], count: u64, swapped: bool) -> impl Iterator<Item = LineEntry<'_>> {
     let o = Order(swapped);
     let mut at = 0usize;
     let mut left = count;

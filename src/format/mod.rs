@@ -18,7 +18,7 @@ pub(crate) mod walk;
 
 /// Byte order of the writer of a perf.data file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Endian {
+pub(crate) enum Endian {
     /// Written by a little-endian host (magic bytes `PERFILE2`).
     Little,
     /// Written by a big-endian host (magic bytes `2ELIFREP`).
@@ -28,7 +28,7 @@ pub enum Endian {
 impl Endian {
     /// Reads a `u16` at `off`, `None` if out of bounds.
     #[inline]
-    pub fn u16(self, data: &[u8], off: usize) -> Option<u16> {
+    pub(crate) fn u16(self, data: &[u8], off: usize) -> Option<u16> {
         let b: [u8; 2] = data.get(off..off.checked_add(2)?)?.try_into().ok()?;
         Some(match self {
             Endian::Little => u16::from_le_bytes(b),
@@ -38,7 +38,7 @@ impl Endian {
 
     /// Reads a `u32` at `off`, `None` if out of bounds.
     #[inline]
-    pub fn u32(self, data: &[u8], off: usize) -> Option<u32> {
+    pub(crate) fn u32(self, data: &[u8], off: usize) -> Option<u32> {
         let b: [u8; 4] = data.get(off..off.checked_add(4)?)?.try_into().ok()?;
         Some(match self {
             Endian::Little => u32::from_le_bytes(b),
@@ -48,7 +48,7 @@ impl Endian {
 
     /// Reads a `u64` at `off`, `None` if out of bounds.
     #[inline]
-    pub fn u64(self, data: &[u8], off: usize) -> Option<u64> {
+    pub(crate) fn u64(self, data: &[u8], off: usize) -> Option<u64> {
         let b: [u8; 8] = data.get(off..off.checked_add(8)?)?.try_into().ok()?;
         Some(match self {
             Endian::Little => u64::from_le_bytes(b),
@@ -82,7 +82,7 @@ impl Endian {
 }
 
 /// A NUL-terminated string inside `data` (the whole slice if no NUL), lossily decoded.
-pub fn c_str(data: &[u8]) -> &[u8] {
+pub(crate) fn c_str(data: &[u8]) -> &[u8] {
     match data.iter().position(|&b| b == 0) {
         Some(n) => &data[..n],
         None => data,

@@ -3,7 +3,7 @@
 //! perf-format.md §1.4) is the `framing` module's, named here too.
 
 use super::buildid::BuildId;
-pub use super::framing::{RecordHeader, misc, out_of_band_len, rt};
+pub(crate) use super::framing::{RecordHeader, misc, rt};
 use super::{Endian, c_str};
 
 /// What identifies the file behind a mapping.
@@ -29,7 +29,7 @@ pub enum FileIdent {
 
 /// A decoded MMAP or MMAP2 record.
 #[derive(Clone, Debug)]
-pub struct Mmap<'a> {
+pub(crate) struct Mmap<'a> {
     /// Process id (`u32::MAX` for the kernel, i.e. -1).
     pub pid: u32,
     /// Thread id.
@@ -91,7 +91,7 @@ impl Comm {
 
 /// A FORK (or EXIT) record: pid, ppid, tid, ptid, time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Fork {
+pub(crate) struct Fork {
     /// The new process.
     pub pid: u32,
     /// Its parent.
@@ -106,7 +106,7 @@ pub struct Fork {
 
 impl Fork {
     /// FORK record `rec` (header included); `None` when it holds no pid and ppid.
-    pub fn parse(rec: &[u8], e: Endian) -> Option<Fork> {
+    pub(crate) fn parse(rec: &[u8], e: Endian) -> Option<Fork> {
         Some(Fork {
             pid: e.u32(rec, 8)?,
             ppid: e.u32(rec, 12)?,
@@ -179,12 +179,12 @@ impl<'a> FeatureRecord<'a> {
 }
 
 /// PROT_EXEC.
-pub const PROT_EXEC: u32 = 4;
+pub(crate) const PROT_EXEC: u32 = 4;
 /// MAP_HUGETLB.
 pub(crate) const MAP_HUGETLB: u32 = 0x40000;
 
 /// Parses an MMAP (`kind == MMAP`) or MMAP2 record; `body_end` excludes the trailer.
-pub fn parse_mmap<'a>(
+pub(crate) fn parse_mmap<'a>(
     h: &RecordHeader,
     rec: &'a [u8],
     body_end: usize,
@@ -243,7 +243,7 @@ pub fn parse_mmap<'a>(
 
 /// The sample-id trailer of a non-sample record.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct SampleId {
+pub(crate) struct SampleId {
     /// pid from the trailer, if present.
     pub pid: Option<u32>,
     /// Time from the trailer, if present.
@@ -252,7 +252,7 @@ pub struct SampleId {
 
 /// Layout of the sample-id trailer (from the first attr, like perf).
 #[derive(Clone, Copy, Debug, Default)]
-pub struct TrailerLayout {
+pub(crate) struct TrailerLayout {
     /// Total trailer length.
     pub size: usize,
     /// Offset of `{pid, tid}` within the trailer.
@@ -263,7 +263,7 @@ pub struct TrailerLayout {
 
 impl TrailerLayout {
     /// Layout for a `sample_type` with `sample_id_all` set (size 0 when not set).
-    pub fn new(sample_type: u64, sample_id_all: bool) -> Self {
+    pub(crate) fn new(sample_type: u64, sample_id_all: bool) -> Self {
         use super::attr::st;
         if !sample_id_all {
             return TrailerLayout::default();
@@ -292,7 +292,7 @@ impl TrailerLayout {
     }
 
     /// Reads the trailer of a kernel record (`rec` is the whole record).
-    pub fn read(&self, rec: &[u8], e: Endian) -> SampleId {
+    pub(crate) fn read(&self, rec: &[u8], e: Endian) -> SampleId {
         if self.size == 0 || rec.len() < 8 + self.size {
             return SampleId::default();
         }

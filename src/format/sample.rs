@@ -7,7 +7,7 @@ use super::attr::{Attr, bst, rf, st};
 
 /// Precomputed layout of samples of one event.
 #[derive(Clone, Debug)]
-pub struct SampleLayout {
+pub(crate) struct SampleLayout {
     sample_type: u64,
     read_format: u64,
     branch_hw_index: bool,
@@ -17,7 +17,7 @@ pub struct SampleLayout {
 
 impl SampleLayout {
     /// Layout for `attr`.
-    pub fn new(attr: &Attr) -> Self {
+    pub(crate) fn new(attr: &Attr) -> Self {
         SampleLayout {
             sample_type: attr.sample_type,
             read_format: attr.read_format,
@@ -30,7 +30,7 @@ impl SampleLayout {
 
 /// The located fields of one sample. Arrays stay as raw bytes in the writer's order.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct Sample<'a> {
+pub(crate) struct Sample<'a> {
     /// Sample IP.
     pub ip: Option<u64>,
     /// Process id.
@@ -53,7 +53,7 @@ pub struct Sample<'a> {
 
 /// Why a sample could not be decoded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SampleError {
+pub(crate) struct SampleError {
     /// Offset of the problem within the record.
     pub at: usize,
     /// What is wrong.
@@ -95,7 +95,7 @@ impl<'a> Cur<'a> {
 
 /// The sample id (for picking the event) of a sample record, if the layout has one.
 #[inline]
-pub fn sample_id(rec: &[u8], e: Endian, sample_type: u64) -> Option<u64> {
+pub(crate) fn sample_id(rec: &[u8], e: Endian, sample_type: u64) -> Option<u64> {
     if sample_type & st::IDENTIFIER != 0 {
         return e.u64(rec, 8);
     }
@@ -113,7 +113,7 @@ pub fn sample_id(rec: &[u8], e: Endian, sample_type: u64) -> Option<u64> {
 /// fields (IDENTIFIER, IP and TID) in perf's sample layout. Passes that order records
 /// by time (the engine's, the `--jit` scan and merge) read it so.
 #[inline]
-pub fn sample_time(rec: &[u8], e: Endian, sample_type: u64) -> Option<u64> {
+pub(crate) fn sample_time(rec: &[u8], e: Endian, sample_type: u64) -> Option<u64> {
     if sample_type & st::TIME == 0 {
         return None;
     }
@@ -126,7 +126,7 @@ pub fn sample_time(rec: &[u8], e: Endian, sample_type: u64) -> Option<u64> {
 
 impl SampleLayout {
     /// Locates the fields of the sample record `rec` (header included).
-    pub fn decode<'a>(&self, rec: &'a [u8], e: Endian) -> Result<Sample<'a>, SampleError> {
+    pub(crate) fn decode<'a>(&self, rec: &'a [u8], e: Endian) -> Result<Sample<'a>, SampleError> {
         let t = self.sample_type;
         let mut c = Cur { d: rec, at: 8, e };
         let mut s = Sample::default();
@@ -223,7 +223,7 @@ impl SampleLayout {
 /// Where the fields that `--convert-callchain` rewrites lie in a sample record:
 /// offsets from the record's start (header included), found by the one decode.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Spans {
+pub(crate) struct Spans {
     /// Where the callchain's `nr` is (or, without PERF_SAMPLE_CALLCHAIN, where the
     /// field would go: after READ).
     pub callchain: usize,
@@ -237,7 +237,7 @@ pub struct Spans {
 
 /// Iterates the u64 entries of a raw callchain in the file's byte order.
 #[inline]
-pub fn u64s(raw: &[u8], e: Endian) -> impl Iterator<Item = u64> + '_ {
+pub(crate) fn u64s(raw: &[u8], e: Endian) -> impl Iterator<Item = u64> + '_ {
     raw.chunks_exact(8).filter_map(move |c| e.u64(c, 0))
 }
 

@@ -5,7 +5,7 @@
 
 /// Which address space an entry belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Space {
+pub(crate) enum Space {
     /// The host kernel.
     Kernel,
     /// The sampled process.
@@ -23,7 +23,7 @@ const GUEST_KERNEL: u64 = (-2176i64) as u64;
 const GUEST_USER: u64 = (-2560i64) as u64;
 
 /// Calls `f` with the space and address of every host entry of a callchain.
-pub fn walk(entries: impl Iterator<Item = u64>, mut f: impl FnMut(Space, u64)) {
+pub(crate) fn walk(entries: impl Iterator<Item = u64>, mut f: impl FnMut(Space, u64)) {
     // perf starts in user mode when no marker precedes the first entry.
     let mut space = Some(Space::User);
     let mut skip_cookie = false;

@@ -178,7 +178,6 @@ impl<'w> StreamSink<'w> {
                 && let Some(b) = parse_build_id_entry(&f.header, rec)
                 && !facts.passes_on(&TableEntry {
                     cpumode: b.cpumode,
-                    pid: b.pid,
                     build_id: b.build_id,
                     filename: String::from_utf8_lossy(b.filename).into_owned(),
                 })

@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 /// A temp file or directory beside the output, removed on drop unless committed (and
 /// by the signal handlers of [`crate::signals`] when the run is killed).
-pub struct TempOutput {
+pub(crate) struct TempOutput {
     /// The temp path.
     pub path: PathBuf,
     /// Where it goes on success.
@@ -150,7 +150,7 @@ impl TempOutput {
     }
 
     /// Moves the finished output into place.
-    pub fn commit(mut self) -> Result<()> {
+    pub(crate) fn commit(mut self) -> Result<()> {
         if self.is_dir && self.target.is_dir() {
             // Replace an earlier output directory only if it is a perf.data directory.
             if !self.target.join("data").is_file() {

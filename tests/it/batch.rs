@@ -688,7 +688,7 @@ fn batch_in_place() {
     ]);
     assert!(o.status.success(), "{}", tail(&o.stderr));
     for (f, m) in files.iter().zip(&mtimes) {
-        let back = pdinject::testing::driver::validate(f).expect("rewritten in place, still valid");
+        let back = pdinject::validate(f).expect("rewritten in place, still valid");
         assert!(back.reading.samples > 100, "{}", f.display());
         assert_eq!(
             &std::fs::metadata(f).unwrap().modified().unwrap(),

@@ -386,10 +386,9 @@ fn debuginfod_fetches_a_missing_program() -> Outcome {
     };
     let _server = Server(child);
     let url = format!("http://127.0.0.1:{port}");
-    let id = pdinject::testing::format::BuildId::from_hex(PROG_ID).unwrap();
     let mut ready = false;
     for _ in 0..300 {
-        if pdinject::testing::buildid::fetch(std::slice::from_ref(&url), &id).is_ok() {
+        if debuginfod_serves(&url, PROG_ID) {
             ready = true;
             break;
         }

@@ -944,3 +944,24 @@ pub fn record_prog(st: &Setup, opts: &[&str], name: &str) -> PathBuf {
     record_in(&st.perf, &st.dir, &out, &args);
     out
 }
+
+/// Whether the debuginfod server at `url` (`http://HOST:PORT`) serves the executable
+/// of build ID `id` (hex) now: one plain HTTP/1.0 GET, its status line read. Tests
+/// poll this until a server they started has scanned what it serves; it shares no
+/// code with pdinject's client, which the tests check.
+pub fn debuginfod_serves(url: &str, id: &str) -> bool {
+    use std::io::{Read, Write};
+    let Some(addr) = url.strip_prefix("http://") else {
+        panic!("{url}: only http:// is polled");
+    };
+    let Ok(mut c) = std::net::TcpStream::connect(addr) else {
+        return false;
+    };
+    let _ = c.set_read_timeout(Some(std::time::Duration::from_secs(10)));
+    let req = format!("GET /buildid/{id}/executable HTTP/1.0\r\nHost: {addr}\r\n\r\n");
+    if c.write_all(req.as_bytes()).is_err() {
+        return false;
+    }
+    let mut head = [0u8; 12];
+    c.read_exact(&mut head).is_ok() && head.starts_with(b"HTTP/1.") && &head[9..12] == b"200"
+}

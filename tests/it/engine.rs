@@ -14,9 +14,13 @@ fn fixture(name: &str) -> PathBuf {
 /// report's DSO lines.
 fn stream(bytes: &[u8], batch: usize) -> (Vec<u8>, Vec<String>, u64) {
     let mut out = Vec::new();
-    let r =
-        pdinject::testing::driver::stream(&mut &bytes[..], &mut out, &Options::default(), batch)
-            .unwrap_or_else(|e| panic!("batch {batch}: {e}"));
+    let r = pdinject::testing::driver::stream_in_batches(
+        &mut &bytes[..],
+        &mut out,
+        &Options::default(),
+        batch,
+    )
+    .unwrap_or_else(|e| panic!("batch {batch}: {e}"));
     let dsos = r
         .dsos
         .iter()
@@ -106,9 +110,9 @@ fn any_input_reaches_any_sink_without_perf() {
         .stdout(fs::File::create(&back).unwrap()));
     assert!(o.status.success(), "file to stream: {}", tail(&o.stderr));
     assert!(is_pipe_format(&back), "`-` is a stream");
-    let a = pdinject::testing::driver::validate(&stream_in).unwrap();
-    let b = pdinject::testing::driver::validate(&file).unwrap();
-    let c = pdinject::testing::driver::validate(&back).unwrap();
+    let a = pdinject::validate(&stream_in).unwrap();
+    let b = pdinject::validate(&file).unwrap();
+    let c = pdinject::validate(&back).unwrap();
     assert_eq!(
         (a.reading.samples, a.reading.samples),
         (b.reading.samples, c.reading.samples)

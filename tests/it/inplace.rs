@@ -614,7 +614,7 @@ fn in_place_fit_mutants_never_panic() -> Outcome {
     for (what, bytes) in &mutants {
         std::fs::write(&f, bytes).unwrap();
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            pdinject::testing::driver::run_in_place(&f, &opts)
+            pdinject::run_in_place(&f, &opts)
         }));
         let after = std::fs::read(&f).unwrap();
         match r {
@@ -640,7 +640,7 @@ fn in_place_fit_mutants_never_panic() -> Outcome {
                         bytes.len()
                     ));
                 }
-                if let Err(e) = pdinject::testing::driver::validate(&f) {
+                if let Err(e) = pdinject::validate(&f) {
                     problems.push(format!("{what}: the result does not open: {e}"));
                 }
             }

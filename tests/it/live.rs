@@ -7,8 +7,8 @@
 //! close to it; the capture ties the two by bounds, see src/live/mod.rs).
 
 use super::common::*;
-use pdinject::testing::buildid::BuildIdCache;
-use pdinject::testing::format::{FileIdent, misc};
+use pdinject::options::BuildIdCache;
+use pdinject::testing::live::FileIdent;
 use pdinject::testing::live::{Capture, LiveAnswer, LiveConfig, MapArrival, Offered, PerfClock};
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
@@ -174,7 +174,7 @@ fn offer(c: &mut Capture, m: &Mapping, time: Option<u64>) -> Offered {
         flags: 2,
         filename: m.name.as_bytes(),
         time,
-        cpumode: misc::USER,
+        cpumode: 2, // PERF_RECORD_MISC_USER
     })
 }
 

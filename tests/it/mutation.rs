@@ -412,7 +412,7 @@ fn mutants_never_panic_and_fail_cleanly() -> crate::common::Outcome {
                 }
                 Ok(Ok(_)) => {
                     ok += 1;
-                    let reopened = pdinject::testing::driver::validate(&out_path);
+                    let reopened = pdinject::validate(&out_path);
                     if let Err(e) = reopened {
                         problems.push(format!("succeeded but its output does not open: {e}"));
                     }

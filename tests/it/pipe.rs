@@ -327,14 +327,15 @@ fn small_batches_match_one_batch() -> Outcome {
             // The library fills no cache by default; this test's own (empty) one,
             // where perf script (same HOME) finds the vdso.
             let opts = pdinject::Options {
-                cache: Some(pdinject::testing::buildid::BuildIdCache {
+                cache: Some(pdinject::options::BuildIdCache {
                     dir: test_home().join(".debug"),
                     ..Default::default()
                 }),
                 ..Default::default()
             };
-            let r = pdinject::testing::driver::stream(&mut &bytes[..], &mut o, &opts, batch)
-                .unwrap_or_else(|e| panic!("{name}: batch {batch}: {e}"));
+            let r =
+                pdinject::testing::driver::stream_in_batches(&mut &bytes[..], &mut o, &opts, batch)
+                    .unwrap_or_else(|e| panic!("{name}: batch {batch}: {e}"));
             assert_eq!(r.ids.ids_missing, 0, "{name}: batch {batch}: {r:?}");
             let p = st.dir.join(out);
             fs::write(&p, o).unwrap();

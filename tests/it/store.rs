@@ -492,10 +492,7 @@ fn fleet_store_served_by_debuginfod_symbolises_elsewhere() -> Outcome {
     let client = t.join("client-cache");
     // Polled without debuginfod-find, whose client cache would remember a miss.
     let ready = (0..300).any(|_| {
-        let ok = in_store.iter().all(|id| {
-            let id = pdinject::testing::format::BuildId::from_hex(id).unwrap();
-            pdinject::testing::buildid::fetch(std::slice::from_ref(&url), &id).is_ok()
-        });
+        let ok = in_store.iter().all(|id| debuginfod_serves(&url, id));
         if !ok {
             std::thread::sleep(Duration::from_millis(100));
         }

@@ -641,7 +641,7 @@ fn a_claim_contradicted_in_a_later_batch_is_decided_again() -> Outcome {
         ..Default::default()
     };
     let mut out = Vec::new();
-    let r = pdinject::testing::driver::stream(&mut &d[..], &mut out, &opts, 4096)
+    let r = pdinject::testing::driver::stream_in_batches(&mut &d[..], &mut out, &opts, 4096)
         .unwrap_or_else(|e| panic!("{e}"));
     let dso = |p: &str| {
         r.dsos
@@ -652,10 +652,7 @@ fn a_claim_contradicted_in_a_later_batch_is_decided_again() -> Outcome {
     let (d1, d2) = (dso(&p1), dso(&p2));
     assert_eq!(
         (d1.build_id.as_deref(), d1.reason),
-        (
-            None,
-            Some(pdinject::testing::buildid::Reason::ConflictingClaim)
-        ),
+        (None, Some(pdinject::report::Reason::ConflictingClaim)),
         "plug1.so, decided from its record before plug2.so's arrived, is not decided again: {d1:?}"
     );
     assert!(d1.detail.as_deref().unwrap_or("").contains(&p2), "{d1:?}");

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 /// CPU architecture of the recording (from the ARCH feature).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Arch {
+pub(crate) enum Arch {
     /// x86_64.
     X86_64,
     /// aarch64 / arm64.

@@ -38,7 +38,7 @@ pub(super) enum Image {
 /// again. In image addresses the rule for a return address in libc is found once per
 /// worker. Modules are added only when a DSO is first met, so the cache is
 /// invalidated at most once per DSO.
-pub struct Worker {
+pub(crate) struct Worker {
     pub(super) arch: ArchState,
     pub(super) images: Vec<Image>,
     /// What the workers of one run share.
@@ -79,7 +79,7 @@ pub(super) fn exec_only(maps: Vec<MapEntry>) -> Arc<[MapEntry]> {
 impl Worker {
     /// Fresh state for `arch` (the unit tests' and the unwind fuzzer's; a run's
     /// workers share one [`Worker::sharing`]).
-    pub fn new(arch: Arch) -> Self {
+    pub(crate) fn new(arch: Arch) -> Self {
         Worker::sharing(arch, Arc::default())
     }
 

@@ -29,20 +29,20 @@ mod tables;
 mod types;
 mod walk;
 
-pub use arch::Arch;
-pub use image::Worker;
-pub use tables::UnwindTables;
+pub(crate) use arch::Arch;
+pub(crate) use image::Worker;
+pub(crate) use tables::UnwindTables;
 pub(crate) use tables::WorkerSlots;
-pub use types::SampleStack;
+pub(crate) use types::SampleStack;
 pub(crate) use types::{Bytes, Frame};
-pub use walk::unwind;
+pub(crate) use walk::unwind;
 pub(crate) use walk::{Outcome, unwind_at};
 
 use std::time::Duration;
 
 /// How user stacks are walked.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum UnwindMode {
+pub(crate) enum UnwindMode {
     /// Not at all.
     None,
     /// Frame pointers only (no unwind tables are read).
@@ -54,7 +54,7 @@ pub enum UnwindMode {
 
 /// Unwinding settings.
 #[derive(Clone, Copy, Debug)]
-pub struct UnwindConfig {
+pub(crate) struct UnwindConfig {
     /// Mode.
     pub mode: UnwindMode,
     /// Architecture.

@@ -23,7 +23,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// Unwind information for every DSO, loaded on first use by whichever worker needs it.
-pub struct UnwindTables {
+pub(crate) struct UnwindTables {
     pub(super) per_dso: Vec<OnceLock<Option<Arc<DsoUnwind>>>>,
     /// Loaded tables by `(st_dev, st_ino)`: a file reached by several paths (merged
     /// /usr, symlinks, hard links) or mapped under several identities is read once.
@@ -97,7 +97,7 @@ impl UnwindTables {
 
     /// Makes room for DSOs a growing model (pipe mode) added since; tables already
     /// loaded are kept.
-    pub fn grow(&mut self, model: &Model) {
+    pub(crate) fn grow(&mut self, model: &Model) {
         let n = model.dsos.len();
         if self.per_dso.len() < n {
             self.per_dso.resize_with(n, OnceLock::new);
@@ -107,7 +107,7 @@ impl UnwindTables {
     /// Sets the proof for the DSOs loaded from now on: whether local files may be
     /// read at all, and the recording's start (an unknown start loads nothing, as it
     /// gives no ID). Tables loaded before keep the proof they were loaded under.
-    pub fn set_proof(&mut self, local: LocalFiles, start: RecordingStart) {
+    pub(crate) fn set_proof(&mut self, local: LocalFiles, start: RecordingStart) {
         self.local = local;
         self.start = start;
     }

@@ -100,7 +100,7 @@ pub(super) fn image_dso(addr: u64) -> Option<DsoId> {
 
 /// One frame an unwind found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Frame {
+pub(crate) enum Frame {
     /// Inside an executable mapping of this DSO (an image the unwinder knows).
     Dso(DsoId),
     /// An address of the process that no known image holds (anonymous or JIT code, a
@@ -109,7 +109,7 @@ pub enum Frame {
 }
 
 /// The inputs of one sample's unwind.
-pub struct SampleStack<'a> {
+pub(crate) struct SampleStack<'a> {
     /// Process.
     pub pid: u32,
     /// Model key of the sample.

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 /// What unwinding one sample did.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct Outcome {
+pub(crate) struct Outcome {
     /// Return addresses found.
     pub frames: usize,
     /// The time budget ran out before the stack did.
@@ -39,7 +39,7 @@ pub(super) const END_USER_SP: u64 = 1 << 57;
 /// Unwinds one sample; `on_frame` gets the user IP's frame and then each return
 /// address's (minus one: the address inside the call instruction, which is the
 /// caller's).
-pub fn unwind(
+pub(crate) fn unwind(
     cfg: &UnwindConfig,
     model: &Model,
     tables: &UnwindTables,

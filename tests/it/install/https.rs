@@ -275,10 +275,9 @@ fn debuginfod_over_https_behind_a_tls_front() -> Outcome {
     };
     let _debuginfod = Service(child);
     let http = format!("http://127.0.0.1:{http_port}");
-    let id = pdinject::testing::format::BuildId::from_hex(PROG_ID).unwrap();
     let mut ready = false;
     for _ in 0..300 {
-        if pdinject::testing::buildid::fetch(std::slice::from_ref(&http), &id).is_ok() {
+        if debuginfod_serves(&http, PROG_ID) {
             ready = true;
             break;
         }
