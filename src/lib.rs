@@ -44,8 +44,8 @@ pub(crate) mod signals;
 pub(crate) mod sink;
 pub(crate) mod write;
 
-/// What the command line needs besides the API: its flags' defaults and checks, the
-/// build-ID cache it names for `--archive`, debuginfod's settings, the signal handlers.
+/// What the command line needs besides the API: its flags' defaults and checks,
+/// debuginfod's server list, the signal handlers.
 pub mod cli_support {
     pub use crate::{
         buildid::debuginfod::servers as debuginfod_servers,

@@ -86,7 +86,7 @@ pub(crate) const MAX_FIT_TAIL: u64 = 64 << 20;
 /// checkpoints, the groups): 32 MiB keeps the worst shapes measured at 189-194 MB of
 /// peak RSS beside their batch, within the 256 MB the limits policy aims at.
 pub(crate) const DEFAULT_STREAM_MEMORY: u64 = 32 << 20;
-/// [`DEFAULT_STREAM_MEMORY`] as `--stream-memory` spells it (its default in `--help`).
+/// `DEFAULT_STREAM_MEMORY` as `--stream-memory` spells it (its default in `--help`).
 pub const DEFAULT_STREAM_MEMORY_ARG: &str = "32M";
 /// The smallest `--stream-memory` taken: less is surely a unit mistake (a bare
 /// number is bytes), and no real stream fits in it.

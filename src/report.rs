@@ -9,9 +9,12 @@ use std::path::Path;
 
 // The types of the report's fields, named here so a caller can match on them.
 pub use crate::{
-    buildid::cache::CacheState,
+    aslr::remap::DropReason,
+    buildid::cache::{CacheState, CacheTotals},
     buildid::proof::{Reason, Source, Verdict},
-    buildid::store::{DebugInfo, StoreState},
+    buildid::store::{DebugInfo, StoreState, StoreTotals},
+    convert::Counts,
+    live::{LiveFills, LiveRefusals, LiveSummary},
     model::DsoKind,
 };
 

@@ -12,7 +12,9 @@ fuzz_target!(|data: &[u8]| {
         ..Options::default()
     };
     let mut out = Vec::new();
-    if pdinject::testing::driver::stream_in_batches(&mut &data[..], &mut out, &opts, 1 << 20).is_ok() {
+    if pdinject::testing::driver::stream_in_batches(&mut &data[..], &mut out, &opts, 1 << 20)
+        .is_ok()
+    {
         assert!(
             out.len() >= 16 && out[..16] == data[..16],
             "a successful run must copy the pipe header"

@@ -184,9 +184,10 @@ pub(crate) enum Event {
     },
     /// The end of process `pid`: an EXIT of its leader thread (tid == pid). perf
     /// removes the thread, and a later record of the pid starts a thread with no maps
-    /// (a sample after its process's EXIT record is 0 in perf's output); the pid's
-    /// places and top stay. (perf keeps the maps for the process's other threads while
-    /// they live; that a sample of one comes after its leader's EXIT is not modelled.)
+    /// (a sample of the leader after its EXIT is 0 in perf's output); the pid's places
+    /// and top stay. The process's other threads share the maps and keep them until
+    /// the space changes again ([`Thread::Other`]: a multi-threaded process's last
+    /// samples come after its leader's EXIT).
     Exit {
         /// The process.
         pid: u32,
@@ -251,9 +252,24 @@ struct AddrSpace {
     max_end: Vec<u64>,
     top: Option<u64>,
     shifts: HashMap<(u32, u64), Shift>,
+    /// The events that changed the space, in order, and whether each was its
+    /// leader's EXIT (see [`AddrSpace::threads_version`]).
+    changes: Vec<(u32, bool)>,
 }
 
 impl AddrSpace {
+    /// The version the process's other threads see at `v`: perf removes the leader's
+    /// thread at its EXIT, but a thread it already had shares the maps and keeps
+    /// them, so until the space changes again they see it as before the EXIT (the
+    /// samples of a multi-threaded process's last moments).
+    fn threads_version(&self, v: u32) -> u32 {
+        let i = self.changes.partition_point(|&(at, _)| at < v);
+        match i.checked_sub(1).map(|j| self.changes[j]) {
+            Some((exit, true)) => exit,
+            _ => v,
+        }
+    }
+
     fn covering_now(&self, addr: u64) -> Option<&Piece> {
         let (_, &i) = self.alive.range(..=addr).next_back()?;
         let p = &self.pieces[i];
@@ -471,6 +487,7 @@ impl Layout {
                         for (_, i) in std::mem::take(&mut s.alive) {
                             s.pieces[i].died = at;
                         }
+                        s.changes.push((at, true));
                     }
                     None
                 }
@@ -506,6 +523,7 @@ impl Layout {
         };
         let page = self.cfg.page.max(1);
         let s = self.spaces.entry(sid).or_default();
+        s.changes.push((at, false));
         let inv = if class.keyed_by_start {
             start
         } else {
@@ -547,6 +565,7 @@ impl Layout {
             None => (Vec::new(), None),
         };
         let c = self.spaces.entry(u64::from(pid)).or_default();
+        c.changes.push((at, false));
         for (_, i) in std::mem::take(&mut c.alive) {
             c.pieces[i].died = at;
         }
@@ -635,6 +654,7 @@ impl Layout {
         At {
             l: self,
             v: self.version(key),
+            thread: Thread::Leader,
             memo: RefCell::new([Hit::NONE; MEMO]),
             next: Cell::new(0),
         }
@@ -662,6 +682,8 @@ const MEMO: usize = 4;
 #[derive(Clone, Copy, Debug)]
 struct Hit {
     space: u64,
+    /// The thread the lookup was for.
+    thread: Thread,
     start: u64,
     end: u64,
     /// A piece covers the range (else it is a gap: the lookup tries the other space).
@@ -673,6 +695,7 @@ struct Hit {
 impl Hit {
     const NONE: Hit = Hit {
         space: u64::MAX,
+        thread: Thread::Leader,
         start: 0,
         end: 0,
         covered: false,
@@ -686,11 +709,28 @@ impl Hit {
 pub(crate) struct At<'a> {
     l: &'a Layout,
     v: u32,
+    /// Whose lookups: a process's leader thread, or one of its other threads.
+    thread: Thread,
     memo: RefCell<[Hit; MEMO]>,
     next: Cell<usize>,
 }
 
+/// Which thread of its process a sample is of (see [`AddrSpace::threads_version`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Thread {
+    /// The leader (tid == pid), or a sample without a tid.
+    Leader,
+    /// Another thread of the process.
+    Other,
+}
+
 impl At<'_> {
+    /// Lookups for a sample of `thread` from now on (what is remembered is by
+    /// thread: samples of a process's threads interleave).
+    pub(crate) fn set_thread(&mut self, thread: Thread) {
+        self.thread = thread;
+    }
+
     /// The view at `key`, keeping what it remembers when no event lies between
     /// (consecutive samples mostly share their version).
     pub(crate) fn move_to(&mut self, key: Key) {
@@ -720,26 +760,35 @@ impl At<'_> {
         h.shift.map(|s| addr.wrapping_add(s))
     }
 
+    /// The version of space `s` this view's thread sees.
+    fn version_in(&self, s: &AddrSpace) -> u32 {
+        match self.thread {
+            Thread::Leader => self.v,
+            Thread::Other => s.threads_version(self.v),
+        }
+    }
+
     /// What space `id` has at `addr`, remembered or looked up.
     fn hit(&self, id: u64, addr: u64) -> Hit {
-        if let Some(h) = self
-            .memo
-            .borrow()
-            .iter()
-            .find(|h| h.space == id && h.start <= addr && addr < h.end)
+        if let Some(h) =
+            self.memo.borrow().iter().find(|h| {
+                h.space == id && h.thread == self.thread && h.start <= addr && addr < h.end
+            })
         {
             return *h;
         }
         let h = match self.l.spaces.get(&id) {
             None => Hit {
                 space: id,
+                thread: self.thread,
                 start: 0,
                 end: u64::MAX,
                 ..Hit::NONE
             },
-            Some(s) => match s.covering_at(addr, self.v) {
+            Some(s) => match s.covering_at(addr, self.version_in(s)) {
                 Some(p) => Hit {
                     space: id,
+                    thread: self.thread,
                     start: p.start,
                     end: p.end,
                     covered: true,
@@ -750,9 +799,10 @@ impl At<'_> {
                         .map(|sh| sh.shift),
                 },
                 None => {
-                    let (start, end) = s.gap_at(addr, self.v);
+                    let (start, end) = s.gap_at(addr, self.version_in(s));
                     Hit {
                         space: id,
+                        thread: self.thread,
                         start,
                         end,
                         ..Hit::NONE
@@ -979,6 +1029,26 @@ mod tests {
         assert_eq!(l.remap(10, Space::User, a, k(2)), None);
         assert_eq!(l.mapped(k(3)).unwrap().start, 0x20_0000);
         assert_eq!(l.remap(10, Space::User, a, k(3)), Some(0x20_0010));
+    }
+
+    /// The process's other threads keep the maps past their leader's EXIT (perf's
+    /// threads share them), until the pid's space changes again.
+    #[test]
+    fn other_threads_keep_the_maps_past_their_leaders_exit() {
+        let mut b = LayoutBuilder::new(Config::default());
+        b.push(k(1), user(10, 0x7f00_0000_0000, 0x1000, 0, 1));
+        b.push(k(2), Event::Exit { pid: 10 });
+        b.push(k(4), user(10, 0x7e00_0000_0000, 0x1000, 0, 2));
+        let l = b.build();
+        let look = |key, thread| {
+            let mut at = l.at(key);
+            at.set_thread(thread);
+            at.remap(10, Space::User, 0x7f00_0000_0010)
+        };
+        assert_eq!(look(k(3), Thread::Leader), None);
+        assert_eq!(look(k(3), Thread::Other), Some(0x20_0010));
+        // A map of the pid after the EXIT: a new state of the space, for every thread.
+        assert_eq!(look(k(5), Thread::Other), None);
     }
 
     /// A map laid over part of another: the file's pieces keep its shift, the

@@ -342,6 +342,10 @@ impl<'a> Remapper<'a> {
                 };
                 let mut at = self.at.borrow_mut();
                 at.move_to(self.key(sample_time, seq));
+                at.set_thread(match remap::sample_thread(rec, e, ctx.sample_type) {
+                    Some((pid, tid)) if pid != tid => layout::Thread::Other,
+                    _ => layout::Thread::Leader,
+                });
                 let map = |pid: u32, space: Space, a: u64| at.remap(pid, space, a);
                 match remap::sample(rec, e, ctx, &map, out) {
                     Ok(v) => v,
@@ -364,6 +368,8 @@ impl<'a> Remapper<'a> {
             remap::kind::CALLCHAIN_DEFERRED => {
                 let mut at = self.at.borrow_mut();
                 at.move_to(self.key(self.trailer.read(rec, e).time, seq));
+                // The trailer's tid is not read: the leader's view.
+                at.set_thread(layout::Thread::Leader);
                 let map = |pid: u32, space: Space, a: u64| at.remap(pid, space, a);
                 remap::callchain_deferred(rec, e, &self.trailer, &map, out)
                     .unwrap_or(Verdict::Drop(DropReason::TruncatedDeferredCookie))

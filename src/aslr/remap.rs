@@ -251,6 +251,17 @@ impl Walk<'_, '_> {
     }
 }
 
+/// The pid and tid of a SAMPLE record of `sample_type` (`None` without TID).
+pub(crate) fn sample_thread(rec: &[u8], e: Endian, sample_type: u64) -> Option<(u32, u32)> {
+    if sample_type & st::TID == 0 {
+        return None;
+    }
+    let at = 8
+        + 8 * usize::from(sample_type & st::IDENTIFIER != 0)
+        + 8 * usize::from(sample_type & st::IP != 0);
+    Some((e.u32(rec, at)?, e.u32(rec, at + 4)?))
+}
+
 /// A SAMPLE record as perf 7.3's `--aslr` writes it, into `out` (cleared first): IP,
 /// ADDR, callchain entries (markers kept, each entry looked up in the space its marker
 /// names, from the sample's cpumode on) and branch from/to remapped; REGS_USER and

@@ -29,7 +29,7 @@ pub(crate) fn shard_hash(rel: &Path) -> u64 {
     fmix64(fnv1a64(rel.as_os_str().as_bytes()))
 }
 
-/// One task's share of the inputs: those whose relative path's [`shard_hash`] is
+/// One task's share of the inputs: those whose relative path's `shard_hash` is
 /// `index` modulo `count`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Shard {

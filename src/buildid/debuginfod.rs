@@ -122,7 +122,7 @@ fn env_settings() -> Result<Settings, SettingsError> {
     S.get_or_init(Settings::from_env).clone()
 }
 
-/// The servers a run fetches from (see [`urls`]). With any, elfutils' client
+/// The servers a run fetches from (see `urls`). With any, elfutils' client
 /// variables are read now, so that a DEBUGINFOD_TIMEOUT that is no number is a usage
 /// error before the run, not a failed fetch in the middle of it.
 pub fn servers(flag: Option<&str>) -> crate::error::Result<Vec<String>> {

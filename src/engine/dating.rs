@@ -70,7 +70,7 @@ impl Dating {
                 let by_mtime = mtime_ns - len;
                 let by_clock = span
                     .min
-                    .map(|min| wall_ns() - (monotonic_ns() - min as i128));
+                    .map(|min| wall_ns() - (perf_clock_ns() - min as i128));
                 RecordingStart::Known(by_clock.map_or(by_mtime, |c| c.min(by_mtime)))
             }
             Dating::Live { began_ns } => {
@@ -78,7 +78,7 @@ impl Dating {
                     // No times at all: a live stream began with this process.
                     return RecordingStart::Known(began_ns);
                 };
-                let (mono, wall) = (monotonic_ns(), wall_ns());
+                let (mono, wall) = (perf_clock_ns(), wall_ns());
                 let lag = mono - max as i128;
                 if (-5_000_000_000..=60_000_000_000).contains(&lag) {
                     RecordingStart::Known(wall - (mono - min as i128))
@@ -101,7 +101,19 @@ pub(crate) fn wall_ns() -> i128 {
         .map_or(0, |d| d.as_nanos() as i128)
 }
 
-/// CLOCK_MONOTONIC in ns: perf's default clock on this boot.
+/// perf's default clock (the kernel's local clock) now: the monotonic clock less
+/// `monotonic - perf clock` as measured now (its low bound, which dates a recording
+/// the earlier). The two are close on a machine that ran through (2 ms apart after an
+/// hour), but a machine restored from a snapshot can find them seconds apart, and a
+/// recording dated by the monotonic clock alone was then dated seconds early, which
+/// refused every file built shortly before it. Where the offset cannot be measured
+/// (perf_event_open not permitted) the two are taken as one.
+fn perf_clock_ns() -> i128 {
+    let d = crate::live::perf_clock_offset().map_or(0, |(low, _)| low);
+    monotonic_ns() - d
+}
+
+/// CLOCK_MONOTONIC in ns.
 fn monotonic_ns() -> i128 {
     // SAFETY: clock_gettime writes the timespec.
     let mut ts: libc::timespec = unsafe { std::mem::zeroed() };

@@ -38,6 +38,7 @@
 //!   it found it changed or found another ID.
 
 mod procfs;
+pub(crate) use procfs::perf_clock_offset;
 pub(crate) mod stream;
 mod worker;
 

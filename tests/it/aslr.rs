@@ -102,6 +102,10 @@ fn assert_aslr_equals_perf73(p73: &Perf, input: &Path, ctx: &str) {
     perf73_aslr(p73, input, &theirs);
     pdinject_aslr(input, &ours, &[]);
     let (a, b) = (kernel_records(&ours), kernel_records(&theirs));
+    assert!(
+        !a.is_empty(),
+        "{ctx}: no kernel record in pdinject's output"
+    );
     let differ = |x: &BTreeMap<Vec<u8>, usize>, y: &BTreeMap<Vec<u8>, usize>, who: &str| {
         x.iter()
             .filter(|(k, n)| y.get(*k) != Some(n))
@@ -133,8 +137,6 @@ fn assert_aslr_equals_perf73(p73: &Perf, input: &Path, ctx: &str) {
     }
 }
 
-// ---------------------------------------------------------------------------
-// Recordings made by the tests
 // ---------------------------------------------------------------------------
 // Recordings made by the tests
 
@@ -283,6 +285,161 @@ fn aslr_equals_perf73_record_for_record_on_the_corpus() -> Outcome {
         fs::copy(&src, &input).unwrap();
         assert_aslr_equals_perf73(&p73, &input, n);
     }
+    Ok(())
+}
+
+/// A stream of the test's own making (little-endian; one software event with IP,
+/// TID, TIME and PERIOD, and sample ids on every record), record by record.
+struct Synth(Vec<u8>);
+
+impl Synth {
+    fn new() -> Synth {
+        let mut s = Synth(b"PERFILE2".to_vec());
+        s.0.extend_from_slice(&16u64.to_le_bytes());
+        let mut a = vec![0u8; 128];
+        a[0..4].copy_from_slice(&1u32.to_le_bytes()); // PERF_TYPE_SOFTWARE
+        a[4..8].copy_from_slice(&128u32.to_le_bytes());
+        a[16..24].copy_from_slice(&4000u64.to_le_bytes());
+        a[24..32].copy_from_slice(&(0x1u64 | 0x2 | 0x4 | 0x100).to_le_bytes());
+        // sample_id_all, exclude_kernel, exclude_hv
+        a[40..48].copy_from_slice(&((1u64 << 18) | (1 << 5) | (1 << 6)).to_le_bytes());
+        s.record(64, 0, &a); // HEADER_ATTR
+        s
+    }
+
+    fn record(&mut self, kind: u32, misc: u16, body: &[u8]) {
+        self.0.extend_from_slice(&kind.to_le_bytes());
+        self.0.extend_from_slice(&misc.to_le_bytes());
+        self.0
+            .extend_from_slice(&u16::try_from(8 + body.len()).unwrap().to_le_bytes());
+        self.0.extend_from_slice(body);
+    }
+
+    fn words(v: &[u64]) -> Vec<u8> {
+        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+
+    fn thread(pid: u32, tid: u32) -> u64 {
+        (u64::from(tid) << 32) | u64::from(pid)
+    }
+
+    /// An executable MMAP2 of `name` (inode `ino`) at 0x400000 by `pid` at `t`.
+    fn mmap2(&mut self, pid: u32, t: u64, ino: u64, name: &str) {
+        let th = Synth::thread(pid, pid);
+        let mut b = Synth::words(&[th, 0x40_0000, 0x1000, 0]);
+        b.extend_from_slice(&8u32.to_le_bytes()); // maj
+        b.extend_from_slice(&1u32.to_le_bytes()); // min
+        b.extend_from_slice(&Synth::words(&[ino, 0]));
+        b.extend_from_slice(&5u32.to_le_bytes()); // PROT_READ | PROT_EXEC
+        b.extend_from_slice(&2u32.to_le_bytes()); // MAP_PRIVATE
+        b.extend_from_slice(name.as_bytes());
+        b.push(0);
+        b.resize(b.len().next_multiple_of(8), 0);
+        b.extend_from_slice(&Synth::words(&[th, t])); // sample id: TID, TIME
+        self.record(10, 2, &b);
+    }
+
+    /// A user sample of thread `tid` of `pid` at `t`, its IP in the mapping's page.
+    fn sample(&mut self, pid: u32, tid: u32, t: u64) {
+        let b = Synth::words(&[0x40_0010, Synth::thread(pid, tid), t, 1]);
+        self.record(9, 2, &b);
+    }
+
+    /// The EXIT of thread `tid` of `pid` at `t`.
+    fn exit(&mut self, pid: u32, tid: u32, t: u64) {
+        let mut b = Vec::new();
+        for v in [pid, pid, tid, tid] {
+            b.extend_from_slice(&v.to_le_bytes()); // pid, ppid, tid, ptid
+        }
+        b.extend_from_slice(&Synth::words(&[t, Synth::thread(pid, tid), t]));
+        self.record(4, 0, &b);
+    }
+
+    fn round(&mut self) {
+        self.record(68, 0, &[]);
+    }
+}
+
+/// The IPs `pdinject --aslr` wrote for the samples of `out`, by time.
+fn sample_ips(out: &Path) -> BTreeMap<u64, u64> {
+    kernel_records(out)
+        .keys()
+        .filter(|r| u32::from_le_bytes(r[..4].try_into().unwrap()) == 9)
+        .map(|r| {
+            let word = |o: usize| u64::from_le_bytes(r[o..o + 8].try_into().unwrap());
+            (word(24), word(8))
+        })
+        .collect()
+}
+
+/// `stream` through both `--aslr`s, as a stream and as a file perf 7.3 made of it:
+/// the same records. Returns pdinject's sample IPs by time.
+fn synth_equals_perf73(p73: &Perf, stream: &Synth, name: &str) -> BTreeMap<u64, u64> {
+    let tmp = tempfile::tempdir().unwrap();
+    let input = tmp.path().join(format!("{name}-stream.data"));
+    fs::write(&input, &stream.0).unwrap();
+    let file = tmp.path().join(format!("{name}-file.data"));
+    run_ok(
+        p73.cmd()
+            .args(["inject", "-i"])
+            .arg(&input)
+            .arg("-o")
+            .arg(&file),
+    );
+    for (f, ctx) in [(&input, "stream"), (&file, "file")] {
+        assert_aslr_equals_perf73(p73, f, &format!("{name} {ctx}"));
+    }
+    let ours = tmp.path().join("ours.data");
+    pdinject_aslr(&input, &ours, &[]);
+    sample_ips(&ours)
+}
+
+/// A sample written late, in a round after a mapping of a later time that replaced
+/// the one holding its address. Rounds (FINISHED_ROUND records): A@10, S@20 | B@30
+/// over A | S@35 | S@25, late |. In time order the late sample is in A; a reader that
+/// flushed by rounds (perf's ordered events in `perf report`) would handle it after B.
+/// perf 7.3's `inject --aslr` takes it in time order (measured here), and so must
+/// pdinject: the late sample in A's place.
+#[test]
+fn aslr_takes_a_sample_written_late_in_time_order_as_perf73() -> Outcome {
+    let p73 = perf73()?;
+    let mut s = Synth::new();
+    s.mmap2(4242, 10, 11, "/opt/pdi-late/a.so");
+    s.sample(4242, 4242, 20);
+    s.round();
+    s.mmap2(4242, 30, 12, "/opt/pdi-late/b.so");
+    s.round();
+    s.sample(4242, 4242, 35);
+    s.round();
+    s.sample(4242, 4242, 25);
+    s.round();
+    let ip = synth_equals_perf73(&p73, &s, "late");
+    assert!(
+        ip.len() == 3 && ip[&25] == ip[&20] && ip[&25] != ip[&35],
+        "the late sample (25) is in A's place (20's), not B's (35's): {ip:x?}"
+    );
+    Ok(())
+}
+
+/// A process's other thread sampled after its leader's EXIT (a multi-threaded
+/// process's last moments, seen under load in `-a` recordings): perf keeps the maps
+/// for the thread it already had, so its sample is remapped; the leader's own sample
+/// after its EXIT is 0.
+#[test]
+fn aslr_keeps_the_maps_of_a_thread_past_its_leaders_exit_as_perf73() -> Outcome {
+    let p73 = perf73()?;
+    let mut s = Synth::new();
+    s.mmap2(5151, 10, 21, "/opt/pdi-threads/a.so");
+    s.sample(5151, 5153, 20);
+    s.exit(5151, 5151, 30);
+    s.sample(5151, 5153, 40);
+    s.sample(5151, 5151, 50);
+    s.round();
+    let ip = synth_equals_perf73(&p73, &s, "threads");
+    assert!(
+        ip.len() == 3 && ip[&40] == ip[&20] && ip[&20] != 0 && ip[&50] == 0,
+        "the thread's sample after the EXIT (40) as before it (20), the leader's (50) 0: {ip:x?}"
+    );
     Ok(())
 }
 

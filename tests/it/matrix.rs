@@ -283,6 +283,22 @@ fn find_samply() -> Option<PathBuf> {
 }
 
 /// Makes one output of `input`; returns its path.
+/// What pdinject's report (beside `output`, when the run wrote one) says of `dso`:
+/// its ID, or why it has none.
+fn why_missing(output: &Path, dso: &str) -> String {
+    let Ok(text) = fs::read_to_string(output.with_extension("json")) else {
+        return "no report".into();
+    };
+    let r: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+    match report_dso(&r, dso) {
+        Some(d) => format!(
+            "pdinject: id {}, reason {}, {}",
+            d["build_id"], d["reason"], d["detail"]
+        ),
+        None => "not in pdinject's report".into(),
+    }
+}
+
 fn make_output(input: &Input, out: Out, dir: &Path) -> Option<PathBuf> {
     let stem = format!(
         "{}-{}-{}",
@@ -446,7 +462,11 @@ fn compatibility_matrix() -> Outcome {
                     }
                     for (p, id) in &want {
                         if o.ids.get(p).map(String::as_str) != Some(*id) {
-                            fail(format!("{}: buildid-list has no {id} for {p}", r.name));
+                            fail(format!(
+                                "{}: buildid-list has no {id} for {p} ({})",
+                                r.name,
+                                why_missing(&path, p)
+                            ));
                             ok = false;
                         }
                     }
@@ -496,8 +516,9 @@ fn compatibility_matrix() -> Outcome {
                     for (p, id) in &want {
                         if o.ids.get(p).map(String::as_str) != Some(*id) {
                             fail(format!(
-                                "{}: buildid-list has no {id} for {p}: {}",
+                                "{}: buildid-list has no {id} for {p} ({}): {}",
                                 r.name,
+                                why_missing(&path, p),
                                 fmt_map(&o.ids)
                             ));
                             ok = false;
