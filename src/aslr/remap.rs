@@ -251,14 +251,19 @@ impl Walk<'_, '_> {
     }
 }
 
+/// Where a SAMPLE record of `sample_type` holds its pid and tid (after the header,
+/// IDENTIFIER and IP).
+fn tid_at(sample_type: u64) -> usize {
+    8 + 8 * usize::from(sample_type & st::IDENTIFIER != 0)
+        + 8 * usize::from(sample_type & st::IP != 0)
+}
+
 /// The pid and tid of a SAMPLE record of `sample_type` (`None` without TID).
 pub(crate) fn sample_thread(rec: &[u8], e: Endian, sample_type: u64) -> Option<(u32, u32)> {
     if sample_type & st::TID == 0 {
         return None;
     }
-    let at = 8
-        + 8 * usize::from(sample_type & st::IDENTIFIER != 0)
-        + 8 * usize::from(sample_type & st::IP != 0);
+    let at = tid_at(sample_type);
     Some((e.u32(rec, at)?, e.u32(rec, at + 4)?))
 }
 
@@ -296,10 +301,9 @@ pub(crate) fn sample(
         w.copy("truncated sample id")?;
     }
     // perf reads pid before it remaps the IP: the TID field comes after it.
-    let tid_at = w.at + 8 * usize::from(t & st::IP != 0);
     if t & st::TID != 0 {
-        pid = e.u32(rec, tid_at).ok_or(SampleError {
-            at: tid_at,
+        pid = e.u32(rec, tid_at(t)).ok_or(SampleError {
+            at: tid_at(t),
             what: "truncated sample pid/tid",
         })?;
     }

@@ -318,14 +318,8 @@ fn dpkg_may_list(admindir: &Path, path: &Path) -> bool {
 }
 
 fn unhex16(hex: &[u8]) -> Option<[u8; 16]> {
-    let nibble = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
     let mut out = [0u8; 16];
-    if hex.len() != 2 * out.len() {
-        return None;
-    }
-    for (o, pair) in out.iter_mut().zip(hex.chunks_exact(2)) {
-        *o = (nibble(pair[0])? << 4) | nibble(pair[1])?;
-    }
+    hex::decode_to_slice(hex, &mut out).ok()?;
     Some(out)
 }
 
@@ -975,6 +969,22 @@ mod tests {
         assert!(dpkg_voucher(&admin2, &f, &meta, &lib).is_none());
     }
 
+    /// A dpkg database at `admin` whose package `pkg` lists `file` with the MD5 of
+    /// its bytes now.
+    fn package(admin: &Path, pkg: &str, file: &Path) {
+        use md5::Digest;
+        std::fs::create_dir_all(admin.join("info")).unwrap();
+        let hex = hex::encode(md5::Md5::digest(std::fs::read(file).unwrap()));
+        let rel = file.strip_prefix("/").unwrap().display().to_string();
+        let info = admin.join("info");
+        std::fs::write(
+            info.join(format!("{pkg}.md5sums")),
+            format!("{hex}  {rel}\n"),
+        )
+        .unwrap();
+        std::fs::write(info.join(format!("{pkg}.list")), format!("/{rel}\n")).unwrap();
+    }
+
     #[test]
     fn what_dpkg_vouched_for_is_noted_for_the_next_run_while_the_ctime_stays() {
         use std::os::unix::fs::PermissionsExt;
@@ -982,15 +992,7 @@ mod tests {
         let lib = d.path().join("libn.so.1");
         std::fs::write(&lib, b"bytes dpkg unpacked").unwrap();
         let admin = d.path().join("dpkg");
-        std::fs::create_dir_all(admin.join("info")).unwrap();
-        let hex: String = {
-            use md5::Digest;
-            let sum: [u8; 16] = md5::Md5::digest(std::fs::read(&lib).unwrap()).into();
-            sum.iter().map(|b| format!("{b:02x}")).collect()
-        };
-        let rel = lib.strip_prefix("/").unwrap().display().to_string();
-        std::fs::write(admin.join("info/libn.md5sums"), format!("{hex}  {rel}\n")).unwrap();
-        std::fs::write(admin.join("info/libn.list"), format!("/{rel}\n")).unwrap();
+        package(&admin, "libn", &lib);
         // The ctime moves after the package's list was written (perf's link into its
         // cache, a chmod): dpkg's digest is what vouches.
         std::thread::sleep(std::time::Duration::from_millis(20));
@@ -1067,15 +1069,7 @@ mod tests {
         let lib = d.path().join("libr.so.1");
         std::fs::write(&lib, b"bytes dpkg unpacked").unwrap();
         let admin = d.path().join("dpkg");
-        std::fs::create_dir_all(admin.join("info")).unwrap();
-        let hex: String = {
-            use md5::Digest;
-            let sum: [u8; 16] = md5::Md5::digest(std::fs::read(&lib).unwrap()).into();
-            sum.iter().map(|b| format!("{b:02x}")).collect()
-        };
-        let rel = lib.strip_prefix("/").unwrap().display().to_string();
-        std::fs::write(admin.join("info/libr.md5sums"), format!("{hex}  {rel}\n")).unwrap();
-        std::fs::write(admin.join("info/libr.list"), format!("/{rel}\n")).unwrap();
+        package(&admin, "libr", &lib);
         std::thread::sleep(std::time::Duration::from_millis(20));
         let f = File::open(&lib).unwrap();
         let old = f.metadata().unwrap();

@@ -105,8 +105,8 @@ pub(crate) fn wall_ns() -> i128 {
 /// `monotonic - perf clock` as measured now (its low bound, which dates a recording
 /// the earlier). The two are close on a machine that ran through (2 ms apart after an
 /// hour), but a machine restored from a snapshot can find them seconds apart, and a
-/// recording dated by the monotonic clock alone was then dated seconds early, which
-/// refused every file built shortly before it. Where the offset cannot be measured
+/// recording dated by the monotonic clock alone would then be dated seconds early,
+/// refusing files built shortly before it. Where the offset cannot be measured
 /// (perf_event_open not permitted) the two are taken as one.
 fn perf_clock_ns() -> i128 {
     let d = crate::live::perf_clock_offset().map_or(0, |(low, _)| low);

@@ -43,10 +43,7 @@ impl BuildId {
             return None;
         }
         let mut raw = [0u8; 20];
-        for (i, pair) in s.as_bytes().chunks(2).enumerate() {
-            let hex = std::str::from_utf8(pair).ok()?;
-            raw[i] = u8::from_str_radix(hex, 16).ok()?;
-        }
+        hex::decode_to_slice(s, &mut raw[..s.len() / 2]).ok()?;
         BuildId::new(&raw, s.len() / 2)
     }
 }
